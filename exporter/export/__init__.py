@@ -1,0 +1,1 @@
+"""Render the latest Snapshot as Prometheus metric families, and serve them over HTTP."""

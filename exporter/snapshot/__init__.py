@@ -1,0 +1,110 @@
+"""One immutable Snapshot per tick: every source's reading, the integrated counters, the verdicts.
+
+Sources produce readings (the dataclasses in this package); `exporter.analysis.pipeline`
+turns the readings of one tick plus the previous Snapshot into the next Snapshot; collectors
+render the latest Snapshot at scrape time without doing I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from exporter.snapshot.agent import AgentReading
+from exporter.snapshot.engine import EngineReading
+from exporter.snapshot.gpu import GpuReading
+from exporter.snapshot.host import HostReading
+from exporter.snapshot.verdict import Verdict
+
+# A counter or histogram series: (metric name, label values in catalogue order).
+SeriesKey = tuple[str, tuple[str, ...]]
+
+
+@dataclass(frozen=True)
+class SourceStatus:
+    """How the last read of one source went."""
+
+    name: str
+    up: bool
+    errors_total: int = 0
+    last_error: str = ""
+    duration_seconds: float = 0.0
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
+class HistogramValue:
+    """A cumulative histogram: counts per upper bound (ascending, +Inf last), sum, count."""
+
+    bounds: tuple[float, ...]
+    counts: tuple[float, ...]  # non-cumulative, len(bounds) + 1 (the last is +Inf)
+    total: float = 0.0
+
+    def add(self, counts: tuple[float, ...], total: float) -> HistogramValue:
+        """Return this histogram with more observations added."""
+        if not self.counts:
+            return HistogramValue(self.bounds, tuple(counts), total)
+        merged = tuple(a + b for a, b in zip(self.counts, counts, strict=True))
+        return HistogramValue(self.bounds, merged, self.total + total)
+
+    @property
+    def count(self) -> float:
+        """Return the number of observations."""
+        return float(sum(self.counts))
+
+
+def _empty_counters() -> Mapping[SeriesKey, float]:
+    return MappingProxyType({})
+
+
+def _empty_histograms() -> Mapping[SeriesKey, HistogramValue]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything boundwatch knows at one tick."""
+
+    seq: int
+    at: float  # unix time of the tick, s
+    mono: float  # monotonic time of the tick, s
+    interval: float  # configured tick, s
+    dt: float  # monotonic time since the previous tick (0 on the first)
+    gpus: tuple[GpuReading, ...] = field(default=())
+    host: HostReading | None = None
+    engines: tuple[EngineReading, ...] = field(default=())
+    agent: AgentReading | None = None
+    verdicts: tuple[Verdict, ...] = field(default=())
+    busy: Mapping[int, tuple[float, str]] = field(default_factory=lambda: MappingProxyType({}))
+    counters: Mapping[SeriesKey, float] = field(default_factory=_empty_counters)
+    histograms: Mapping[SeriesKey, HistogramValue] = field(default_factory=_empty_histograms)
+    sources: tuple[SourceStatus, ...] = field(default=())
+    probe: Mapping[str, object] = field(default_factory=lambda: MappingProxyType({}))
+
+    def source(self, name: str) -> SourceStatus | None:
+        """Return the status of a source by name."""
+        for status in self.sources:
+            if status.name == name:
+                return status
+        return None
+
+    def gpu(self, index: int) -> GpuReading | None:
+        """Return the NVML reading of one GPU."""
+        for reading in self.gpus:
+            if reading.index == index:
+                return reading
+        return None
+
+
+__all__ = [
+    "AgentReading",
+    "EngineReading",
+    "GpuReading",
+    "HistogramValue",
+    "HostReading",
+    "SeriesKey",
+    "Snapshot",
+    "SourceStatus",
+    "Verdict",
+]

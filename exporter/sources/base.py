@@ -1,0 +1,71 @@
+"""The Source contract and the wrapper that keeps one failing source from failing the rest."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import time
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+T = TypeVar("T")
+
+
+class SourceUnavailable(Exception):
+    """The outside party is not there (no driver, no engine): a state, not a bug."""
+
+
+@runtime_checkable
+class Source(Protocol):
+    """One outside party. `read()` returns this tick's reading or raises.
+
+    Sources whose reads block (NVML, /proc) do their work through `BlockingReader`, so the
+    event loop never waits on them; `close()` releases what the source holds.
+    """
+
+    name: str
+
+    async def read(self) -> Any:
+        """Return this tick's reading."""
+        ...
+
+    def close(self) -> None:
+        """Release handles, threads and sockets."""
+        ...
+
+
+class ReadTimeout(Exception):
+    """A blocking read did not finish in time."""
+
+
+class BlockingReader:
+    """Run one blocking read at a time in a private thread, with a timeout.
+
+    A read still running when the next tick comes is not started again: the tick fails
+    with ReadTimeout, so a hung driver call costs one thread, never a growing pile.
+    """
+
+    def __init__(self, name: str, timeout: float) -> None:
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"bw-{name}")
+        self._timeout = timeout
+        self._inflight: concurrent.futures.Future[Any] | None = None
+
+    async def run(self, fn: Callable[[], T]) -> T:
+        """Run fn in the reader's thread and return its result, or raise ReadTimeout."""
+        if self._inflight is not None and not self._inflight.done():
+            raise ReadTimeout("previous read still running")
+        future = self._pool.submit(fn)
+        self._inflight = future
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(future), self._timeout)
+        except TimeoutError as exc:
+            raise ReadTimeout(f"read took longer than {self._timeout:.2f}s") from exc
+
+    def close(self) -> None:
+        """Stop the thread without waiting for a hung read."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def cpu_seconds() -> float:
+    """Return this process's CPU time, s."""
+    return time.process_time()

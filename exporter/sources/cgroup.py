@@ -1,0 +1,142 @@
+"""Read a cgroup's CPU quota and throttling (cgroup v2 `cpu.max`/`cpu.stat`, v1 CFS files).
+
+Roots are injectable so tests read real fixture trees. The effective quota of a cgroup is the
+smallest quota on its path to the root: a pod-level limit binds every container below it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from exporter.snapshot.host import CgroupCpu
+
+V1_CPU_DIRS = ("cpu,cpuacct", "cpu", "cpuacct,cpu")
+V1_ACCT_DIRS = ("cpu,cpuacct", "cpuacct", "cpuacct,cpu")
+
+
+def cgroup_version(cgroup_root: str) -> int:
+    """Return 2 for a unified hierarchy at cgroup_root, else 1."""
+    return 2 if os.path.exists(os.path.join(cgroup_root, "cgroup.controllers")) else 1
+
+
+def cgroup_path_of(proc_root: str, pid: int | str) -> str:
+    """Return the CPU cgroup path of a process ("/" when it cannot be told)."""
+    try:
+        text = Path(proc_root, str(pid), "cgroup").read_text()
+    except OSError:
+        return "/"
+    unified = None
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":
+            unified = path
+        elif "cpu" in controllers.split(","):
+            return path or "/"
+    return unified or "/"
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def _stat(text: str | None) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for line in (text or "").splitlines():
+        key, _, value = line.partition(" ")
+        try:
+            out[key] = int(value)
+        except ValueError:
+            continue
+    return out
+
+
+def _ancestors(rel_path: str) -> list[str]:
+    """Return rel_path and each parent up to the root, leaf first."""
+    parts = [p for p in rel_path.strip("/").split("/") if p]
+    return ["/" + "/".join(parts[:i]) if i else "/" for i in range(len(parts), -1, -1)]
+
+
+def _v2_quota(cgroup_root: str, rel_path: str) -> float | None:
+    quota: float | None = None
+    for path in _ancestors(rel_path):
+        text = _read(Path(cgroup_root, path.lstrip("/"), "cpu.max"))
+        if not text:
+            continue
+        fields = text.split()
+        if len(fields) == 2 and fields[0] != "max":
+            try:
+                cores = int(fields[0]) / int(fields[1])
+            except (ValueError, ZeroDivisionError):
+                continue
+            quota = cores if quota is None else min(quota, cores)
+    return quota
+
+
+def _v1_dir(cgroup_root: str, names: tuple[str, ...] = V1_CPU_DIRS) -> Path | None:
+    for name in names:
+        candidate = Path(cgroup_root, name)
+        if candidate.is_dir():
+            return candidate
+    return None
+
+
+def _v1_quota(base: Path, rel_path: str) -> float | None:
+    quota: float | None = None
+    for path in _ancestors(rel_path):
+        d = base / path.lstrip("/")
+        q, p = _read(d / "cpu.cfs_quota_us"), _read(d / "cpu.cfs_period_us")
+        if q is None or p is None:
+            continue
+        try:
+            q_us, p_us = int(q), int(p)
+        except ValueError:
+            continue
+        if q_us > 0 and p_us > 0:
+            cores = q_us / p_us
+            quota = cores if quota is None else min(quota, cores)
+    return quota
+
+
+def read_cgroup_cpu(cgroup_root: str, rel_path: str, version: int | None = None) -> CgroupCpu | None:
+    """Return the CPU quota and throttling counters of one cgroup, or None when it is not there."""
+    version = version or cgroup_version(cgroup_root)
+    rel_path = rel_path or "/"
+    if version == 2:
+        leaf = Path(cgroup_root, rel_path.lstrip("/"))
+        if not leaf.is_dir():
+            return None
+        stat = _stat(_read(leaf / "cpu.stat"))
+        return CgroupCpu(
+            path=rel_path,
+            quota_cores=_v2_quota(cgroup_root, rel_path),
+            usage_seconds=stat["usage_usec"] / 1e6 if "usage_usec" in stat else None,
+            throttled_seconds=stat["throttled_usec"] / 1e6 if "throttled_usec" in stat else None,
+            throttled_periods=stat.get("nr_throttled"),
+            periods=stat.get("nr_periods"),
+            version=2,
+        )
+    base = _v1_dir(cgroup_root)
+    if base is None:
+        return None
+    leaf = base / rel_path.lstrip("/")
+    if not leaf.is_dir():
+        return None
+    stat = _stat(_read(leaf / "cpu.stat"))
+    acct = _v1_dir(cgroup_root, V1_ACCT_DIRS)
+    usage = _read(acct / rel_path.lstrip("/") / "cpuacct.usage") if acct is not None else None
+    return CgroupCpu(
+        path=rel_path,
+        quota_cores=_v1_quota(base, rel_path),
+        usage_seconds=int(usage) / 1e9 if usage and usage.isdigit() else None,
+        throttled_seconds=stat["throttled_time"] / 1e9 if "throttled_time" in stat else None,
+        throttled_periods=stat.get("nr_throttled"),
+        periods=stat.get("nr_periods"),
+        version=1,
+    )

@@ -1,0 +1,64 @@
+"""The cgroup reader on real v1 and v2 fixture trees and on this machine's own cgroup."""
+
+from pathlib import Path
+
+import pytest
+
+from exporter.sources.cgroup import cgroup_path_of, cgroup_version, read_cgroup_cpu
+
+FIX = Path(__file__).parent / "fixtures" / "cgroup"
+
+
+def test_v2_fractional_container_quota_is_read_in_cores_with_throttling():
+    cg = read_cgroup_cpu(str(FIX / "v2"), "/kubepods.slice/pod1/ctr")
+    assert cg is not None
+    assert cg.version == 2
+    assert cg.quota_cores == pytest.approx(0.5)  # "50000 100000": the seed's fractional default quota
+    assert cg.usage_seconds == pytest.approx(31.25)
+    assert cg.throttled_seconds == pytest.approx(41.5)
+    assert cg.throttled_periods == 870
+    assert cg.periods == 1200
+
+
+def test_v2_pod_quota_binds_when_tighter_than_container_and_root_max_is_unlimited():
+    pod = read_cgroup_cpu(str(FIX / "v2"), "/kubepods.slice/pod1")
+    root = read_cgroup_cpu(str(FIX / "v2"), "/")
+    assert pod is not None and pod.quota_cores == pytest.approx(2.0)
+    assert root is not None and root.quota_cores is None
+
+
+def test_v1_split_cpu_and_cpuacct_hierarchies():
+    cg = read_cgroup_cpu(str(FIX / "v1"), "/docker/abc")
+    assert cg is not None
+    assert cg.version == 1
+    assert cg.quota_cores == pytest.approx(1.5)
+    assert cg.throttled_seconds == pytest.approx(3.5)
+    assert cg.throttled_periods == 120
+    assert cg.periods == 500
+    assert cg.usage_seconds == pytest.approx(7.25)
+
+
+def test_missing_cgroup_reads_as_none():
+    assert read_cgroup_cpu(str(FIX / "v2"), "/no/such/group") is None
+    assert read_cgroup_cpu(str(FIX / "v1"), "/docker/gone") is None
+
+
+def test_version_detection():
+    assert cgroup_version(str(FIX / "v2")) == 2
+    assert cgroup_version(str(FIX / "v1")) == 1
+
+
+def test_cgroup_path_of_process_for_both_versions():
+    proc = str(FIX / "proc")
+    assert cgroup_path_of(proc, 4242) == "/kubepods.slice/pod1/ctr"
+    assert cgroup_path_of(proc, 777) == "/docker/abc"
+    assert cgroup_path_of(proc, 1) == "/"  # no such process: the root
+
+
+def test_own_cgroup_on_this_machine_reads():
+    path = cgroup_path_of("/proc", "self")
+    cg = read_cgroup_cpu("/sys/fs/cgroup", path)
+    if cg is None:
+        pytest.skip("no readable CPU cgroup on this machine")
+    assert cg.version in (1, 2)
+    assert cg.quota_cores is None or cg.quota_cores > 0

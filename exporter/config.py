@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tempfile
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any
+
+from exporter.wire import default_agent_socket  # shared with the in-process agent
 
 DEFAULT_PORT = 9482  # 9400 is dcgm-exporter's, 9401 and 9835 are other GPU exporters'.
 ENV_PREFIX = "BOUNDWATCH_"
@@ -21,16 +21,6 @@ ENV_PREFIX = "BOUNDWATCH_"
 
 class ConfigError(ValueError):
     """The configuration is invalid; the message says which key and why."""
-
-
-def default_agent_socket() -> str:
-    """Return the agent socket path: /run/boundwatch when it exists and is writable, else a private tmp dir."""
-    run_dir = Path("/run/boundwatch")
-    if run_dir.is_dir() and os.access(run_dir, os.W_OK):
-        return str(run_dir / "agent.sock")
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    base = Path(runtime) if runtime and os.access(runtime, os.W_OK) else Path(tempfile.gettempdir())
-    return str(base / f"boundwatch-{os.getuid()}" / "agent.sock")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,328 @@
+"""The agent -> sidecar message format: one small versioned JSON object per unix datagram.
+
+Stdlib only: the in-process agent imports this module and nothing else of the sidecar.
+A message is one agent's report since its last one:
+
+    {"v": 1, "pid": 4242, "role": "vllm_worker", "state": "running", "detail": "",
+     "seq": 17, "lib": "libcupti 13.0 (130001), cupti-python 13.0.1", "mode": "full",
+     "devices": [{"dev": 0, "uuid": "GPU-..."}],
+     "windows": [{"dev": 0, "t0": ns, "t1": ns, "busy": ns, "graph_busy": ns,
+                  "kernels": n, "memcpys": n, "memsets": n, "graphs": n, "dropped": n,
+                  "gaps": [n per IDLE_GAP_BUCKETS + Inf], "gap_sum": ns,
+                  "iv": [start_us, len_us, gap_us, len_us, ...], "slack": ns}],
+     "steps": [{"engine": "vllm", "n": steps, "wall": ns, "gpu": ns, "tokens": n,
+                "hist": [n per STEP_BUCKETS + Inf], "t0": ns, "t1": ns}],
+     "sent_dropped": n}
+
+`iv` is the window's busy interval list in microseconds relative to t0, alternating
+(offset, length, gap, length, ...), so the sidecar can union several processes sharing a GPU;
+when the list would not fit, the shortest gaps are filled first and `slack` says how many ns
+of idle time that filled (the sidecar bounds its union with it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+VERSION = 1
+MAX_DATAGRAM_BYTES = 16 * 1024
+STATES = ("running", "preempted", "unavailable", "stopped")
+ROLES = ("vllm_worker", "vllm_engine", "sglang_scheduler", "generic")
+MAX_INTERVALS = 600  # busy intervals per window kept for cross-process unions (~8 KiB at worst)
+IDLE_GAP_BUCKET_COUNT = 11  # len(IDLE_GAP_BUCKETS_SECONDS) + 1
+STEP_BUCKET_COUNT = 12  # len(STEP_BUCKETS_SECONDS) + 1
+
+
+class WireError(ValueError):
+    """A datagram is not a valid agent message (bad JSON, version or field)."""
+
+
+def default_agent_socket() -> str:
+    """Return the agent socket path: /run/boundwatch when writable, else a private tmp dir."""
+    run_dir = Path("/run/boundwatch")
+    if run_dir.is_dir() and os.access(run_dir, os.W_OK):
+        return str(run_dir / "agent.sock")
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    base = Path(runtime) if runtime and os.access(runtime, os.W_OK) else Path(tempfile.gettempdir())
+    return str(base / f"boundwatch-{os.getuid()}" / "agent.sock")
+
+
+@dataclass(frozen=True)
+class Window:
+    """One device's activity over one closed window, as measured by one agent."""
+
+    dev: int  # CUDA device ordinal inside the agent's process
+    t0: int  # window start, CLOCK_REALTIME ns (CUPTI's clock)
+    t1: int  # window end, ns
+    busy: int  # union of kernel, memcpy, memset and graph intervals, ns
+    graph_busy: int = 0  # union of graph-launch spans, ns
+    kernels: int = 0
+    memcpys: int = 0
+    memsets: int = 0
+    graphs: int = 0
+    dropped: int = 0
+    gaps: tuple[int, ...] = ()  # idle gaps > 1 ms per bucket (non-cumulative, +Inf last)
+    gap_sum: int = 0  # ns
+    iv: tuple[int, ...] = ()  # busy intervals, us, (offset, len, gap, len, ...)
+    slack: int = 0  # idle ns filled in iv to make it fit
+
+
+@dataclass(frozen=True)
+class Steps:
+    """Engine steps one agent counted and timed since its last message."""
+
+    engine: str
+    n: int
+    wall: int  # ns, sum of step wall times
+    gpu: int = 0  # ns of GPU busy time inside the steps (0 when CUPTI is elsewhere)
+    tokens: int = 0  # scheduled tokens over the steps
+    hist: tuple[int, ...] = ()  # step wall times per STEP_BUCKETS (non-cumulative, +Inf last)
+    t0: int = 0
+    t1: int = 0
+
+
+@dataclass(frozen=True)
+class Message:
+    """One agent's report."""
+
+    pid: int
+    state: str
+    seq: int = 0
+    role: str = "generic"
+    detail: str = ""
+    lib: str = ""
+    mode: str = ""
+    devices: tuple[tuple[int, str], ...] = ()  # (CUDA ordinal, GPU UUID)
+    windows: tuple[Window, ...] = ()
+    steps: tuple[Steps, ...] = ()
+    sent_dropped: int = 0  # messages this agent could not send since it started
+    v: int = field(default=VERSION)
+
+    def uuid_of(self, dev: int) -> str:
+        """Return the GPU UUID the agent reported for a CUDA ordinal, or ''."""
+        for ordinal, uuid in self.devices:
+            if ordinal == dev:
+                return uuid
+        return ""
+
+
+def _window_dict(w: Window) -> dict[str, Any]:
+    d: dict[str, Any] = {"dev": w.dev, "t0": w.t0, "t1": w.t1, "busy": w.busy}
+    for key in ("graph_busy", "kernels", "memcpys", "memsets", "graphs", "dropped", "gap_sum", "slack"):
+        value = getattr(w, key)
+        if value:
+            d[key] = value
+    if any(w.gaps):
+        d["gaps"] = list(w.gaps)
+    if w.iv:
+        d["iv"] = list(w.iv)
+    return d
+
+
+def _steps_dict(s: Steps) -> dict[str, Any]:
+    return {
+        "engine": s.engine,
+        "n": s.n,
+        "wall": s.wall,
+        "gpu": s.gpu,
+        "tokens": s.tokens,
+        "hist": list(s.hist),
+        "t0": s.t0,
+        "t1": s.t1,
+    }
+
+
+def encode(msg: Message) -> bytes:
+    """Return the datagram for a message; raise WireError when it exceeds MAX_DATAGRAM_BYTES."""
+    body: dict[str, Any] = {
+        "v": msg.v,
+        "pid": msg.pid,
+        "seq": msg.seq,
+        "state": msg.state,
+        "role": msg.role,
+    }
+    for key in ("detail", "lib", "mode"):
+        if getattr(msg, key):
+            body[key] = getattr(msg, key)
+    if msg.devices:
+        body["devices"] = [{"dev": d, "uuid": u} for d, u in msg.devices]
+    if msg.windows:
+        body["windows"] = [_window_dict(w) for w in msg.windows]
+    if msg.steps:
+        body["steps"] = [_steps_dict(s) for s in msg.steps]
+    if msg.sent_dropped:
+        body["sent_dropped"] = msg.sent_dropped
+    data = json.dumps(body, separators=(",", ":")).encode()
+    if len(data) > MAX_DATAGRAM_BYTES:
+        raise WireError(f"message is {len(data)} bytes, over {MAX_DATAGRAM_BYTES}")
+    return data
+
+
+def _int(d: Mapping[str, Any], key: str, default: int | None = None, lo: int = 0) -> int:
+    value = d.get(key, default)
+    if value is None:
+        raise WireError(f"missing {key}")
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise WireError(f"{key} is not an integer")
+    if value < lo:
+        raise WireError(f"{key} is negative")
+    return value
+
+
+def _str(d: Mapping[str, Any], key: str, default: str = "", limit: int = 512) -> str:
+    value = d.get(key, default)
+    if not isinstance(value, str):
+        raise WireError(f"{key} is not a string")
+    return value[:limit]
+
+
+def _ints(d: Mapping[str, Any], key: str, length: int | None = None) -> tuple[int, ...]:
+    value = d.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in value):
+        raise WireError(f"{key} is not a list of integers")
+    if any(x < 0 for x in value):
+        raise WireError(f"{key} holds a negative value")
+    if length is not None and value and len(value) != length:
+        raise WireError(f"{key} has {len(value)} entries, expected {length}")
+    return tuple(value)
+
+
+def _window(d: Any) -> Window:
+    if not isinstance(d, dict):
+        raise WireError("window is not an object")
+    w = Window(
+        dev=_int(d, "dev"),
+        t0=_int(d, "t0"),
+        t1=_int(d, "t1"),
+        busy=_int(d, "busy"),
+        graph_busy=_int(d, "graph_busy", 0),
+        kernels=_int(d, "kernels", 0),
+        memcpys=_int(d, "memcpys", 0),
+        memsets=_int(d, "memsets", 0),
+        graphs=_int(d, "graphs", 0),
+        dropped=_int(d, "dropped", 0),
+        gaps=_ints(d, "gaps", IDLE_GAP_BUCKET_COUNT),
+        gap_sum=_int(d, "gap_sum", 0),
+        iv=_ints(d, "iv"),
+        slack=_int(d, "slack", 0),
+    )
+    span = w.t1 - w.t0
+    if span <= 0:
+        raise WireError("window ends before it starts")
+    if w.busy > span or w.graph_busy > span:
+        raise WireError("window busy time exceeds its span")
+    if len(w.iv) % 2:
+        raise WireError("iv has an odd number of entries")
+    return w
+
+
+def _steps(d: Any) -> Steps:
+    if not isinstance(d, dict):
+        raise WireError("steps is not an object")
+    return Steps(
+        engine=_str(d, "engine", limit=64) or "unknown",
+        n=_int(d, "n"),
+        wall=_int(d, "wall"),
+        gpu=_int(d, "gpu", 0),
+        tokens=_int(d, "tokens", 0),
+        hist=_ints(d, "hist", STEP_BUCKET_COUNT),
+        t0=_int(d, "t0", 0),
+        t1=_int(d, "t1", 0),
+    )
+
+
+def decode(data: bytes) -> Message:
+    """Return the message in a datagram, or raise WireError saying what is wrong with it."""
+    if len(data) > MAX_DATAGRAM_BYTES:
+        raise WireError("datagram too large")
+    try:
+        body = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise WireError(f"not JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise WireError("message is not an object")
+    if body.get("v") != VERSION:
+        raise WireError(f"unsupported version {body.get('v')!r}")
+    state = _str(body, "state")
+    if state not in STATES:
+        raise WireError(f"unknown state {state!r}")
+    role = _str(body, "role", "generic")
+    if role not in ROLES:
+        role = "generic"
+    devices_raw = body.get("devices", [])
+    if not isinstance(devices_raw, list):
+        raise WireError("devices is not a list")
+    devices = []
+    for item in devices_raw:
+        if not isinstance(item, dict):
+            raise WireError("device is not an object")
+        devices.append((_int(item, "dev"), _str(item, "uuid", limit=96)))
+    windows_raw = body.get("windows", [])
+    steps_raw = body.get("steps", [])
+    if not isinstance(windows_raw, list) or not isinstance(steps_raw, list):
+        raise WireError("windows and steps must be lists")
+    return Message(
+        pid=_int(body, "pid"),
+        state=state,
+        seq=_int(body, "seq", 0),
+        role=role,
+        detail=_str(body, "detail"),
+        lib=_str(body, "lib"),
+        mode=_str(body, "mode", limit=32),
+        devices=tuple(devices),
+        windows=tuple(_window(w) for w in windows_raw),
+        steps=tuple(_steps(s) for s in steps_raw),
+        sent_dropped=_int(body, "sent_dropped", 0),
+    )
+
+
+def pack_intervals(
+    intervals: list[tuple[int, int]], t0: int, limit: int = MAX_INTERVALS
+) -> tuple[tuple[int, ...], int]:
+    """Return sorted disjoint ns intervals as (offset, len, gap, len, ...) in us from t0, and the ns filled.
+
+    When there are more than `limit` intervals, the shortest gaps are filled first, so the list
+    over-states busy time by at most the returned slack.
+    """
+    if not intervals:
+        return (), 0
+    ivs = list(intervals)
+    slack = 0
+    if len(ivs) > limit:
+        gaps = sorted(range(1, len(ivs)), key=lambda i: ivs[i][0] - ivs[i - 1][1])
+        fill = set(gaps[: len(ivs) - limit])
+        merged: list[tuple[int, int]] = [ivs[0]]
+        for i in range(1, len(ivs)):
+            if i in fill:
+                slack += ivs[i][0] - merged[-1][1]
+                merged[-1] = (merged[-1][0], ivs[i][1])
+            else:
+                merged.append(ivs[i])
+        ivs = merged
+    out: list[int] = []
+    prev_end_us = 0
+    for i, (s, e) in enumerate(ivs):
+        s_us = (s - t0) // 1000
+        e_us = max(s_us, -(-(e - t0) // 1000))  # round the end up so lengths never vanish
+        out.append(s_us - prev_end_us if i else s_us)
+        out.append(e_us - s_us)
+        prev_end_us = e_us
+    return tuple(out), slack
+
+
+def unpack_intervals(iv: tuple[int, ...], t0: int) -> list[tuple[int, int]]:
+    """Return the ns intervals of a packed list (inverse of pack_intervals, to 1 us)."""
+    out: list[tuple[int, int]] = []
+    cursor = 0
+    for i in range(0, len(iv) - 1, 2):
+        start = cursor + iv[i]
+        end = start + iv[i + 1]
+        out.append((t0 + start * 1000, t0 + end * 1000))
+        cursor = end
+    return out

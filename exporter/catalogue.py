@@ -53,7 +53,12 @@ def _m(name: str, kind: Kind, help_: str, labels: Sequence[str] = (), area: str 
 METRICS: tuple[MetricSpec, ...] = (
     # --- the exporter itself ---------------------------------------------------------------
     _m("boundwatch_build_info", "gauge", "Build information; always 1.", ["version", "python"]),
-    _m("boundwatch_source_up", "gauge", "Whether the last read of a source succeeded (1) or not (0).", ["source"]),
+    _m(
+        "boundwatch_source_up",
+        "gauge",
+        "Whether the last read of a source succeeded (1) or not (0).",
+        ["source"],
+    ),
     _m("boundwatch_source_errors_total", "counter", "Failed reads of a source.", ["source"]),
     _m("boundwatch_source_duration_seconds", "gauge", "Wall time of the last read of a source.", ["source"]),
     _m("boundwatch_ticks_total", "counter", "Sampling ticks completed."),
@@ -63,7 +68,13 @@ METRICS: tuple[MetricSpec, ...] = (
     _m("boundwatch_gpu_info", "gauge", "GPU identity; always 1.", ["gpu", "uuid", "name", "driver"], "gpu"),
     _m("boundwatch_gpu_power_watts", "gauge", "Power draw.", ["gpu"], "gpu"),
     _m("boundwatch_gpu_power_limit_watts", "gauge", "Enforced power limit.", ["gpu"], "gpu"),
-    _m("boundwatch_gpu_energy_joules_total", "counter", "Energy consumed since the driver loaded.", ["gpu"], "gpu"),
+    _m(
+        "boundwatch_gpu_energy_joules_total",
+        "counter",
+        "Energy consumed since the driver loaded.",
+        ["gpu"],
+        "gpu",
+    ),
     _m("boundwatch_gpu_sm_clock_hertz", "gauge", "Current SM clock.", ["gpu"], "gpu"),
     _m("boundwatch_gpu_sm_clock_max_hertz", "gauge", "Maximum SM clock.", ["gpu"], "gpu"),
     _m(
@@ -80,11 +91,41 @@ METRICS: tuple[MetricSpec, ...] = (
         ["gpu"],
         "gpu",
     ),
-    _m("boundwatch_gpu_graphics_active_ratio", "gauge", "GPM GRAPHICS_UTIL: graphics engine active.", ["gpu"], "gpu"),
-    _m("boundwatch_gpu_sm_active_ratio", "gauge", "GPM SM_UTIL: SMs with at least one warp resident.", ["gpu"], "gpu"),
-    _m("boundwatch_gpu_sm_occupancy_ratio", "gauge", "GPM SM_OCCUPANCY: resident warps over the maximum.", ["gpu"], "gpu"),
-    _m("boundwatch_gpu_tensor_active_ratio", "gauge", "GPM ANY_TENSOR_UTIL: tensor pipes active.", ["gpu"], "gpu"),
-    _m("boundwatch_gpu_dram_active_ratio", "gauge", "GPM DRAM_BW_UTIL: memory bandwidth used.", ["gpu"], "gpu"),
+    _m(
+        "boundwatch_gpu_graphics_active_ratio",
+        "gauge",
+        "GPM GRAPHICS_UTIL: graphics engine active.",
+        ["gpu"],
+        "gpu",
+    ),
+    _m(
+        "boundwatch_gpu_sm_active_ratio",
+        "gauge",
+        "GPM SM_UTIL: SMs with at least one warp resident.",
+        ["gpu"],
+        "gpu",
+    ),
+    _m(
+        "boundwatch_gpu_sm_occupancy_ratio",
+        "gauge",
+        "GPM SM_OCCUPANCY: resident warps over the maximum.",
+        ["gpu"],
+        "gpu",
+    ),
+    _m(
+        "boundwatch_gpu_tensor_active_ratio",
+        "gauge",
+        "GPM ANY_TENSOR_UTIL: tensor pipes active.",
+        ["gpu"],
+        "gpu",
+    ),
+    _m(
+        "boundwatch_gpu_dram_active_ratio",
+        "gauge",
+        "GPM DRAM_BW_UTIL: memory bandwidth used.",
+        ["gpu"],
+        "gpu",
+    ),
     _m("boundwatch_gpu_memory_used_bytes", "gauge", "Device memory in use.", ["gpu"], "gpu"),
     _m("boundwatch_gpu_memory_total_bytes", "gauge", "Device memory in total.", ["gpu"], "gpu"),
     # --- GPU busy time: CUPTI where an agent runs, else GPM, else NVML ---------------------
@@ -131,7 +172,13 @@ METRICS: tuple[MetricSpec, ...] = (
         ["gpu", "kind"],
         "busy",
     ),
-    _m("boundwatch_agent_dropped_records_total", "counter", "CUPTI records the agents dropped.", ["gpu"], "busy"),
+    _m(
+        "boundwatch_agent_dropped_records_total",
+        "counter",
+        "CUPTI records the agents dropped.",
+        ["gpu"],
+        "busy",
+    ),
     _m(
         "boundwatch_agents",
         "gauge",
@@ -140,11 +187,31 @@ METRICS: tuple[MetricSpec, ...] = (
         "busy",
     ),
     _m("boundwatch_agent_messages_total", "counter", "Agent messages received.", [], "busy"),
-    _m("boundwatch_agent_bad_messages_total", "counter", "Agent messages rejected (bad version or format).", [], "busy"),
+    _m(
+        "boundwatch_agent_bad_messages_total",
+        "counter",
+        "Agent messages rejected (bad version or format).",
+        [],
+        "busy",
+    ),
     # --- engine (vLLM / SGLang) ------------------------------------------------------------
-    _m("boundwatch_engine_info", "gauge", "Engine identity; always 1.", ["engine", "kind", "model"], "engine"),
-    _m("boundwatch_engine_requests_running", "gauge", "Requests the engine scheduler is running.", ["engine"], "engine"),
-    _m("boundwatch_engine_requests_waiting", "gauge", "Requests waiting in the engine scheduler.", ["engine"], "engine"),
+    _m(
+        "boundwatch_engine_info", "gauge", "Engine identity; always 1.", ["engine", "kind", "model"], "engine"
+    ),
+    _m(
+        "boundwatch_engine_requests_running",
+        "gauge",
+        "Requests the engine scheduler is running.",
+        ["engine"],
+        "engine",
+    ),
+    _m(
+        "boundwatch_engine_requests_waiting",
+        "gauge",
+        "Requests waiting in the engine scheduler.",
+        ["engine"],
+        "engine",
+    ),
     _m(
         "boundwatch_engine_running_request_seconds_total",
         "counter",
@@ -161,8 +228,20 @@ METRICS: tuple[MetricSpec, ...] = (
     ),
     _m("boundwatch_engine_kv_cache_usage_ratio", "gauge", "KV-cache usage.", ["engine"], "engine"),
     _m("boundwatch_engine_prompt_tokens_total", "counter", "Prompt tokens processed.", ["engine"], "engine"),
-    _m("boundwatch_engine_generation_tokens_total", "counter", "Generation tokens produced.", ["engine"], "engine"),
-    _m("boundwatch_engine_preemptions_total", "counter", "Requests preempted (vLLM) or retracted (SGLang).", ["engine"], "engine"),
+    _m(
+        "boundwatch_engine_generation_tokens_total",
+        "counter",
+        "Generation tokens produced.",
+        ["engine"],
+        "engine",
+    ),
+    _m(
+        "boundwatch_engine_preemptions_total",
+        "counter",
+        "Requests preempted (vLLM) or retracted (SGLang).",
+        ["engine"],
+        "engine",
+    ),
     _m(
         "boundwatch_engine_steps_total",
         "counter",
@@ -185,7 +264,13 @@ METRICS: tuple[MetricSpec, ...] = (
         ["engine"],
         "engine",
     ),
-    _m("boundwatch_engine_api_servers", "gauge", "API-server processes feeding the engine.", ["engine"], "engine"),
+    _m(
+        "boundwatch_engine_api_servers",
+        "gauge",
+        "API-server processes feeding the engine.",
+        ["engine"],
+        "engine",
+    ),
     _m(
         "boundwatch_engine_spec_decode_acceptance_ratio",
         "gauge",
@@ -223,7 +308,9 @@ METRICS: tuple[MetricSpec, ...] = (
     ),
     # --- host and cgroups ------------------------------------------------------------------
     _m("boundwatch_host_cpus", "gauge", "Logical CPUs on the host.", [], "host"),
-    _m("boundwatch_host_cpu_ratio", "gauge", "Host CPU busy over the last tick, 0-1 of all CPUs.", [], "host"),
+    _m(
+        "boundwatch_host_cpu_ratio", "gauge", "Host CPU busy over the last tick, 0-1 of all CPUs.", [], "host"
+    ),
     _m(
         "boundwatch_cgroup_cpu_quota_cores",
         "gauge",
@@ -231,7 +318,13 @@ METRICS: tuple[MetricSpec, ...] = (
         ["cgroup"],
         "host",
     ),
-    _m("boundwatch_cgroup_cpu_usage_seconds_total", "counter", "CPU time used by a cgroup.", ["cgroup"], "host"),
+    _m(
+        "boundwatch_cgroup_cpu_usage_seconds_total",
+        "counter",
+        "CPU time used by a cgroup.",
+        ["cgroup"],
+        "host",
+    ),
     _m(
         "boundwatch_cgroup_cpu_throttled_seconds_total",
         "counter",
@@ -246,7 +339,13 @@ METRICS: tuple[MetricSpec, ...] = (
         ["cgroup"],
         "host",
     ),
-    _m("boundwatch_cgroup_cpu_periods_total", "counter", "Quota periods elapsed for a cgroup.", ["cgroup"], "host"),
+    _m(
+        "boundwatch_cgroup_cpu_periods_total",
+        "counter",
+        "Quota periods elapsed for a cgroup.",
+        ["cgroup"],
+        "host",
+    ),
     # --- the verdict -----------------------------------------------------------------------
     _m(
         "boundwatch_bound",
@@ -312,7 +411,13 @@ METRICS: tuple[MetricSpec, ...] = (
         ["gpu", "source"],
         "probe",
     ),
-    _m("boundwatch_probe_success", "gauge", "Whether the last probe passed (1) or failed (0).", ["gpu"], "probe"),
+    _m(
+        "boundwatch_probe_success",
+        "gauge",
+        "Whether the last probe passed (1) or failed (0).",
+        ["gpu"],
+        "probe",
+    ),
     _m(
         "boundwatch_probe_last_run_timestamp_seconds",
         "gauge",

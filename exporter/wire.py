@@ -307,10 +307,10 @@ def pack_intervals(
         ivs = merged
     out: list[int] = []
     prev_end_us = 0
-    for i, (s, e) in enumerate(ivs):
-        s_us = (s - t0) // 1000
+    for s, e in ivs:
+        s_us = max((s - t0) // 1000, prev_end_us)
         e_us = max(s_us, -(-(e - t0) // 1000))  # round the end up so lengths never vanish
-        out.append(s_us - prev_end_us if i else s_us)
+        out.append(s_us - prev_end_us)
         out.append(e_us - s_us)
         prev_end_us = e_us
     return tuple(out), slack

@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from exporter.snapshot.host import CgroupCpu, ProcessCpu
 
+# Step-count methods, the values of the `method` label of boundwatch_engine_steps_total.
+STEP_METHODS: tuple[str, ...] = ("agent", "iteration_count", "lower_bound", "upper_bound", "forward_passes")
+
+_SERVER_INDEX = re.compile(r"APIServer_(\d+)")
+
 
 @dataclass(frozen=True)
 class StepCount:
-    """Engine steps so far and how they were counted.
+    """Engine steps so far, as the engine's own metrics tell them (cumulative).
 
-    method: "agent" (exact, counted inside the engine), "iteration_count" (vLLM's
-    iteration_tokens_total_count with one API server), "bounds" (several API servers: the
-    truth lies in [lower, upper]), "sglang_passes" (SGLang forward passes on tp_rank 0).
+    method: "iteration_count" (vLLM's iteration_tokens_total_count with one API server: exact
+    for steps that emitted output), "bounds" (several API servers: the truth lies in
+    [lower, upper]), "forward_passes" (SGLang forward passes on tp_rank 0), "agent" (counted
+    inside the engine). `total` is the best single figure: exact, or the upper bound.
     """
 
     method: str
@@ -24,7 +31,11 @@ class StepCount:
 
 @dataclass(frozen=True)
 class EngineReading:
-    """One engine at one tick; None where the engine does not expose a figure."""
+    """One engine at one tick; None where the engine does not expose a figure.
+
+    `iteration_count_by_pid` holds (API-server pid, cumulative iteration_tokens_total_count)
+    read from the engine's PROMETHEUS_MULTIPROC_DIR files; pids never leave the reading as labels.
+    """
 
     name: str
     kind: str  # "vllm" | "sglang"
@@ -38,11 +49,32 @@ class EngineReading:
     preemptions_total: float | None = None
     spec_draft_tokens_total: float | None = None
     spec_accepted_tokens_total: float | None = None
+    spec_drafts_total: float | None = None
+    spec_acceptance: float | None = None  # an engine-computed ratio (SGLang), when it gives one
     steps: StepCount | None = None
+    iteration_count: float | None = None  # vLLM iteration_tokens_total_count, summed over API servers
+    iteration_tokens_sum: float | None = None  # vLLM iteration_tokens_total_sum (correct with any N)
+    iteration_count_by_pid: tuple[tuple[int, float], ...] = field(default=())
+    forward_passes: float | None = None  # SGLang cuda_graph_passes_total on tp_rank 0
     max_num_seqs: int | None = None
     api_server_count: int | None = None
+    api_server_count_source: str = ""  # processes | cmdline | multiproc_files | kv_cache_pids | page
     multiprocess: bool = False
-    api_servers: tuple[ProcessCpu, ...] = field(default=())
+    kv_cache_pid_series: int = 0  # >1: vLLM 0.10-0.11 per-pid kv_cache_usage_perc, collapsed (max)
+    data_parallel_engines: int = 1
+    source: str = "http"  # http | file | multiproc_files
+    api_servers: tuple[ProcessCpu, ...] = field(default=())  # sorted by server index
     cgroups: tuple[CgroupCpu, ...] = field(default=())
     gpus: tuple[int, ...] = field(default=())  # NVML indices this engine drives; () = all
     scrape_seconds: float | None = None
+    error: str = ""  # why this tick's read failed ("" = it did not); figures are then None
+
+    def servers(self) -> tuple[tuple[str, ProcessCpu], ...]:
+        """Return (server index label, process) for each API server (index from its title, else position)."""
+        out = []
+        for pos, proc in enumerate(self.api_servers):
+            match = _SERVER_INDEX.search(proc.name) or next(
+                (m for m in (_SERVER_INDEX.search(a) for a in proc.cmdline[:1]) if m), None
+            )
+            out.append((match.group(1) if match else str(pos), proc))
+        return tuple(out)

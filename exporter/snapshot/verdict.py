@@ -5,6 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 VERDICTS: tuple[str, ...] = ("idle", "gpu", "host", "unknown")
+# Host-bound reasons in the order they are reported: root causes before the symptoms they cause.
+HOST_REASONS: tuple[str, ...] = (
+    "cpu_quota_throttled",
+    "api_server_saturated",
+    "cuda_graph_fallback",
+    "admission_stalled",
+    "step_overhead",
+    "unknown",
+)
 REASONS: tuple[str, ...] = (
     "api_server_saturated",
     "cpu_quota_throttled",
@@ -16,14 +25,29 @@ REASONS: tuple[str, ...] = (
     "no_engine_source",
 )
 
+Evidence = tuple[tuple[str, float | str | None], ...]
+
 
 @dataclass(frozen=True)
 class Verdict:
-    """GPU-bound, host-bound (with reasons), idle, or unknown, with the evidence used."""
+    """GPU-bound, host-bound (with reasons), idle, or unknown, with the evidence used.
+
+    `raw` is this tick's classification before the hold and `streak` how many ticks in a row
+    it has been that, so the next tick can apply the hold from this Verdict alone.
+    """
 
     gpu: int
     verdict: str
     reasons: tuple[str, ...] = field(default=())
     busy_ratio: float | None = None
     busy_source: str | None = None
-    evidence: tuple[tuple[str, float | str | None], ...] = field(default=())
+    evidence: Evidence = field(default=())
+    raw: str = ""
+    streak: int = 0
+
+    def get(self, key: str) -> float | str | None:
+        """Return one evidence value, or None."""
+        for k, v in self.evidence:
+            if k == key:
+                return v
+        return None

@@ -1,0 +1,110 @@
+"""Turn one tick's readings and the recent history into the next Snapshot (pure).
+
+The order is the data flow: resolve agent GPUs to NVML indices, pick each GPU's busy ratio
+(CUPTI where an agent reports, else GPM GRAPHICS_UTIL, else NVML utilization), add every
+area's counter increments, then classify.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable, Sequence
+from types import MappingProxyType, ModuleType
+from typing import Protocol
+
+from exporter.analysis.increments import Increments, apply
+from exporter.config import Config
+from exporter.snapshot import Snapshot
+from exporter.snapshot.agent import AgentReading
+
+
+def _area(name: str) -> ModuleType | None:
+    # Areas land one by one; an absent area contributes nothing.
+    try:
+        return importlib.import_module(f"exporter.analysis.{name}")
+    except ModuleNotFoundError:
+        return None
+
+
+activity = _area("activity")
+engine = _area("engine")
+verdict = _area("verdict")
+
+
+class Accumulate(Protocol):
+    """An area's contribution to the integrated counters for one tick."""
+
+    def __call__(self, snap: Snapshot, cfg: Config, prev: Snapshot | None = None) -> Increments: ...
+
+
+def resolve_agent_gpus(snap: Snapshot) -> Snapshot:
+    """Map each agent GPU (CUDA ordinal, UUID) onto its NVML index by UUID."""
+    if snap.agent is None or not snap.gpus:
+        return snap
+    by_uuid = {g.uuid: g.index for g in snap.gpus}
+    activity_ = tuple(
+        dataclasses.replace(a, gpu=by_uuid[a.uuid]) if a.uuid in by_uuid and a.gpu != by_uuid[a.uuid] else a
+        for a in snap.agent.activity
+    )
+    agents = tuple(
+        dataclasses.replace(s, gpu=by_uuid[s.uuid]) if getattr(s, "uuid", "") in by_uuid else s
+        for s in snap.agent.agents
+    )
+    agent: AgentReading = dataclasses.replace(snap.agent, activity=activity_, agents=agents)
+    return dataclasses.replace(snap, agent=agent)
+
+
+def pick_busy(snap: Snapshot) -> dict[int, tuple[float, str]]:
+    """Return each GPU's busy ratio and its source: cupti, else gpm, else nvml."""
+    busy: dict[int, tuple[float, str]] = {}
+    for g in snap.gpus:
+        if g.utilization is not None:
+            busy[g.index] = (g.utilization, "nvml")
+        if g.gpm is not None and g.gpm.graphics is not None:
+            busy[g.index] = (g.gpm.graphics, "gpm")
+    if activity is not None:
+        for gpu, ratio in activity.cupti_busy_ratio(snap).items():
+            busy[gpu] = (ratio, "cupti")
+    return busy
+
+
+def device_busy_increments(snap: Snapshot) -> Increments:
+    """Integrate the NVML and GPM busy ratios over the tick (CUPTI is integrated exactly elsewhere)."""
+    inc = Increments()
+    if snap.dt <= 0:
+        return inc
+    for g in snap.gpus:
+        gpu = str(g.index)
+        sources: list[tuple[str, float | None]] = [("nvml", g.utilization)]
+        if g.gpm is not None:
+            sources.append(("gpm", g.gpm.graphics))
+        for source, ratio in sources:
+            if ratio is None:
+                continue
+            inc.count("boundwatch_gpu_busy_seconds_total", (gpu, source), ratio * snap.dt)
+            inc.count("boundwatch_gpu_observed_seconds_total", (gpu, source), snap.dt)
+    return inc
+
+
+ACCUMULATORS: tuple[Callable[..., Increments], ...] = tuple(
+    m.accumulate for m in (activity, engine, verdict) if m is not None and hasattr(m, "accumulate")
+)
+
+
+def advance(history: Sequence[Snapshot], raw: Snapshot, cfg: Config) -> Snapshot:
+    """Return the next Snapshot from this tick's raw readings and the snapshots before it."""
+    prev = history[-1] if history else None
+    snap = resolve_agent_gpus(raw)
+    if prev is not None:
+        snap = dataclasses.replace(snap, counters=prev.counters, histograms=prev.histograms, probe=prev.probe)
+    snap = dataclasses.replace(snap, busy=MappingProxyType(pick_busy(snap)))
+    if verdict is not None and hasattr(verdict, "classify_tick"):
+        snap = verdict.classify_tick(history, snap, cfg)
+    inc = device_busy_increments(snap)
+    for acc in ACCUMULATORS:
+        inc.merge(acc(snap, cfg, prev))
+    counters, histograms = apply(snap.counters, snap.histograms, inc)
+    return dataclasses.replace(
+        snap, counters=MappingProxyType(counters), histograms=MappingProxyType(histograms)
+    )

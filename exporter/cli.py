@@ -1,0 +1,139 @@
+"""Command line: parse flags, configure logging, run the daemon or a sub-command.
+
+`boundwatch` alone (or `boundwatch run`) starts the daemon. Every module in
+`exporter/commands/` with `add_parser(subparsers)` and `run(args) -> int` adds a sub-command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import pkgutil
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from exporter import __version__
+from exporter.config import DEFAULT_PORT, Config, ConfigError, load
+from exporter.logs import configure
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """Add the flags that override configuration keys."""
+    g = parser.add_argument_group("configuration (flags override BOUNDWATCH_* variables and the TOML file)")
+    g.add_argument("--config", metavar="FILE", help="TOML configuration file (also BOUNDWATCH_CONFIG)")
+    g.add_argument("--address", dest="web.address", metavar="ADDR", help="listen address (default 0.0.0.0)")
+    g.add_argument(
+        "--port", dest="web.port", type=int, metavar="PORT", help=f"listen port (default {DEFAULT_PORT})"
+    )
+    g.add_argument(
+        "--tick", dest="tick_seconds", type=float, metavar="S", help="sampling tick in seconds (default 0.5)"
+    )
+    g.add_argument("--log-level", dest="log_level", choices=["debug", "info", "warning", "error"])
+    g.add_argument("--log-format", dest="log_format", choices=["auto", "json", "console"])
+    g.add_argument(
+        "--engine-url",
+        dest="engine.urls",
+        action="append",
+        metavar="URL",
+        help="engine /metrics URL or page file (repeatable; discovered engines are added)",
+    )
+    g.add_argument(
+        "--agent-socket", dest="agent.socket", metavar="PATH", help="unix socket the agents send to"
+    )
+    for name in ("nvml", "host", "engine", "agent"):
+        g.add_argument(
+            f"--no-{name}",
+            dest=f"{name}.enabled",
+            action="store_const",
+            const=False,
+            help=f"disable the {name} source",
+        )
+    g.add_argument(
+        "--check-config",
+        action="store_true",
+        help="print the effective configuration as JSON and exit (2 if invalid)",
+    )
+
+
+def overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """Return the configuration keys that flags set."""
+    skip = {"config", "check_config", "command", "func"}
+    return {
+        k: v for k, v in vars(args).items() if v is not None and k not in skip and ("." in k or k in _TOP)
+    }
+
+
+_TOP = {
+    f for f in Config.__dataclass_fields__ if f not in {"web", "nvml", "host", "engine", "agent", "verdict"}
+}
+
+
+def config_from(args: argparse.Namespace) -> Config:
+    """Build the configuration from parsed flags, the environment and the TOML file."""
+    return load(getattr(args, "config", None), overrides=overrides(args))
+
+
+def _commands() -> list[Any]:
+    import exporter.commands as pkg
+
+    mods = []
+    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
+        mod = importlib.import_module(f"exporter.commands.{info.name}")
+        if hasattr(mod, "add_parser") and hasattr(mod, "run"):
+            mods.append(mod)
+    return mods
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the argument parser with every sub-command."""
+    parser = argparse.ArgumentParser(
+        prog="boundwatch",
+        description="Tell, live, whether each GPU is GPU-bound or host-bound, and why. "
+        "Without a sub-command, run the sidecar daemon and serve Prometheus metrics.",
+    )
+    parser.add_argument("--version", action="version", version=f"boundwatch {__version__}")
+    add_config_flags(parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    run_p = sub.add_parser("run", help="run the sidecar daemon (the default)")
+    add_config_flags(run_p)
+    for mod in _commands():
+        before = set(sub.choices)
+        mod.add_parser(sub)
+        for name in set(sub.choices) - before:
+            sub.choices[name].set_defaults(func=mod.run)
+    return parser
+
+
+def run_daemon(cfg: Config) -> int:
+    """Run the daemon until SIGTERM/SIGINT."""
+    from exporter.daemon import serve
+
+    try:
+        asyncio.run(serve(cfg))
+    except OSError as exc:
+        print(f"boundwatch: cannot listen on {cfg.web.address}:{cfg.web.port}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line and return the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        cfg = config_from(args)
+    except ConfigError as exc:
+        print(f"boundwatch: configuration error: {exc}", file=sys.stderr)
+        return 2
+    if getattr(args, "check_config", False):
+        print(json.dumps(cfg.as_dict(), indent=2, sort_keys=True))
+        return 0
+    configure(cfg.log_level, cfg.log_format)
+    command = getattr(args, "command", None)
+    if command in (None, "run"):
+        return run_daemon(cfg)
+    args.cfg = cfg
+    return int(args.func(args))

@@ -1,0 +1,1 @@
+"""Sub-commands: each module has add_parser(subparsers) and run(args) -> int."""

@@ -1,0 +1,127 @@
+"""The daemon's lifecycle: build the sources, tick, serve HTTP, stop cleanly on SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import ssl
+from collections.abc import Callable
+
+import structlog
+from aiohttp import web
+
+from exporter import __version__
+from exporter.config import Config
+from exporter.export.web import make_app
+from exporter.sampling import Sampler
+from exporter.sources.base import Source
+from exporter.sources.host import HostSource
+from exporter.sources.nvml import NvmlSource
+
+log = structlog.get_logger("boundwatch")
+
+
+def build_sources(cfg: Config) -> list[Source]:
+    """Return the enabled sources, in tick order."""
+    sources: list[Source] = []
+    if cfg.nvml.enabled:
+        sources.append(NvmlSource(cfg.nvml))
+    if cfg.host.enabled:
+        sources.append(HostSource(cfg.host))
+    if cfg.engine.enabled:
+        from exporter.sources.engine import EngineSource
+
+        sources.append(EngineSource(cfg))
+    if cfg.agent.enabled:
+        from exporter.sources.agent_feed import AgentFeed
+
+        sources.append(AgentFeed(cfg.agent))
+    return sources
+
+
+def sd_notify(message: str, environ: dict[str, str] | None = None) -> bool:
+    """Send one sd_notify message when systemd gave us a NOTIFY_SOCKET; return whether it was sent."""
+    path = (environ if environ is not None else os.environ).get("NOTIFY_SOCKET")
+    if not path:
+        return False
+    if path.startswith("@"):
+        path = "\0" + path[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.connect(path)
+            sock.send(message.encode())
+        return True
+    except OSError:
+        return False
+
+
+def _ssl_context(cfg: Config) -> ssl.SSLContext | None:
+    if not cfg.web.tls_cert_file or not cfg.web.tls_key_file:
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cfg.web.tls_cert_file, cfg.web.tls_key_file)
+    return ctx
+
+
+async def serve(
+    cfg: Config,
+    sources: list[Source] | None = None,
+    stop: asyncio.Event | None = None,
+    on_ready: Callable[[int], None] | None = None,
+) -> None:
+    """Run the daemon until stop is set (or SIGTERM/SIGINT arrives)."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    sources = build_sources(cfg) if sources is None else sources
+    for source in sources:
+        start = getattr(source, "start", None)
+        if start is not None:
+            try:
+                await start()
+            except Exception as exc:
+                log.warning("source_start_failed", source=source.name, error=str(exc))
+    watchdog = os.environ.get("WATCHDOG_USEC")
+
+    def on_tick(_snap: object) -> None:
+        if watchdog:
+            sd_notify("WATCHDOG=1")
+
+    sampler = Sampler(cfg, sources, on_tick=on_tick)
+    await sampler.tick()  # serve a first Snapshot from the start
+    app = make_app(cfg, sampler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, cfg.web.address, cfg.web.port, ssl_context=_ssl_context(cfg))
+    await site.start()
+    port = cfg.web.port
+    server = getattr(site, "_server", None)
+    if server is not None and server.sockets:
+        port = server.sockets[0].getsockname()[1]
+    log.info(
+        "listening",
+        version=__version__,
+        address=cfg.web.address,
+        port=port,
+        tick_seconds=cfg.tick_seconds,
+        sources=[s.name for s in sources],
+    )
+    sd_notify("READY=1")
+    if on_ready is not None:
+        on_ready(port)
+    ticking = asyncio.create_task(sampler.run(stop), name="sampler")
+    try:
+        await stop.wait()
+    finally:
+        log.info("stopping")
+        sd_notify("STOPPING=1")
+        ticking.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await ticking
+        await runner.cleanup()
+        sampler.close()

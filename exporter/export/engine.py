@@ -1,0 +1,66 @@
+"""Render the engines' latest state: gauges, and the engines' own token counters passed through."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.metrics_core import Metric
+
+from exporter.analysis.dedup import counter_delta
+from exporter.catalogue import counter, gauge
+from exporter.snapshot import Snapshot
+
+
+def render(snap: Snapshot) -> Iterator[Metric]:
+    """Yield the engine gauges and pass-through counters of the latest snapshot."""
+    info = gauge("boundwatch_engine_info")
+    running = gauge("boundwatch_engine_requests_running")
+    waiting = gauge("boundwatch_engine_requests_waiting")
+    kv = gauge("boundwatch_engine_kv_cache_usage_ratio")
+    servers = gauge("boundwatch_engine_api_servers")
+    spec = gauge("boundwatch_engine_spec_decode_acceptance_ratio")
+    thread_cpu = gauge("boundwatch_api_server_cpu_ratio")
+    process_cpu = gauge("boundwatch_api_server_process_cpu_ratio")
+    scrape = gauge("boundwatch_engine_scrape_duration_seconds")
+    prompt = counter("boundwatch_engine_prompt_tokens_total")
+    generation = counter("boundwatch_engine_generation_tokens_total")
+    preemptions = counter("boundwatch_engine_preemptions_total")
+    for e in snap.engines:
+        labels = [e.name]
+        info.add_metric([e.name, e.kind, e.model], 1.0)
+        if e.scrape_seconds is not None:
+            scrape.add_metric(labels, e.scrape_seconds)
+        if e.api_server_count is not None:
+            servers.add_metric(labels, e.api_server_count)
+        for server, proc in e.servers():
+            process_cpu.add_metric([e.name, server], proc.cpu)
+            if proc.busiest_thread is not None:
+                thread_cpu.add_metric([e.name, server], proc.busiest_thread.cpu)
+        if e.error:
+            continue  # stale figures are dropped, never served as fresh
+        for fam, value in (
+            (running, e.running),
+            (waiting, e.waiting),
+            (kv, e.kv_cache_usage),
+            (prompt, e.prompt_tokens_total),
+            (generation, e.generation_tokens_total),
+            (preemptions, e.preemptions_total),
+        ):
+            if value is not None:
+                fam.add_metric(labels, value)
+        ratio = e.spec_acceptance if e.spec_acceptance is not None else acceptance(snap, e.name)
+        if ratio is not None:
+            spec.add_metric(labels, ratio)
+    yield from (info, running, waiting, kv, servers, spec, thread_cpu, process_cpu, scrape)
+    yield from (prompt, generation, preemptions)
+
+
+def acceptance(snap: Snapshot, name: str, prev_engines: tuple | None = None) -> float | None:
+    """Return accepted over proposed draft tokens since the engine started (vLLM counters)."""
+    e = next((x for x in snap.engines if x.name == name), None)
+    if e is None or not e.spec_draft_tokens_total or e.spec_accepted_tokens_total is None:
+        return None
+    return e.spec_accepted_tokens_total / e.spec_draft_tokens_total
+
+
+__all__ = ["acceptance", "counter_delta", "render"]

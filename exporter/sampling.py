@@ -1,0 +1,145 @@
+"""The sampler: every tick, read all sources concurrently and build one immutable Snapshot.
+
+A source that fails or times out marks itself down in that tick's Snapshot (and logs once per
+change of state); the others carry on. History is a bounded ring of Snapshots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import structlog
+
+from exporter.analysis.pipeline import advance
+from exporter.config import Config
+from exporter.snapshot import Snapshot, SourceStatus
+from exporter.sources.base import Source, SourceUnavailable
+
+log = structlog.get_logger("boundwatch.sampler")
+
+# Which Snapshot field each source's reading fills.
+SOURCE_FIELDS: Mapping[str, str] = {"nvml": "gpus", "host": "host", "engine": "engines", "agent": "agent"}
+
+
+class _SourceState:
+    def __init__(self) -> None:
+        self.up: bool | None = None
+        self.errors_total = 0
+        self.last_error = ""
+
+
+class Sampler:
+    """Read the sources each tick and keep the latest Snapshots."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        sources: Sequence[Source],
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        on_tick: Callable[[Snapshot], None] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.sources = list(sources)
+        self._clock = clock
+        self._wall = wall
+        self._state = {s.name: _SourceState() for s in self.sources}
+        size = max(2, int(cfg.history_seconds / cfg.tick_seconds) + 1)
+        self._history: collections.deque[Snapshot] = collections.deque(maxlen=size)
+        self._seq = 0
+        self._on_tick = on_tick
+        self.tick_cpu_seconds = 0.0
+
+    def latest(self, max_age: float | None = None) -> Snapshot | None:
+        """Return the newest Snapshot, or None if there is none younger than max_age seconds."""
+        if not self._history:
+            return None
+        snap = self._history[-1]
+        if max_age is not None and self._clock() - snap.mono > max_age:
+            return None
+        return snap
+
+    def history(self) -> tuple[Snapshot, ...]:
+        """Return the kept Snapshots, oldest first."""
+        return tuple(self._history)
+
+    async def _read(self, source: Source) -> tuple[Any, SourceStatus]:
+        state = self._state[source.name]
+        started = time.perf_counter()
+        try:
+            reading = await source.read()
+        except Exception as exc:
+            duration = time.perf_counter() - started
+            if not isinstance(exc, SourceUnavailable):  # an absent GPU or engine is a state, not an error
+                state.errors_total += 1
+            message = str(exc) or type(exc).__name__
+            if state.up is not False or message != state.last_error:
+                level = log.info if isinstance(exc, SourceUnavailable) else log.warning
+                level("source_down", source=source.name, error=message)
+            state.up, state.last_error = False, message
+            return None, SourceStatus(source.name, False, state.errors_total, message, duration)
+        duration = time.perf_counter() - started
+        if state.up is False:
+            log.info("source_up", source=source.name)
+        state.up, state.last_error = True, ""
+        return reading, SourceStatus(source.name, True, state.errors_total, "", duration)
+
+    async def tick(self) -> Snapshot:
+        """Read every source once and return the new Snapshot."""
+        cpu0 = time.process_time()
+        mono, at = self._clock(), self._wall()
+        results = await asyncio.gather(*(self._read(s) for s in self.sources))
+        prev = self._history[-1] if self._history else None
+        fields: dict[str, Any] = {}
+        statuses = []
+        for source, (reading, status) in zip(self.sources, results, strict=True):
+            statuses.append(status)
+            field = SOURCE_FIELDS.get(source.name)
+            if field is not None and reading is not None:
+                fields[field] = reading
+        self._seq += 1
+        raw = Snapshot(
+            seq=self._seq,
+            at=at,
+            mono=mono,
+            interval=self.cfg.tick_seconds,
+            dt=(mono - prev.mono) if prev is not None else 0.0,
+            sources=tuple(statuses),
+            **fields,
+        )
+        snap = advance(tuple(self._history), raw, self.cfg)
+        self._history.append(snap)
+        self.tick_cpu_seconds += time.process_time() - cpu0
+        if self._on_tick is not None:
+            self._on_tick(snap)
+        return snap
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Tick on a fixed schedule until stop is set; a late tick skips, never bunches."""
+        interval = self.cfg.tick_seconds
+        next_at = self._clock()
+        while not stop.is_set():
+            try:
+                await self.tick()
+            except Exception:  # a bug in analysis must not stop sampling
+                log.exception("tick_failed")
+            next_at += interval
+            now = self._clock()
+            if next_at < now:
+                next_at = now + interval - ((now - next_at) % interval)
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=max(0.0, next_at - now))
+            except TimeoutError:
+                pass
+
+    def close(self) -> None:
+        """Close every source."""
+        for source in self.sources:
+            try:
+                source.close()
+            except Exception:
+                log.exception("source_close_failed", source=source.name)

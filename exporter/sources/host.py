@@ -1,0 +1,59 @@
+"""The host: CPU count and busy share over each tick, and boundwatch's own cgroup.
+
+Reads `/proc/stat` under an injectable `proc_root` and the cgroup tree under `cgroup_root`, so
+tests feed it fixture files. The process table (API servers, their threads) is in procs.py.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from exporter.config import HostConfig
+from exporter.snapshot.host import HostReading
+from exporter.sources.base import BlockingReader
+from exporter.sources.cgroup import cgroup_path_of, read_cgroup_cpu
+
+
+def parse_proc_stat(text: str) -> tuple[int, int, int]:
+    """Return (busy jiffies, total jiffies, CPUs) from /proc/stat."""
+    busy = total = cpus = 0
+    for line in text.splitlines():
+        if line.startswith("cpu "):
+            fields = [int(v) for v in line.split()[1:]]
+            idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+            total = sum(fields[:8])  # guest time is already inside user/nice
+            busy = total - idle
+        elif line.startswith("cpu") and line[3:4].isdigit():
+            cpus += 1
+    return busy, total, cpus
+
+
+class HostSource:
+    """Read host CPU and boundwatch's own cgroup each tick."""
+
+    name = "host"
+
+    def __init__(self, cfg: HostConfig) -> None:
+        self._cfg = cfg
+        self._reader = BlockingReader(self.name, cfg.timeout_seconds)
+        self._prev: tuple[int, int] | None = None
+
+    async def read(self) -> HostReading:
+        """Return this tick's host reading."""
+        return await self._reader.run(self.read_blocking)
+
+    def read_blocking(self) -> HostReading:
+        """Read the host now, in the calling thread."""
+        busy, total, cpus = parse_proc_stat(Path(self._cfg.proc_root, "stat").read_text())
+        ratio = None
+        if self._prev is not None and total > self._prev[1]:
+            ratio = (busy - self._prev[0]) / (total - self._prev[1])
+            ratio = min(max(ratio, 0.0), 1.0)
+        self._prev = (busy, total)
+        own = read_cgroup_cpu(self._cfg.cgroup_root, cgroup_path_of(self._cfg.proc_root, "self"))
+        return HostReading(cpus=cpus or (os.cpu_count() or 1), cpu_busy=ratio, own_cgroup=own)
+
+    def close(self) -> None:
+        """Stop the reader thread."""
+        self._reader.close()

@@ -1,0 +1,250 @@
+"""NVML: power, clocks, clock-event reasons, utilization, memory and GPM per GPU.
+
+Every call runs in the reader's own thread with a timeout (`BlockingReader`). Identity and
+maximum clocks are read once. Energy is read every `energy_every_seconds` only: one read cost
+2.4 ms (p99 24 ms) on the H200, against 1-2 us for power, clocks and utilization. GPM needs two
+samples more than 100 ms apart, so each tick's GPM ratios cover the time since the last tick.
+The `nvml` module is injectable: tests give it a stand-in for the driver.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, TypeVar
+
+from exporter.config import NvmlConfig
+from exporter.snapshot.gpu import GpmRatios, GpuReading
+from exporter.sources.base import BlockingReader, SourceUnavailable
+
+T = TypeVar("T")
+
+GPM_METRICS: tuple[tuple[str, str], ...] = (
+    ("graphics", "NVML_GPM_METRIC_GRAPHICS_UTIL"),
+    ("sm", "NVML_GPM_METRIC_SM_UTIL"),
+    ("sm_occupancy", "NVML_GPM_METRIC_SM_OCCUPANCY"),
+    ("tensor", "NVML_GPM_METRIC_ANY_TENSOR_UTIL"),
+    ("dram", "NVML_GPM_METRIC_DRAM_BW_UTIL"),
+)
+INIT_RETRY_SECONDS = 30.0
+
+
+def _load_pynvml() -> ModuleType:
+    import pynvml
+
+    return pynvml
+
+
+@dataclass
+class _Device:
+    index: int
+    handle: Any
+    uuid: str
+    name: str
+    pci_bus_id: str
+    sm_clock_max_hz: float | None
+    gpm_sample: Any = None  # the previous GPM sample, when the GPU supports GPM
+    gpm_spare: Any = None
+    energy_joules: float | None = None
+    energy_read_at: float = 0.0
+    errors: set[str] = field(default_factory=set)
+
+
+class NvmlSource:
+    """Read every GPU through NVML each tick."""
+
+    name = "nvml"
+
+    def __init__(
+        self,
+        cfg: NvmlConfig,
+        nvml: ModuleType | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._cfg = cfg
+        self._nvml = nvml
+        self._clock = clock
+        self._reader = BlockingReader(self.name, cfg.timeout_seconds)
+        self._devices: list[_Device] | None = None
+        self._driver = ""
+        self._init_failed_at: float | None = None
+        self._init_error = ""
+
+    async def read(self) -> tuple[GpuReading, ...]:
+        """Return this tick's reading of every GPU."""
+        return await self._reader.run(self.read_blocking)
+
+    def read_blocking(self) -> tuple[GpuReading, ...]:
+        """Read every GPU now, in the calling thread."""
+        devices = self._ensure_init()
+        return tuple(self._read_device(dev) for dev in devices)
+
+    def close(self) -> None:
+        """Free GPM samples, shut NVML down and stop the reader thread."""
+        nvml = self._nvml
+        if self._devices is not None and nvml is not None:
+            for dev in self._devices:
+                for sample in (dev.gpm_sample, dev.gpm_spare):
+                    if sample is not None:
+                        self._quiet(lambda s=sample: nvml.nvmlGpmSampleFree(s))
+            self._quiet(nvml.nvmlShutdown)
+            self._devices = None
+        self._reader.close()
+
+    # --- set-up --------------------------------------------------------------------------
+    def _ensure_init(self) -> list[_Device]:
+        if self._devices is not None:
+            return self._devices
+        now = self._clock()
+        if self._init_failed_at is not None and now - self._init_failed_at < INIT_RETRY_SECONDS:
+            raise SourceUnavailable(self._init_error)
+        try:
+            nvml = self._nvml or _load_pynvml()
+            self._nvml = nvml
+            nvml.nvmlInit()
+        except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ImportError...
+            self._init_failed_at = now
+            self._init_error = f"NVML unavailable: {_describe(exc)}"
+            raise SourceUnavailable(self._init_error) from exc
+        self._init_failed_at = None
+        self._driver = _text(self._quiet(nvml.nvmlSystemGetDriverVersion)) or ""
+        count = nvml.nvmlDeviceGetCount()
+        devices = []
+        for index in range(count):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            max_mhz = self._quiet(lambda h=handle: nvml.nvmlDeviceGetMaxClockInfo(h, nvml.NVML_CLOCK_SM))
+            pci = self._quiet(lambda h=handle: nvml.nvmlDeviceGetPciInfo(h))
+            dev = _Device(
+                index=index,
+                handle=handle,
+                uuid=_text(self._quiet(lambda h=handle: nvml.nvmlDeviceGetUUID(h))) or f"GPU-{index}",
+                name=_text(self._quiet(lambda h=handle: nvml.nvmlDeviceGetName(h))) or "unknown",
+                pci_bus_id=_text(getattr(pci, "busId", "")) if pci is not None else "",
+                sm_clock_max_hz=float(max_mhz) * 1e6 if max_mhz else None,
+            )
+            if self._cfg.gpm and self._gpm_supported(handle):
+                dev.gpm_sample = self._quiet(lambda h=handle: self._gpm_take(h, None))
+            devices.append(dev)
+        self._devices = devices
+        return devices
+
+    def _gpm_supported(self, handle: Any) -> bool:
+        nvml = self._nvml
+        assert nvml is not None
+        if not hasattr(nvml, "nvmlGpmQueryDeviceSupport"):
+            return False
+        support = self._quiet(lambda: nvml.nvmlGpmQueryDeviceSupport(handle))
+        return bool(getattr(support, "isSupportedDevice", 0))
+
+    def _gpm_take(self, handle: Any, sample: Any) -> Any:
+        nvml = self._nvml
+        assert nvml is not None
+        if sample is None:
+            sample = nvml.nvmlGpmSampleAlloc()
+        nvml.nvmlGpmSampleGet(handle, sample)
+        return sample
+
+    # --- per tick ------------------------------------------------------------------------
+    def _read_device(self, dev: _Device) -> GpuReading:
+        nvml = self._nvml
+        assert nvml is not None
+        errors: list[str] = []
+        h = dev.handle
+
+        def get(label: str, fn: Callable[[], T]) -> T | None:
+            try:
+                return fn()
+            except Exception as exc:
+                if not _not_supported(exc):
+                    errors.append(f"{label}: {_describe(exc)}")
+                return None
+
+        power_mw = get("power", lambda: nvml.nvmlDeviceGetPowerUsage(h))
+        limit_mw = get("power_limit", lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(h))
+        sm_mhz = get("sm_clock", lambda: nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM))
+        reasons = get("clock_events", lambda: _clock_event_reasons(nvml, h))
+        util = get("utilization", lambda: nvml.nvmlDeviceGetUtilizationRates(h))
+        mem = get("memory", lambda: nvml.nvmlDeviceGetMemoryInfo(h))
+        now = self._clock()
+        if dev.energy_joules is None or now - dev.energy_read_at >= self._cfg.energy_every_seconds:
+            energy_mj = get("energy", lambda: nvml.nvmlDeviceGetTotalEnergyConsumption(h))
+            if energy_mj is not None:
+                dev.energy_joules = float(energy_mj) / 1e3
+                dev.energy_read_at = now
+        gpm = get("gpm", lambda: self._gpm_ratios(dev)) if dev.gpm_sample is not None else None
+        return GpuReading(
+            index=dev.index,
+            uuid=dev.uuid,
+            name=dev.name,
+            driver=self._driver,
+            pci_bus_id=dev.pci_bus_id,
+            power_watts=float(power_mw) / 1e3 if power_mw is not None else None,
+            power_limit_watts=float(limit_mw) / 1e3 if limit_mw is not None else None,
+            energy_joules=dev.energy_joules,
+            sm_clock_hz=float(sm_mhz) * 1e6 if sm_mhz is not None else None,
+            sm_clock_max_hz=dev.sm_clock_max_hz,
+            clock_event_mask=int(reasons) if reasons is not None else None,
+            utilization=float(util.gpu) / 100.0 if util is not None else None,
+            memory_used_bytes=int(mem.used) if mem is not None else None,
+            memory_total_bytes=int(mem.total) if mem is not None else None,
+            gpm=gpm,
+            errors=tuple(errors),
+        )
+
+    def _gpm_ratios(self, dev: _Device) -> GpmRatios | None:
+        nvml = self._nvml
+        assert nvml is not None
+        current = self._gpm_take(dev.handle, dev.gpm_spare)
+        previous = dev.gpm_sample
+        dev.gpm_sample, dev.gpm_spare = current, previous
+        ids = [(name, getattr(nvml, const)) for name, const in GPM_METRICS if hasattr(nvml, const)]
+        req = nvml.c_nvmlGpmMetricsGet_t()
+        req.version = nvml.NVML_GPM_METRICS_GET_VERSION
+        req.numMetrics = len(ids)
+        req.sample1 = previous
+        req.sample2 = current
+        for i, (_, metric_id) in enumerate(ids):
+            req.metrics[i].metricId = metric_id
+        nvml.nvmlGpmMetricsGet(req)
+        values: dict[str, float | None] = {}
+        for i, (name, _) in enumerate(ids):
+            m = req.metrics[i]
+            values[name] = _ratio(m.value) if m.nvmlReturn == 0 else None
+        return GpmRatios(**values)
+
+    @staticmethod
+    def _quiet(fn: Callable[[], T]) -> T | None:
+        try:
+            return fn()
+        except Exception:
+            return None
+
+
+def _clock_event_reasons(nvml: ModuleType, handle: Any) -> int:
+    fn = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+    if fn is None:  # older nvidia-ml-py: the deprecated name
+        fn = nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+    return int(fn(handle))
+
+
+def _ratio(percent: float) -> float:
+    return min(max(float(percent) / 100.0, 0.0), 1.0)
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    return str(value)
+
+
+def _not_supported(exc: Exception) -> bool:
+    return "NotSupported" in type(exc).__name__ or "Not Supported" in str(exc)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

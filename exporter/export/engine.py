@@ -6,7 +6,6 @@ from collections.abc import Iterator
 
 from prometheus_client.metrics_core import Metric
 
-from exporter.analysis.dedup import counter_delta
 from exporter.catalogue import counter, gauge
 from exporter.snapshot import Snapshot
 
@@ -48,19 +47,7 @@ def render(snap: Snapshot) -> Iterator[Metric]:
         ):
             if value is not None:
                 fam.add_metric(labels, value)
-        ratio = e.spec_acceptance if e.spec_acceptance is not None else acceptance(snap, e.name)
-        if ratio is not None:
-            spec.add_metric(labels, ratio)
+        if e.spec_acceptance is not None:
+            spec.add_metric(labels, e.spec_acceptance)
     yield from (info, running, waiting, kv, servers, spec, thread_cpu, process_cpu, scrape)
     yield from (prompt, generation, preemptions)
-
-
-def acceptance(snap: Snapshot, name: str, prev_engines: tuple | None = None) -> float | None:
-    """Return accepted over proposed draft tokens since the engine started (vLLM counters)."""
-    e = next((x for x in snap.engines if x.name == name), None)
-    if e is None or not e.spec_draft_tokens_total or e.spec_accepted_tokens_total is None:
-        return None
-    return e.spec_accepted_tokens_total / e.spec_draft_tokens_total
-
-
-__all__ = ["acceptance", "counter_delta", "render"]

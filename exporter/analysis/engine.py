@@ -1,0 +1,72 @@
+"""Integrate the engines' scheduler state and API-server saturation over ticks; count engine steps.
+
+Running and waiting requests are integrated by the left (zero-order hold) rule: the value read
+at the previous tick is held until this tick, so each tick adds `prev.running * snap.dt`. A
+gauge is a step function that changes between reads, and the value read is the one in force
+from then on; the trapezoid rule would invent a linear ramp that never happened. The last value
+read is integrated on the next tick, and an interval whose start was not read adds nothing.
+
+API-server saturation uses this tick's reading, since its CPU figure already covers the tick
+that just ended.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from exporter.analysis.dedup import counter_delta, step_increments
+from exporter.analysis.increments import Increments
+from exporter.config import Config
+from exporter.snapshot import Snapshot
+from exporter.snapshot.engine import EngineReading
+
+RUNNING = "boundwatch_engine_running_request_seconds_total"
+WAITING = "boundwatch_engine_waiting_request_seconds_total"
+STEPS = "boundwatch_engine_steps_total"
+SATURATED = "boundwatch_api_server_saturated_seconds_total"
+
+
+def window_acceptance(history: Sequence[tuple[float, float | None, float | None]]) -> float | None:
+    """Return accepted over proposed draft tokens across a window of (time, accepted, drafted) readings."""
+    rows = [(t, a, d) for t, a, d in history if a is not None and d is not None]
+    if len(rows) < 2:
+        return None
+    accepted = counter_delta(rows[0][1], rows[-1][1])
+    drafted = counter_delta(rows[0][2], rows[-1][2])
+    if not drafted or accepted is None:
+        return None
+    return min(1.0, accepted / drafted)
+
+
+def _previous(prev: Snapshot | None, name: str) -> EngineReading | None:
+    if prev is None:
+        return None
+    return next((e for e in prev.engines if e.name == name and not e.error), None)
+
+
+def _agent_steps(snap: Snapshot, name: str) -> float | None:
+    if snap.agent is None:
+        return None
+    found = [s.steps for s in snap.agent.steps if s.engine == name]
+    return float(sum(found)) if found else None
+
+
+def accumulate(snap: Snapshot, cfg: Config, prev: Snapshot | None = None) -> Increments:
+    """Return this tick's running/waiting request-seconds, engine steps and API-server saturated seconds."""
+    inc = Increments()
+    for reading in snap.engines:
+        before = _previous(prev, reading.name)
+        labels = (reading.name,)
+        if before is not None and snap.dt > 0:
+            if before.running is not None:
+                inc.count(RUNNING, labels, before.running * snap.dt)
+            if before.waiting is not None:
+                inc.count(WAITING, labels, before.waiting * snap.dt)
+        if not reading.error:
+            for method, steps in step_increments(before, reading, _agent_steps(snap, reading.name)).items():
+                inc.count(STEPS, (reading.name, method), steps)
+        for server, proc in reading.servers():
+            busiest = proc.busiest_thread.cpu if proc.busiest_thread is not None else 0.0
+            saturated = busiest >= cfg.engine.api_server_saturated
+            inc.count(SATURATED, (reading.name, server), snap.dt if saturated else 0.0)
+    return inc

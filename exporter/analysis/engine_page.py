@@ -1,0 +1,255 @@
+"""Normalise an engine's metric samples (vLLM 0.10 to newest, SGLang) into an EngineReading.
+
+Pure: the input is any iterable of samples with `.name`, `.labels` and `.value` (what
+prometheus_client's parser or its multiprocess collector yields), the output a dataclass.
+Names and their history are in `research/vllm-metrics.md`; renamed metrics are read under
+every name they had, the newest first.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any, Protocol
+
+from exporter.analysis.dedup import collapse_pid_series
+from exporter.snapshot.engine import EngineReading, StepCount
+
+# The sample names boundwatch reads, by engine. A tuple means "the first name present wins"
+# (renames: newest first).
+VLLM_RUNNING = ("vllm:num_requests_running",)
+VLLM_WAITING = ("vllm:num_requests_waiting",)
+VLLM_KV = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # the latter: deprecated 0.9.2, gone 0.12
+VLLM_PROMPT = ("vllm:prompt_tokens_total",)
+VLLM_GENERATION = ("vllm:generation_tokens_total",)
+VLLM_PREEMPTIONS = ("vllm:num_preemptions_total",)
+VLLM_SPEC_DRAFT_TOKENS = ("vllm:spec_decode_num_draft_tokens_total",)
+VLLM_SPEC_ACCEPTED = ("vllm:spec_decode_num_accepted_tokens_total",)
+VLLM_SPEC_DRAFTS = ("vllm:spec_decode_num_drafts_total",)
+VLLM_ITER_COUNT = "vllm:iteration_tokens_total_count"
+VLLM_ITER_SUM = "vllm:iteration_tokens_total_sum"
+
+SGLANG_RUNNING = ("sglang:num_running_reqs",)
+SGLANG_WAITING = ("sglang:num_queue_reqs",)
+SGLANG_KV = ("sglang:token_usage",)
+SGLANG_PROMPT = ("sglang:prompt_tokens_total",)
+SGLANG_GENERATION = ("sglang:generation_tokens_total",)
+SGLANG_PREEMPTIONS = ("sglang:num_retracted_requests_total",)
+SGLANG_SPEC_ACCEPT_RATE = ("sglang:spec_accept_rate",)
+SGLANG_PASSES = "sglang:cuda_graph_passes_total"
+
+# Sample-name prefixes a page is cut down to before parsing (see `prefilter`).
+WANTED: tuple[str, ...] = tuple(
+    sorted(
+        {
+            *VLLM_RUNNING,
+            *VLLM_WAITING,
+            *VLLM_KV,
+            *VLLM_PROMPT,
+            *VLLM_GENERATION,
+            *VLLM_PREEMPTIONS,
+            *VLLM_SPEC_DRAFT_TOKENS,
+            *VLLM_SPEC_ACCEPTED,
+            *VLLM_SPEC_DRAFTS,
+            VLLM_ITER_COUNT,
+            VLLM_ITER_SUM,
+            *SGLANG_RUNNING,
+            *SGLANG_WAITING,
+            *SGLANG_KV,
+            *SGLANG_PROMPT,
+            *SGLANG_GENERATION,
+            *SGLANG_PREEMPTIONS,
+            *SGLANG_SPEC_ACCEPT_RATE,
+            SGLANG_PASSES,
+        }
+    )
+)
+# Each wanted name followed by what may come after it on a sample line, so that
+# "vllm:num_requests_waiting" does not also keep "vllm:num_requests_waiting_by_reason".
+_WANTED_LINE_PREFIXES: tuple[str, ...] = tuple(n + c for n in WANTED for c in ("{", " "))
+# Families whose presence means single-process mode (multiprocess registries have none).
+_SINGLE_PROCESS_MARKS = ("\nprocess_cpu_seconds_total", "\npython_gc_objects_collected_total", "_created{")
+
+
+class SampleLike(Protocol):
+    """A metric sample: what prometheus_client's parser yields."""
+
+    name: str
+    labels: Mapping[str, str]
+    value: float
+
+
+def prefilter(text: str) -> str:
+    """Return only the sample lines boundwatch reads (and their TYPE lines), so parsing is cheap."""
+    keep = [
+        line
+        for line in text.splitlines()
+        if line.startswith(_WANTED_LINE_PREFIXES)
+        or (line.startswith("# TYPE ") and line[7:].split(" ", 1)[0] in WANTED)
+    ]
+    keep.append("")
+    return "\n".join(keep)
+
+
+def looks_multiprocess(text: str) -> bool | None:
+    """Say whether a full page came from a multiprocess registry (None: cannot tell)."""
+    if not any(p in text for p in ("vllm:", "sglang:")):
+        return None
+    return not any(mark in text for mark in _SINGLE_PROCESS_MARKS)
+
+
+def detect_kind(samples: Sequence[SampleLike]) -> str | None:
+    """Return "vllm" or "sglang" from the sample names, or None."""
+    for s in samples:
+        if s.name.startswith("vllm:"):
+            return "vllm"
+        if s.name.startswith("sglang:"):
+            return "sglang"
+    return None
+
+
+def _by_name(samples: Iterable[SampleLike]) -> dict[str, list[tuple[dict[str, str], float]]]:
+    out: dict[str, list[tuple[dict[str, str], float]]] = defaultdict(list)
+    for s in samples:
+        out[s.name].append((dict(s.labels), float(s.value)))
+    return out
+
+
+def _first(by_name: Mapping[str, list[tuple[dict[str, str], float]]], names: Sequence[str]) -> str | None:
+    return next((n for n in names if n in by_name), None)
+
+
+def _sglang_rank0(series: list[tuple[dict[str, str], float]]) -> list[tuple[dict[str, str], float]]:
+    """Keep tp_rank 0 (and pp_rank 0) series: every TP rank reports the same scheduler state."""
+    return [
+        (labels, v)
+        for labels, v in series
+        if labels.get("tp_rank", "0") == "0" and labels.get("pp_rank", "0") == "0"
+    ]
+
+
+def _total(
+    by_name: Mapping[str, list[tuple[dict[str, str], float]]], names: Sequence[str], *, sglang: bool = False
+) -> float | None:
+    """Sum a counter or additive gauge over engines / DP ranks, pid series collapsed."""
+    name = _first(by_name, names)
+    if name is None:
+        return None
+    series = by_name[name]
+    if sglang:
+        series = _sglang_rank0(series)
+    collapsed, _ = collapse_pid_series(series, how="max")
+    return sum(v for _, v in collapsed) if collapsed else None
+
+
+def _max(
+    by_name: Mapping[str, list[tuple[dict[str, str], float]]], names: Sequence[str], *, sglang: bool = False
+) -> tuple[float | None, int]:
+    """Return the largest value of a ratio gauge across engines, and how many pid series it had."""
+    name = _first(by_name, names)
+    if name is None:
+        return None, 0
+    series = by_name[name]
+    if sglang:
+        series = _sglang_rank0(series)
+    collapsed, pids = collapse_pid_series(series, how="max")
+    return (max(v for _, v in collapsed) if collapsed else None), pids
+
+
+def _model(by_name: Mapping[str, list[tuple[dict[str, str], float]]]) -> str:
+    models = sorted(
+        {
+            labels["model_name"]
+            for series in by_name.values()
+            for labels, _ in series
+            if "model_name" in labels
+        }
+    )
+    return ",".join(models)
+
+
+def normalise(
+    samples: Iterable[SampleLike],
+    *,
+    name: str = "",
+    url: str = "",
+    source: str = "http",
+    multiprocess: bool | None = None,
+    kind: str | None = None,
+) -> EngineReading:
+    """Return the engine reading the samples describe (name defaults to the kind)."""
+    rows = list(samples)
+    kind = kind or detect_kind(rows) or "unknown"
+    by_name = _by_name(rows)
+    common: dict[str, Any] = {
+        "name": name or kind,
+        "kind": kind,
+        "url": url,
+        "source": source,
+        "model": _model(by_name),
+    }
+    if kind == "sglang":
+        return _sglang(by_name, common, multiprocess)
+    return _vllm(by_name, common, multiprocess)
+
+
+def _vllm(
+    by_name: Mapping[str, list[tuple[dict[str, str], float]]],
+    common: dict[str, Any],
+    multiprocess: bool | None,
+) -> EngineReading:
+    kv, kv_pids = _max(by_name, VLLM_KV)
+    engines = {labels.get("engine", "0") for series in by_name.values() for labels, _ in series}
+    iter_count = _total(by_name, (VLLM_ITER_COUNT,))
+    mp = bool(multiprocess) if multiprocess is not None else kv_pids > 1
+    reading = EngineReading(
+        **common,
+        running=_total(by_name, VLLM_RUNNING),
+        waiting=_total(by_name, VLLM_WAITING),
+        kv_cache_usage=kv,
+        kv_cache_pid_series=kv_pids,
+        prompt_tokens_total=_total(by_name, VLLM_PROMPT),
+        generation_tokens_total=_total(by_name, VLLM_GENERATION),
+        preemptions_total=_total(by_name, VLLM_PREEMPTIONS),
+        spec_draft_tokens_total=_total(by_name, VLLM_SPEC_DRAFT_TOKENS),
+        spec_accepted_tokens_total=_total(by_name, VLLM_SPEC_ACCEPTED),
+        spec_drafts_total=_total(by_name, VLLM_SPEC_DRAFTS),
+        iteration_count=iter_count,
+        iteration_tokens_sum=_total(by_name, (VLLM_ITER_SUM,)),
+        multiprocess=mp,
+        data_parallel_engines=max(1, len(engines)),
+    )
+    if not mp:
+        return replace(reading, api_server_count=1, api_server_count_source="page")
+    if kv_pids > 1:
+        return replace(reading, api_server_count=kv_pids, api_server_count_source="kv_cache_pids")
+    return reading
+
+
+def _sglang(
+    by_name: Mapping[str, list[tuple[dict[str, str], float]]],
+    common: dict[str, Any],
+    multiprocess: bool | None,
+) -> EngineReading:
+    kv, kv_pids = _max(by_name, SGLANG_KV, sglang=True)
+    accept, _ = _max(by_name, SGLANG_SPEC_ACCEPT_RATE, sglang=True)
+    passes = _total(by_name, (SGLANG_PASSES,), sglang=True)
+    dp = {labels.get("dp_rank", "0") for series in by_name.values() for labels, _ in series}
+    return EngineReading(
+        **common,
+        running=_total(by_name, SGLANG_RUNNING, sglang=True),
+        waiting=_total(by_name, SGLANG_WAITING, sglang=True),
+        kv_cache_usage=kv,
+        kv_cache_pid_series=kv_pids,
+        prompt_tokens_total=_total(by_name, SGLANG_PROMPT),
+        generation_tokens_total=_total(by_name, SGLANG_GENERATION),
+        preemptions_total=_total(by_name, SGLANG_PREEMPTIONS, sglang=True),
+        spec_acceptance=accept,
+        forward_passes=passes,
+        steps=StepCount("forward_passes", passes) if passes is not None else None,
+        multiprocess=True if multiprocess is None else multiprocess,
+        api_server_count=1,  # the tokenizer manager in the main process serves HTTP
+        api_server_count_source="page",
+        data_parallel_engines=max(1, len(dp)),
+    )

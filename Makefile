@@ -1,0 +1,46 @@
+# boundwatch: `make run` sets up and runs the daemon; `make test` sets up and runs the tests.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+ARGS   ?=
+
+.PHONY: run test lint typecheck system-deps bench clean help
+
+help:
+	@echo "make run    - set up a virtualenv and run the daemon (http://127.0.0.1:9482/metrics)"
+	@echo "make test   - set up test dependencies (Python, promtool, prometheus) and run the tests"
+	@echo "make lint   - ruff"
+	@echo "make typecheck - mypy"
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/boundwatch $(ARGS)
+
+# Debian's prometheus (promtool, a real server) and alertmanager, for rule tests and scrape tests.
+system-deps:
+	@if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null; \
+	  elif command -v sudo >/dev/null 2>&1; then \
+	    sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null; \
+	  else echo "warning: promtool/prometheus missing and no root: their tests will be skipped"; fi; \
+	fi
+
+test: $(STAMP) system-deps
+	$(PY) -m pytest -q $(ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check exporter tests bench
+	$(VENV)/bin/ruff format --check exporter tests bench
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy exporter
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

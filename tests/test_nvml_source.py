@@ -1,0 +1,104 @@
+"""The NVML source against a stand-in driver: units, GPM, clock events, rare energy reads, failures."""
+
+import pytest
+
+from exporter.config import NvmlConfig
+from exporter.sources.base import SourceUnavailable
+from exporter.sources.nvml import NvmlSource
+from tests.nvml_standin import FakeGpu, FakeNvml
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_reading_converts_to_base_units_like_the_h200_under_a_matmul():
+    src = NvmlSource(NvmlConfig(), nvml=FakeNvml())  # type: ignore[arg-type]
+    src.read_blocking()  # first GPM sample pair
+    (g,) = src.read_blocking()
+    assert g.name == "NVIDIA H200" and g.driver == "580.159.04"
+    assert g.power_watts == pytest.approx(695.0)
+    assert g.power_limit_watts == pytest.approx(700.0)
+    assert g.sm_clock_hz == pytest.approx(1.44e9)
+    assert g.sm_clock_max_hz == pytest.approx(1.98e9)
+    assert g.utilization == pytest.approx(1.0)
+    assert g.energy_joules == pytest.approx(123_456.789)
+    assert g.memory_total_bytes == 143_771 * 2**20
+    assert g.clock_events()["sw_power_cap"] is True
+    assert g.clock_events()["hw_thermal_slowdown"] is False
+    assert g.gpm is not None
+    assert g.gpm.graphics == pytest.approx(0.987)
+    assert g.gpm.sm == pytest.approx(0.952)
+    assert g.gpm.tensor == pytest.approx(0.924)
+    assert g.errors == ()
+
+
+def test_energy_is_read_only_every_energy_interval():
+    nvml, clock = FakeNvml(), Clock()
+    src = NvmlSource(NvmlConfig(energy_every_seconds=10.0), nvml=nvml, clock=clock)  # type: ignore[arg-type]
+    for _ in range(20):  # 10 s of 0.5 s ticks
+        src.read_blocking()
+        clock.t += 0.5
+    assert nvml.calls["energy"] == 1
+    clock.t += 0.1
+    src.read_blocking()
+    assert nvml.calls["energy"] == 2
+
+
+def test_unsupported_field_is_none_without_an_error_and_lost_gpu_reports_errors():
+    nvml = FakeNvml([FakeGpu(no_power=True), FakeGpu(uuid="GPU-2", lost=True)])
+    src = NvmlSource(NvmlConfig(gpm=False), nvml=nvml)  # type: ignore[arg-type]
+    first, second = src.read_blocking()
+    assert first.power_watts is None and first.errors == ()
+    assert second.power_watts is None and second.sm_clock_hz is None
+    assert any("GpuIsLost" in e for e in second.errors)
+    assert first.gpm is None
+
+
+def test_gpu_without_gpm_support_has_no_gpm_ratios():
+    src = NvmlSource(NvmlConfig(), nvml=FakeNvml(gpm=False))  # type: ignore[arg-type]
+    src.read_blocking()
+    (g,) = src.read_blocking()
+    assert g.gpm is None and g.utilization == pytest.approx(1.0)
+
+
+def test_no_driver_is_unavailable_and_init_is_retried_only_after_30_s():
+    nvml, clock = FakeNvml(driver_present=False), Clock()
+    src = NvmlSource(NvmlConfig(), nvml=nvml, clock=clock)  # type: ignore[arg-type]
+    with pytest.raises(SourceUnavailable, match="LibraryNotFound"):
+        src.read_blocking()
+    clock.t += 10
+    with pytest.raises(SourceUnavailable):
+        src.read_blocking()
+    assert nvml.calls["init"] == 1
+    nvml.driver_present = True
+    clock.t += 25
+    (g,) = src.read_blocking()
+    assert nvml.calls["init"] == 2 and g.power_watts == pytest.approx(695.0)
+
+
+def test_close_frees_gpm_samples_and_shuts_nvml_down():
+    nvml = FakeNvml()
+    src = NvmlSource(NvmlConfig(), nvml=nvml)  # type: ignore[arg-type]
+    src.read_blocking()
+    src.read_blocking()
+    assert nvml.samples_alive == 2
+    src.close()
+    assert nvml.samples_alive == 0 and nvml.shutdown
+
+
+def test_real_pynvml_without_a_driver_reports_unavailable():
+    pynvml = pytest.importorskip("pynvml")
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        pass
+    else:
+        pynvml.nvmlShutdown()
+        pytest.skip("this machine has an NVIDIA driver")
+    with pytest.raises(SourceUnavailable, match="NVML unavailable"):
+        NvmlSource(NvmlConfig()).read_blocking()

@@ -54,6 +54,10 @@ class Sampler:
         self._on_tick = on_tick
         self.tick_cpu_seconds = 0.0
 
+    def now(self) -> float:
+        """Return the sampler's monotonic clock reading."""
+        return self._clock()
+
     def latest(self, max_age: float | None = None) -> Snapshot | None:
         """Return the newest Snapshot, or None if there is none younger than max_age seconds."""
         if not self._history:

@@ -34,7 +34,7 @@ def make_registry(sampler: Sampler, cfg: Config) -> CollectorRegistry:
     """Return a registry holding the Snapshot collector and boundwatch's own process metrics."""
     registry = CollectorRegistry(auto_describe=False)
     max_age = max(5.0, 10 * cfg.tick_seconds)
-    registry.register(SnapshotCollector(sampler.latest, cfg.tick_seconds, max_age))  # type: ignore[arg-type]
+    registry.register(SnapshotCollector(sampler.latest, cfg.tick_seconds, max_age, clock=sampler.now))  # type: ignore[arg-type]
     ProcessCollector(registry=registry)
     return registry
 

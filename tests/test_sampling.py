@@ -1,0 +1,130 @@
+"""The sampler: concurrent reads, failing and hung sources, bounded history, integrated busy time."""
+
+import asyncio
+import threading
+
+import pytest
+
+from exporter.config import Config, NvmlConfig
+from exporter.sampling import Sampler
+from exporter.sources.base import BlockingReader, SourceUnavailable
+from exporter.sources.nvml import NvmlSource
+from tests.nvml_standin import FakeGpu, FakeNvml
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Broken:
+    name = "engine"
+
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
+        self.reads = 0
+
+    async def read(self):
+        self.reads += 1
+        raise self.exc
+
+    def close(self) -> None:
+        pass
+
+
+class Hung:
+    """A blocking source whose call never returns until released."""
+
+    name = "host"
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.started = 0
+        self._reader = BlockingReader("hung", timeout=0.05)
+
+    def _block(self):
+        self.started += 1
+        self.release.wait(5)
+        return None
+
+    async def read(self):
+        return await self._reader.run(self._block)
+
+    def close(self) -> None:
+        self.release.set()
+        self._reader.close()
+
+
+async def test_a_failing_source_is_down_while_the_others_are_up():
+    clock = Clock()
+    broken = Broken(ValueError("page is not Prometheus text"))
+    nvml = NvmlSource(NvmlConfig(), nvml=FakeNvml())  # type: ignore[arg-type]
+    sampler = Sampler(Config(), [nvml, broken], clock=clock)
+    for _ in range(3):
+        snap = await sampler.tick()
+        clock.t += 0.5
+    assert snap.source("nvml").up is True
+    status = snap.source("engine")
+    assert status.up is False and status.errors_total == 3
+    assert "not Prometheus" in status.last_error
+    assert len(snap.gpus) == 1
+
+
+async def test_an_absent_party_is_down_but_not_counted_as_an_error():
+    sampler = Sampler(Config(), [Broken(SourceUnavailable("no engine found"))], clock=Clock())
+    snap = await sampler.tick()
+    assert snap.source("engine").up is False and snap.source("engine").errors_total == 0
+
+
+async def test_a_hung_blocking_read_times_out_and_is_not_started_again():
+    hung = Hung()
+    sampler = Sampler(Config(), [hung], clock=Clock())
+    try:
+        for _ in range(4):
+            snap = await sampler.tick()
+        assert snap.source("host").up is False
+        assert "still running" in snap.source("host").last_error
+        assert hung.started == 1
+    finally:
+        hung.close()
+
+
+async def test_history_is_bounded_by_history_seconds():
+    cfg = Config(tick_seconds=0.5, history_seconds=2.0)
+    clock = Clock()
+    sampler = Sampler(cfg, [], clock=clock)
+    for _ in range(20):
+        await sampler.tick()
+        clock.t += 0.5
+    hist = sampler.history()
+    assert len(hist) == 5 and hist[-1].seq == 20
+
+
+async def test_nvml_and_gpm_busy_integrate_over_ticks_and_gpm_is_preferred():
+    clock = Clock()
+    gpu = FakeGpu(util=50, gpm={1: 27.0, 2: 26.0})
+    nvml = NvmlSource(NvmlConfig(), nvml=FakeNvml([gpu]))  # type: ignore[arg-type]
+    sampler = Sampler(Config(), [nvml], clock=clock)
+    for _ in range(21):  # 20 intervals of 0.5 s = 10 s
+        snap = await sampler.tick()
+        clock.t += 0.5
+    busy = snap.counters[("boundwatch_gpu_busy_seconds_total", ("0", "gpm"))]
+    observed = snap.counters[("boundwatch_gpu_observed_seconds_total", ("0", "gpm"))]
+    assert observed == pytest.approx(10.0)
+    assert busy == pytest.approx(2.7)  # the seed's 27% busy over 10 s
+    assert snap.counters[("boundwatch_gpu_busy_seconds_total", ("0", "nvml"))] == pytest.approx(5.0)
+    assert snap.busy[0] == (pytest.approx(0.27), "gpm")
+
+
+async def test_run_ticks_on_schedule_until_stopped():
+    cfg = Config(tick_seconds=0.05, history_seconds=10)
+    sampler = Sampler(cfg, [])
+    stop = asyncio.Event()
+    task = asyncio.create_task(sampler.run(stop))
+    await asyncio.sleep(0.32)
+    stop.set()
+    await asyncio.wait_for(task, 1)
+    assert 5 <= sampler.latest().seq <= 8

@@ -1,0 +1,87 @@
+"""The HTTP app: /metrics in both formats, /healthz, the status page, basic auth, stale snapshots."""
+
+import base64
+import hashlib
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.config import Config, NvmlConfig, WebConfig
+from exporter.export.web import make_app
+from exporter.sampling import Sampler
+from exporter.sources.nvml import NvmlSource
+from tests.nvml_standin import FakeNvml
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 50.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+async def _client(aiohttp_client, cfg=None, clock=None):
+    cfg = cfg or Config()
+    clock = clock or Clock()
+    sampler = Sampler(cfg, [NvmlSource(NvmlConfig(), nvml=FakeNvml())], clock=clock)  # type: ignore[arg-type]
+    await sampler.tick()
+    clock.t += 0.5
+    await sampler.tick()
+    return await aiohttp_client(make_app(cfg, sampler)), sampler
+
+
+async def test_metrics_serve_gpu_families_in_text_format(aiohttp_client):
+    client, _ = await _client(aiohttp_client)
+    resp = await client.get("/metrics")
+    assert resp.status == 200
+    assert resp.headers["Content-Type"].startswith("text/plain")
+    fams = {f.name: f for f in text_string_to_metric_families(await resp.text())}
+    assert fams["boundwatch_gpu_power_watts"].samples[0].value == 695.0
+    assert fams["boundwatch_build_info"].samples[0].value == 1.0
+    assert {s.labels["source"]: s.value for s in fams["boundwatch_source_up"].samples} == {"nvml": 1.0}
+
+
+async def test_metrics_negotiate_openmetrics(aiohttp_client):
+    client, _ = await _client(aiohttp_client)
+    resp = await client.get("/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+    text = await resp.text()
+    assert resp.headers["Content-Type"].startswith("application/openmetrics-text")
+    assert text.rstrip().endswith("# EOF")
+
+
+async def test_healthz_is_ok_while_fresh_and_503_when_ticks_stop(aiohttp_client):
+    clock = Clock()
+    client, _ = await _client(aiohttp_client, clock=clock)
+    assert (await client.get("/healthz")).status == 200
+    clock.t += 60
+    assert (await client.get("/healthz")).status == 503
+
+
+async def test_stale_snapshot_is_not_served_as_fresh(aiohttp_client):
+    clock = Clock()
+    client, _ = await _client(aiohttp_client, clock=clock)
+    clock.t += 60
+    text = await (await client.get("/metrics")).text()
+    assert "boundwatch_build_info" in text
+    assert "boundwatch_gpu_power_watts" not in text
+
+
+async def test_status_page_and_snapshot_json(aiohttp_client):
+    client, _ = await _client(aiohttp_client)
+    page = await (await client.get("/")).text()
+    assert "boundwatch" in page and "/metrics" in page and "nvml: up" in page
+    data = await (await client.get("/api/snapshot")).json()
+    assert data["gpus"][0]["name"] == "NVIDIA H200"
+
+
+async def test_basic_auth_guards_everything_but_healthz(aiohttp_client, tmp_path):
+    users = tmp_path / "users"
+    users.write_text(f"# operators\nprom:{hashlib.sha256(b's3cret').hexdigest()}\n")
+    cfg = Config(web=WebConfig(basic_auth_file=str(users)))
+    client, _ = await _client(aiohttp_client, cfg=cfg)
+    assert (await client.get("/metrics")).status == 401
+    bad = base64.b64encode(b"prom:wrong").decode()
+    assert (await client.get("/metrics", headers={"Authorization": f"Basic {bad}"})).status == 401
+    good = base64.b64encode(b"prom:s3cret").decode()
+    assert (await client.get("/metrics", headers={"Authorization": f"Basic {good}"})).status == 200
+    assert (await client.get("/healthz")).status == 200

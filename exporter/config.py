@@ -66,17 +66,25 @@ class AgentFeedConfig:
 
 @dataclass(frozen=True)
 class VerdictConfig:
-    """Thresholds of the host-bound / GPU-bound classifier (see README, "The verdict")."""
+    """Thresholds of the host-bound / GPU-bound classifier (see exporter/analysis/verdict.py).
 
-    window_seconds: float = 3.0
+    Timing: at 0.5 s ticks the busy share of the latest tick and a 2-tick hold make a change of
+    load show within 1.0-1.5 s; reasons use 1.5 s of evidence.
+    """
+
+    window_seconds: float = 1.5  # evidence for reasons (CPU, throttling, graph share, steps, rates)
+    busy_window_seconds: float = 0.5  # busy share averaged for the thresholds (one tick: CUPTI is exact)
     busy_high: float = 0.85  # at or above: GPU-bound when work is pending
-    busy_low: float = 0.70  # below: host-bound when work is pending
-    api_server_saturated: float = 0.90
-    throttled_share: float = 0.05  # share of quota periods throttled
+    busy_low: float = 0.70  # below: host-bound when work is pending; between: the previous verdict
+    idle_busy: float = 0.02  # with no engine source: below this busy share the GPU counts as idle
+    api_server_saturated: float = 0.90  # busiest API-server thread, cores (1.0 = one core all the time)
+    throttled_share: float = 0.05  # share of quota periods throttled (or throttled s per s)
     graph_share_low: float = 0.5  # share of busy time inside CUDA graphs below which decode ran eager
     step_gpu_share_low: float = 0.5  # GPU time per step over step wall time below which steps are host-heavy
-    hold_ticks: int = 3  # a new verdict must persist this many ticks before it is reported
-    max_batch: int | None = None  # configured max_num_seqs, for admission_stalled
+    waiting_empty: float = 0.5  # mean waiting requests at or below: the engine's queue is empty
+    admission_fill: float = 0.9  # running below this share of the batch limit, queue empty: admission stalls
+    hold_ticks: int = 2  # a new verdict must be the raw verdict this many ticks in a row before it shows
+    max_batch: int | None = None  # configured max_num_seqs (else the engine's own figure), for admission_stalled
 
 
 @dataclass(frozen=True)
@@ -133,6 +141,10 @@ class Config:
             raise ConfigError("verdict thresholds need 0 < busy_low <= busy_high <= 1")
         if v.window_seconds < self.tick_seconds:
             raise ConfigError("verdict.window_seconds must be at least tick_seconds")
+        if v.busy_window_seconds < self.tick_seconds:
+            raise ConfigError("verdict.busy_window_seconds must be at least tick_seconds")
+        if v.hold_ticks < 1:
+            raise ConfigError("verdict.hold_ticks must be at least 1")
         for url in self.engine.urls:
             if not url.startswith(("http://", "https://", "file://", "/")):
                 raise ConfigError(f"engine.urls: {url!r} is not an http(s) URL, file:// URL or path")

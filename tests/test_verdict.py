@@ -1,0 +1,301 @@
+"""The verdict classifier, with the figures of the field reports (shared/seeds/)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import random
+
+import pytest
+
+from exporter.analysis import verdict as v
+from exporter.config import Config, RooflineConfig, VerdictConfig
+from exporter.snapshot import Snapshot
+from tests.verdict_scenes import Recorder, Scene, series
+
+CFG = VerdictConfig()
+
+
+def last_verdict(snaps: list[Snapshot], cfg: Config | None = None) -> v.Verdict:
+    """Run the classifier tick by tick over a series and return the last GPU-0 verdict."""
+    out = v.replay(snaps, cfg or Config())
+    return next(x for x in out[-1].verdicts if x.gpu == 0)
+
+
+SEED_000 = dict(busy=0.27, running=160, waiting=0, graph_share=0.95, max_num_seqs=256)
+
+CASES = [
+    # seed 000: 27% busy, waiting 0, 160 running, one API server tokenising 60-90k-token prompts.
+    (
+        "seed000_api_server",
+        Scene(**SEED_000, api_cpu=0.99),
+        "host",
+        ("api_server_saturated", "admission_stalled"),
+    ),
+    # seed 000: the container's fractional default quota throttled it.
+    (
+        "seed000_quota",
+        Scene(**SEED_000, api_cpu=0.45, quota_cores=0.5, throttled_share=0.8),
+        "host",
+        ("cpu_quota_throttled", "admission_stalled"),
+    ),
+    (
+        "seed000_quota_and_api_server",
+        Scene(**SEED_000, api_cpu=0.99, quota_cores=1.5, throttled_share=0.4),
+        "host",
+        ("cpu_quota_throttled", "api_server_saturated", "admission_stalled"),
+    ),
+    # seed 000 finding 1: capture size counted in tokens, half the batch ran eager.
+    (
+        "seed000_graph_fallback",
+        Scene(busy=0.5, running=64, max_num_seqs=64, api_cpu=0.3, graph_share=0.3),
+        "host",
+        ("cuda_graph_fallback",),
+    ),
+    # seed 000 finding 3: 72 ms steps with 19 ms of GPU work in each.
+    (
+        "seed000_step_overhead",
+        Scene(busy=0.27, running=64, max_num_seqs=64, api_cpu=0.3, step_ms=72, step_gpu_ms=19),
+        "host",
+        ("step_overhead",),
+    ),
+    # seed 002: SMs busy at 340 W of 600 W: stalled on memory latency, a kernel problem: GPU-bound.
+    ("seed002_sm_busy_low_power", Scene(busy=0.99, running=32, power_w=340, power_limit_w=600), "gpu", ()),
+    ("gpu_bound_decode", Scene(busy=0.97, running=64), "gpu", ()),
+    ("idle", Scene(busy=0.0, running=0, waiting=0), "idle", ()),
+    ("idle_with_busy_gpu_from_another_process", Scene(busy=0.9, running=0, waiting=0), "idle", ()),
+    ("waiting_only_is_work", Scene(busy=0.1, running=0, waiting=5, max_num_seqs=None), "host", ("unknown",)),
+    (
+        "host_without_a_known_reason",
+        Scene(busy=0.4, running=256, max_num_seqs=256, api_cpu=0.3, graph_share=0.95),
+        "host",
+        ("unknown",),
+    ),
+    (
+        "engine_but_no_busy_source",
+        Scene(busy=None, running=10, graph_share=None),
+        "unknown",
+        ("no_busy_source",),
+    ),
+    (
+        "nothing_at_all",
+        Scene(busy=None, engine=False, graph_share=None),
+        "unknown",
+        ("no_busy_source", "no_engine_source"),
+    ),
+    (
+        "nvml_only_half_busy",
+        Scene(busy=0.5, busy_source="nvml", engine=False, graph_share=None),
+        "unknown",
+        ("no_engine_source",),
+    ),
+    ("nvml_only_saturated", Scene(busy=0.97, busy_source="nvml", engine=False, graph_share=None), "gpu", ()),
+    ("nvml_only_idle", Scene(busy=0.0, busy_source="nvml", engine=False, graph_share=None), "idle", ()),
+    # A plain torch process with the agent and no engine: the busy share decides, no queue to read.
+    ("agent_without_engine_starved", Scene(busy=0.3, engine=False, graph_share=0.0), "host", ("unknown",)),
+    ("agent_without_engine_busy", Scene(busy=0.95, engine=False, graph_share=0.0), "gpu", ()),
+    ("agent_without_engine_idle", Scene(busy=0.0, engine=False, graph_share=0.0), "idle", ()),
+    # An engine that drives another GPU says nothing about this one.
+    (
+        "engine_on_other_gpu",
+        Scene(busy=0.5, busy_source="nvml", gpus=(1,), graph_share=None),
+        "unknown",
+        ("no_engine_source",),
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "scene", "verdict", "reasons"), CASES, ids=[c[0] for c in CASES])
+def test_classifies_field_cases(name: str, scene: Scene, verdict: str, reasons: tuple[str, ...]) -> None:
+    got = last_verdict(series(scene, 3.0))
+    assert (got.verdict, got.reasons) == (verdict, reasons)
+
+
+def test_seed000_evidence_reads_like_the_report() -> None:
+    got = last_verdict(series(Scene(**SEED_000, api_cpu=0.99, step_ms=72, step_gpu_ms=19), 3.0))
+    assert got.busy_ratio == pytest.approx(0.27)
+    assert got.get("running") == 160
+    assert got.get("waiting") == 0
+    assert got.get("api_server_thread_cpu") == pytest.approx(0.99)
+    assert got.get("step_seconds") == pytest.approx(0.072, rel=0.01)
+    assert got.get("step_gpu_share") == pytest.approx(19 / 72, rel=0.01)
+    assert "step_overhead" in got.reasons
+
+
+def test_seed002_power_share_is_evidence_not_a_reason() -> None:
+    got = last_verdict(series(Scene(busy=0.99, running=32, power_w=340, power_limit_w=600), 2.0))
+    assert got.verdict == "gpu"
+    assert got.get("power_share") == pytest.approx(340 / 600)
+
+
+def test_graph_share_does_not_flag_prefill_only_windows() -> None:
+    got = last_verdict(
+        series(Scene(busy=0.4, running=8, api_cpu=0.3, graph_share=0.1, gen_tokens_per_s=0), 3.0)
+    )
+    assert "cuda_graph_fallback" not in got.reasons
+
+
+def test_admission_stalled_needs_a_batch_limit() -> None:
+    got = last_verdict(series(Scene(**{**SEED_000, "max_num_seqs": None}, api_cpu=0.3), 3.0))
+    assert got.reasons == ("unknown",)
+    cfg = Config(verdict=VerdictConfig(max_batch=256))
+    got = last_verdict(series(Scene(**{**SEED_000, "max_num_seqs": None}, api_cpu=0.3), 3.0), cfg)
+    assert got.reasons == ("admission_stalled",)
+
+
+def test_throttling_is_a_delta_not_the_cumulative_count() -> None:
+    rec = Recorder()
+    rec.run(Scene(busy=0.3, running=100, api_cpu=0.5, quota_cores=1.0, throttled_share=0.9), 5.0)
+    rec.run(Scene(busy=0.3, running=100, api_cpu=0.5, quota_cores=1.0, throttled_share=0.0), 3.0)
+    got = last_verdict(rec.snaps)
+    assert got.get("throttled_share") == 0.0
+    assert "cpu_quota_throttled" not in got.reasons
+
+
+# --- hysteresis -----------------------------------------------------------------------------
+
+
+def verdicts(snaps: list[Snapshot], cfg: Config | None = None) -> list[str]:
+    """Return the reported GPU-0 verdict at every tick."""
+    return [next(x for x in s.verdicts if x.gpu == 0).verdict for s in v.replay(snaps, cfg or Config())]
+
+
+def test_band_keeps_gpu_bound() -> None:
+    rec = Recorder()
+    rec.run(Scene(busy=0.95), 3.0)
+    rec.run(Scene(busy=0.78), 5.0)
+    assert verdicts(rec.snaps)[-1] == "gpu"
+
+
+def test_band_keeps_host_bound() -> None:
+    rec = Recorder()
+    rec.run(Scene(busy=0.3), 3.0)
+    rec.run(Scene(busy=0.78), 5.0)
+    assert verdicts(rec.snaps)[-1] == "host"
+
+
+def test_band_from_a_cold_start_takes_the_nearer_side() -> None:
+    assert verdicts(series(Scene(busy=0.80), 2.0))[-1] == "gpu"
+    assert verdicts(series(Scene(busy=0.74), 2.0))[-1] == "host"
+
+
+def test_one_odd_tick_does_not_flap() -> None:
+    rec = Recorder()
+    rec.run(Scene(busy=0.95), 3.0)
+    rec.tick(Scene(busy=0.2))  # a GC pause
+    rec.run(Scene(busy=0.95), 3.0)
+    assert set(verdicts(rec.snaps)) == {"gpu"}
+
+
+def test_alternating_ticks_never_flap() -> None:
+    rec = Recorder()
+    for i in range(40):
+        rec.tick(Scene(busy=0.95 if i % 2 else 0.3))
+    vs = verdicts(rec.snaps)
+    changes = sum(a != b for a, b in itertools.pairwise(vs))
+    assert changes <= 1
+
+
+def test_noise_around_a_threshold_does_not_flap() -> None:
+    rnd = random.Random(5)
+    rec = Recorder()
+    for _ in range(200):
+        rec.tick(Scene(busy=min(1.0, max(0.0, rnd.gauss(0.85, 0.05)))))
+    vs = verdicts(rec.snaps)
+    changes = sum(a != b for a, b in itertools.pairwise(vs))
+    assert changes <= 4
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "want"),
+    [
+        (Scene(busy=0.97), Scene(**SEED_000, api_cpu=0.99), "host"),
+        (Scene(**SEED_000, api_cpu=0.99), Scene(busy=0.97), "gpu"),
+        (Scene(busy=0.97), Scene(busy=0.0, running=0), "idle"),
+        (Scene(busy=0.0, running=0), Scene(busy=0.97), "gpu"),
+        (Scene(busy=0.0, running=0), Scene(**SEED_000, api_cpu=0.99), "host"),
+    ],
+)
+def test_switch_shows_within_three_ticks(before: Scene, after: Scene, want: str) -> None:
+    rec = Recorder()
+    rec.run(before, 5.0)
+    start = len(rec.snaps)
+    # The tick that straddles the change sees half of each.
+    mid = dataclasses.replace(after, busy=((before.busy or 0) + (after.busy or 0)) / 2)
+    rec.tick(mid)
+    rec.run(after, 3.0)
+    vs = verdicts(rec.snaps)
+    assert vs[start - 1] != want
+    first = next(i for i in range(start, len(vs)) if vs[i] == want)
+    assert first - start + 1 <= 3
+    assert all(x == want for x in vs[first:])
+
+
+def test_held_host_verdict_keeps_current_reasons() -> None:
+    rec = Recorder()
+    rec.run(Scene(**SEED_000, api_cpu=0.99), 3.0)
+    rec.tick(Scene(busy=0.95, running=160, api_cpu=0.99))  # one tick of busy: held as host
+    out = v.replay(rec.snaps, Config())
+    last = out[-1].verdicts[0]
+    assert (last.verdict, last.raw, last.streak) == ("host", "gpu", 1)
+    assert "api_server_saturated" in last.reasons
+
+
+def test_hold_of_one_tick_follows_every_change() -> None:
+    rec = Recorder()
+    rec.run(Scene(busy=0.95), 2.0)
+    rec.tick(Scene(busy=0.2))
+    cfg = Config(verdict=VerdictConfig(hold_ticks=1))
+    assert verdicts(rec.snaps, cfg)[-1] == "host"
+
+
+# --- counters and roofline ------------------------------------------------------------------
+
+
+def test_bound_seconds_follow_the_reported_verdict() -> None:
+    out = v.replay(series(Scene(busy=0.97), 3.0), Config())
+    inc = v.accumulate(out[-1], Config())
+    assert inc.counters[("boundwatch_bound_seconds_total", ("0", "gpu"))] == pytest.approx(0.5)
+
+
+def test_host_bound_seconds_use_cupti_idle_time_while_running() -> None:
+    out = v.replay(series(Scene(**SEED_000, api_cpu=0.99), 2.0), Config())
+    inc = v.accumulate(out[-1], Config())
+    assert inc.counters[("boundwatch_host_bound_seconds_total", ("0",))] == pytest.approx(
+        0.5 * 0.73, rel=1e-6
+    )
+
+
+def test_host_bound_seconds_from_nvml_busy() -> None:
+    out = v.replay(series(Scene(busy=0.4, busy_source="nvml", graph_share=None, running=8), 2.0), Config())
+    inc = v.accumulate(out[-1], Config())
+    assert inc.counters[("boundwatch_host_bound_seconds_total", ("0",))] == pytest.approx(0.5 * 0.6)
+
+
+def test_no_host_bound_seconds_without_running_requests() -> None:
+    out = v.replay(series(Scene(busy=0.1, running=0, waiting=3), 2.0), Config())
+    inc = v.accumulate(out[-1], Config())
+    assert inc.counters.get(("boundwatch_host_bound_seconds_total", ("0",)), 0.0) == 0.0
+
+
+def test_roofline_floor_and_achieved_ratio() -> None:
+    # seed 000: ~165 GB of weights at ~8 TB/s is a ~20 ms floor; steps took 72 ms.
+    cfg = Config(roofline=RooflineConfig(weight_bytes_per_step=165e9, hbm_bandwidth_bytes_per_second=8e12))
+    got = last_verdict(series(Scene(**SEED_000, api_cpu=0.99, step_ms=72, step_gpu_ms=19), 3.0), cfg)
+    assert got.get("roofline_floor_seconds") == pytest.approx(165e9 / 8e12)
+    assert got.get("roofline_achieved_ratio") == pytest.approx(165e9 / 8e12 / 0.072, rel=0.01)
+
+
+def test_roofline_uses_the_probe_bandwidth() -> None:
+    snaps = series(Scene(busy=0.97, running=64, step_ms=25, step_gpu_ms=24), 2.0)
+    snaps = [dataclasses.replace(s, probe={"hbm_bandwidth_bytes_per_second": 4.2e12}) for s in snaps]
+    cfg = Config(roofline=RooflineConfig(weight_bytes_per_step=84e9))
+    got = last_verdict(snaps, cfg)
+    assert got.get("roofline_floor_seconds") == pytest.approx(0.02)
+    assert got.get("roofline_achieved_ratio") == pytest.approx(0.8, rel=0.02)
+
+
+def test_engine_steps_over_time_give_a_step_time_without_an_agent() -> None:
+    got = last_verdict(series(Scene(busy=0.97, running=64, graph_share=None, step_ms=None), 3.0))
+    assert got.get("step_method") == "engine"
+    assert got.get("step_seconds") == pytest.approx(0.02)

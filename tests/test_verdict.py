@@ -11,7 +11,7 @@ import pytest
 from exporter.analysis import verdict as v
 from exporter.config import Config, RooflineConfig, VerdictConfig
 from exporter.snapshot import Snapshot
-from tests.verdict_scenes import Recorder, Scene, series
+from tests.verdict_scenes import SEED, Recorder, Scene, series
 
 CFG = VerdictConfig()
 
@@ -22,7 +22,7 @@ def last_verdict(snaps: list[Snapshot], cfg: Config | None = None) -> v.Verdict:
     return next(x for x in out[-1].verdicts if x.gpu == 0)
 
 
-SEED_000 = dict(busy=0.27, running=160, waiting=0, graph_share=0.95, max_num_seqs=256)
+SEED_000 = SEED
 
 CASES = [
     # seed 000: 27% busy, waiting 0, 160 running, one API server tokenising 60-90k-token prompts.

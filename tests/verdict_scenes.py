@@ -13,6 +13,8 @@ from exporter.snapshot.host import CgroupCpu, HostReading, ProcessCpu, ThreadCpu
 
 TICK = 0.5
 NS = 1_000_000_000
+# seed 000: 27% busy, nothing waiting, 160 running (with max_num_seqs 256), decode in CUDA graphs.
+SEED: dict = dict(busy=0.27, running=160, waiting=0, graph_share=0.95, max_num_seqs=256)
 
 
 @dataclass

@@ -1,0 +1,88 @@
+"""Snapshot <-> JSON: a recording reads back as the same Snapshots."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+from types import MappingProxyType
+
+import pytest
+
+from exporter.analysis import verdict as v
+from exporter.config import Config
+from exporter.export import web
+from exporter.snapshot import HistogramValue, codec
+from tests.verdict_scenes import SEED, Recorder, Scene
+
+
+def seed_snapshots() -> list:
+    rec = Recorder()
+    rec.run(
+        Scene(**SEED, api_cpu=0.99, quota_cores=0.5, throttled_share=0.6, step_ms=72, step_gpu_ms=19), 2.0
+    )
+    out = v.replay(rec.snaps, Config())
+    last = out[-1]
+    counters = {("boundwatch_bound_seconds_total", ("0", "host")): 1.5}
+    hist = {
+        ("boundwatch_gpu_idle_gap_seconds", ("0",)): HistogramValue((0.001, 0.002), (1.0, 2.0, 0.0), 0.004)
+    }
+    out[-1] = dataclasses.replace(
+        last,
+        counters=MappingProxyType(counters),
+        histograms=MappingProxyType(hist),
+        probe=MappingProxyType({"hbm_bandwidth_bytes_per_second": 4.2e12}),
+    )
+    return out
+
+
+def test_round_trip_is_exact() -> None:
+    for snap in seed_snapshots():
+        data = json.loads(json.dumps(codec.to_json(snap)))
+        assert codec.from_json(data) == snap
+
+
+def test_round_trip_keeps_types() -> None:
+    snap = seed_snapshots()[-1]
+    back = codec.from_json(json.loads(json.dumps(codec.to_json(snap))))
+    assert isinstance(back.engines[0].api_servers[0].cmdline, tuple)
+    assert list(back.busy) == [0]
+    assert back.verdicts[0].reasons == snap.verdicts[0].reasons
+    assert back.histograms[("boundwatch_gpu_idle_gap_seconds", ("0",))].counts == (1.0, 2.0, 0.0)
+
+
+def test_recording_lines_read_back_without_counters() -> None:
+    snaps = seed_snapshots()
+    buf = io.StringIO()
+    buf.write(codec.header(tick_seconds=0.5) + "\n")
+    for s in snaps:
+        buf.write(codec.dumps(s) + "\n")
+    head, back = codec.read_lines(io.StringIO(buf.getvalue()))
+    got = list(back)
+    assert head["tick_seconds"] == 0.5
+    assert len(got) == len(snaps)
+    assert got[-1].counters == {}
+    assert got[-1].engines == snaps[-1].engines
+    assert got[-1].agent == snaps[-1].agent
+
+
+def test_reads_the_daemons_snapshot_page() -> None:
+    snap = seed_snapshots()[-1]
+    page = web._plain(dataclasses.replace(snap, counters={}, histograms={}))
+    page["counters"] = {f"{n}{{{','.join(labels)}}}": x for (n, labels), x in snap.counters.items()}
+    back = codec.from_json(json.loads(json.dumps(page)))
+    assert back.engines == snap.engines
+    assert back.busy == snap.busy
+    assert back.counters == snap.counters
+
+
+def test_rejects_a_file_that_is_not_a_recording() -> None:
+    with pytest.raises(ValueError, match="not a boundwatch recording"):
+        codec.read_lines(io.StringIO('{"seq": 1}\n'))
+
+
+def test_ignores_unknown_fields_from_a_newer_writer() -> None:
+    data = codec.to_json(seed_snapshots()[0])
+    data["added_later"] = 1
+    data["engines"][0]["new_figure"] = 2
+    assert codec.from_json(data).engines[0].running == 160

@@ -96,6 +96,33 @@ class RooflineConfig:
 
 
 @dataclass(frozen=True)
+class ProbeConfig:
+    """The scheduled self-test probe: runs in a subprocess only while every GPU and engine is idle."""
+
+    enabled: bool = False
+    interval_seconds: float = 3600.0  # at least this long between two runs
+    idle_seconds: float = 60.0  # no engine work and busy <= idle_busy_max for this long before a run
+    idle_busy_max: float = 0.02  # busy ratio that still counts as idle
+    timeout_seconds: float = 180.0  # the subprocess is killed after this long
+    duty: tuple[float, ...] = (0.5,)  # duty-cycle phases of a scheduled run
+    phase_seconds: float = 3.0  # measured seconds per phase
+    check_self: bool = True  # compare the phases with this sidecar's own /metrics
+
+    def __post_init__(self) -> None:
+        try:
+            duty = tuple(float(d) for d in self.duty)  # env and TOML give strings
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"probe.duty: expected busy fractions, got {self.duty!r}") from exc
+        object.__setattr__(self, "duty", duty)
+        if any(not 0 < d < 1 for d in duty):
+            raise ConfigError(f"probe.duty: busy fractions must be in (0, 1), got {duty}")
+        if self.interval_seconds <= 0 or self.idle_seconds < 0 or self.timeout_seconds <= 0:
+            raise ConfigError("probe: interval_seconds and timeout_seconds must be > 0, idle_seconds >= 0")
+        if not 0 <= self.idle_busy_max < 1:
+            raise ConfigError(f"probe.idle_busy_max must be in [0, 1), got {self.idle_busy_max}")
+
+
+@dataclass(frozen=True)
 class WebConfig:
     """HTTP listener."""
 
@@ -121,6 +148,7 @@ class Config:
     agent: AgentFeedConfig = field(default_factory=AgentFeedConfig)
     verdict: VerdictConfig = field(default_factory=VerdictConfig)
     roofline: RooflineConfig = field(default_factory=RooflineConfig)
+    probe: ProbeConfig = field(default_factory=ProbeConfig)
 
     def validate(self) -> Config:
         """Return self, or raise ConfigError naming the first bad key."""

@@ -35,8 +35,10 @@ MAX_DATAGRAM_BYTES = 16 * 1024
 STATES = ("running", "preempted", "unavailable", "stopped")
 ROLES = ("vllm_worker", "vllm_engine", "sglang_scheduler", "generic")
 MAX_INTERVALS = 600  # busy intervals per window kept for cross-process unions (~8 KiB at worst)
+# Histogram layouts on the wire: the same bounds as exporter.catalogue (tests check it).
+STEP_BUCKETS_SECONDS: tuple[float, ...] = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0)
 IDLE_GAP_BUCKET_COUNT = 11  # len(IDLE_GAP_BUCKETS_SECONDS) + 1
-STEP_BUCKET_COUNT = 12  # len(STEP_BUCKETS_SECONDS) + 1
+STEP_BUCKET_COUNT = len(STEP_BUCKETS_SECONDS) + 1
 
 
 class WireError(ValueError):
@@ -82,6 +84,7 @@ class Steps:
     wall: int  # ns, sum of step wall times
     gpu: int = 0  # ns of GPU busy time inside the steps (0 when CUPTI is elsewhere)
     tokens: int = 0  # scheduled tokens over the steps
+    seqs: int = 0  # scheduled sequences summed over the steps (batch size x steps)
     hist: tuple[int, ...] = ()  # step wall times per STEP_BUCKETS (non-cumulative, +Inf last)
     t0: int = 0
     t1: int = 0
@@ -132,6 +135,7 @@ def _steps_dict(s: Steps) -> dict[str, Any]:
         "wall": s.wall,
         "gpu": s.gpu,
         "tokens": s.tokens,
+        "seqs": s.seqs,
         "hist": list(s.hist),
         "t0": s.t0,
         "t1": s.t1,
@@ -231,6 +235,7 @@ def _steps(d: Any) -> Steps:
         wall=_int(d, "wall"),
         gpu=_int(d, "gpu", 0),
         tokens=_int(d, "tokens", 0),
+        seqs=_int(d, "seqs", 0),
         hist=_ints(d, "hist", STEP_BUCKET_COUNT),
         t0=_int(d, "t0", 0),
         t1=_int(d, "t1", 0),

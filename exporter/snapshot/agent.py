@@ -26,6 +26,9 @@ class GpuActivity:
     dropped: int = 0
     idle_gap_counts: tuple[int, ...] = field(default=())
     idle_gap_sum_ns: int = 0
+    last_window_busy_ns: int = 0  # the newest window alone, for the busy-ratio gauge
+    last_window_ns: int = 0
+    processes: int = 1  # agents whose windows were merged (>1: a cross-process union)
 
 
 @dataclass(frozen=True)
@@ -33,10 +36,14 @@ class AgentState:
     """One agent process as last heard from (no pid is exported; it is kept for merging)."""
 
     pid: int
-    gpu: int
+    gpu: int  # CUDA ordinal of the agent's first device (-1: none yet); resolve uuid for the NVML index
     state: str  # running | preempted | unavailable | stale
     detail: str = ""
-    role: str = ""  # vllm_worker, sglang_scheduler, generic
+    role: str = ""  # vllm_worker, vllm_engine, sglang_scheduler, generic
+    uuid: str = ""
+    lib: str = ""  # which libcupti / cupti-python the agent found
+    mode: str = ""  # raw|objects [+graph_trace] [+sampling], or steps
+    dropped_messages: int = 0  # datagrams the agent could not send
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,9 @@ class EngineSteps:
     wall_ns: int
     gpu_busy_ns: int
     step_wall_ns: tuple[int, ...] = field(default=())  # individual step times, bounded
+    step_hist: tuple[int, ...] = field(default=())  # per STEP_BUCKETS_SECONDS (+Inf last), non-cumulative
+    tokens: int = 0  # scheduled tokens over the steps
+    seqs: int = 0  # scheduled sequences summed over the steps (mean batch = seqs / steps)
 
 
 @dataclass(frozen=True)

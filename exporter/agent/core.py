@@ -1,0 +1,636 @@
+"""The agent: CUPTI activity in, per-device windows out over a unix datagram socket, never blocking.
+
+Threads: CUPTI's own thread calls the buffer callbacks (they copy the bytes and return the buffer:
+tens of microseconds with the GIL); the agent's thread flushes every `flush_s` (ctypes, without the
+GIL), decodes buffers with numpy, closes windows `lag_s` old and sends them. Nothing here ever
+blocks the application's threads or raises into them.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import os
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from exporter import wire
+from exporter.agent.cuptilib import (
+    KIND_CONCURRENT_KERNEL,
+    KIND_GRAPH_TRACE,
+    KIND_MEMCPY,
+    KIND_MEMSET,
+    BufferCompleted,
+    BufferPool,
+    BufferRequested,
+    Library,
+    api_version_text,
+    cupti_python_version,
+    decode,
+    loaded_libcupti,
+    walk,
+)
+from exporter.agent.steps import StepTracker
+
+ENV = "BOUNDWATCH_AGENT_"
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(ENV + name, default).strip()
+
+
+def _envf(name: str, default: float) -> float:
+    try:
+        return float(_env(name, str(default)))
+    except ValueError:
+        return default
+
+
+@dataclass
+class Settings:
+    """Agent settings, from BOUNDWATCH_AGENT_* variables."""
+
+    socket: str = ""
+    role: str = "generic"
+    window_s: float = 0.5
+    flush_s: float = 0.25
+    lag_s: float = 1.0
+    buffer_kib: int = 256
+    max_buffers: int = 64  # 16 MiB of host buffers at most
+    max_queued_mib: float = 64.0
+    decode: str = "raw"  # raw (ctypes + numpy) | objects (cupti-python record objects)
+    graph_trace: str = "auto"  # auto: on only if CUDA is not initialised yet | on | off
+    sampling: str = "auto"  # auto | on | off
+    sample_above: float = 20000.0  # eager kernel records per second that turn auto sampling on
+    sample_on_s: float = 1.0
+    sample_period_s: float = 10.0
+    cupti: bool = True  # False: engine steps only (vLLM's EngineCore when the workers are elsewhere)
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> Settings:
+        """Return settings from the environment, with keyword overrides."""
+        s = cls(
+            socket=_env("SOCKET", "") or wire.default_agent_socket(),
+            role=_env("ROLE", "generic"),
+            window_s=_envf("WINDOW_S", 0.5),
+            flush_s=_envf("FLUSH_S", 0.25),
+            lag_s=_envf("LAG_S", 1.0),
+            buffer_kib=int(_envf("BUFFER_KIB", 256)),
+            max_buffers=int(_envf("MAX_BUFFERS", 64)),
+            decode=_env("DECODE", "raw"),
+            graph_trace=_env("GRAPH_TRACE", "auto"),
+            sampling=_env("SAMPLING", "auto"),
+            sample_above=_envf("SAMPLE_ABOVE", 20000.0),
+            sample_on_s=_envf("SAMPLE_ON_S", 1.0),
+            sample_period_s=_envf("SAMPLE_PERIOD_S", 10.0),
+        )
+        for key, value in overrides.items():
+            if value is not None:
+                setattr(s, key, value)
+        return s
+
+
+@dataclass
+class Stats:
+    """What the agent counted about itself (for benchmarks and agent-check)."""
+
+    buffers: int = 0
+    records: int = 0
+    incomplete: int = 0
+    cupti_dropped: int = 0
+    queue_dropped_bytes: int = 0
+    foreign_buffers: int = 0
+    callback_ns_max: int = 0
+    callback_ns_total: int = 0
+    decode_ns_total: int = 0
+    decode_ns_max: int = 0
+    flush_ns_max: int = 0
+    loop_ns_max: int = 0
+    messages_sent: int = 0
+    messages_dropped: int = 0
+    windows_sent: int = 0
+    layout_checked: int = 0
+    layout_mismatch: int = 0
+    toggles: int = 0
+    per_kind: dict[str, int] = field(default_factory=dict)
+
+
+def cuda_initialized() -> bool:
+    """Return whether CUDA was already initialised in this process (as far as torch can tell)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    try:
+        return bool(torch.cuda.is_initialized())
+    except Exception:
+        return True  # unknown: assume late, the safe side for GRAPH_TRACE
+
+
+def gpu_uuid(ordinal: int) -> str:
+    """Return 'GPU-…' for a CUDA device ordinal of this process, through libcuda; '' if unknown."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+        dev = ctypes.c_int(0)
+        if cuda.cuDeviceGet(ctypes.byref(dev), ordinal) != 0:
+            return ""
+        raw = (ctypes.c_ubyte * 16)()
+        fn = getattr(cuda, "cuDeviceGetUuid_v2", None) or cuda.cuDeviceGetUuid
+        if fn(raw, dev) != 0:
+            return ""
+        h = bytes(raw).hex()
+        return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+    except (OSError, AttributeError):
+        return ""
+
+
+class Agent:
+    """One process's CUPTI collector and sender."""
+
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.settings = settings or Settings.from_env()
+        self.state = "stopped"
+        self.detail = ""
+        self.lib_text = ""
+        self.mode = ""
+        self.stats = Stats()
+        self.steps = StepTracker()
+        self._cupti: Any = None
+        self._lib: Library | None = None
+        self._pool: BufferPool | None = None
+        self._queue: collections.deque[tuple[bytes, list[int] | None] | list[tuple[int, ...]]] = (
+            collections.deque()
+        )
+        self._queued_bytes = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._windows: dict[int, Any] = {}
+        self._uuids: dict[int, str] = {}
+        self._dropped_pending: dict[int, int] = {}
+        self._sock: socket.socket | None = None
+        self._seq = 0
+        self._enabled: list[int] = []
+        self._graph_trace = False
+        self._cb_req: Any = None
+        self._cb_done: Any = None
+        self._verify_left = 3
+        self._use_cupti_walk = False
+        self._spans: list[list[int | None]] = []  # [since_ns, until_ns or None]: kernel records collected
+        self._kernel_on = False
+        self._sampling_active = False
+        self._next_toggle_ns = 0
+        self._last_send_ns = 0
+        self._start_ns = 0
+        self._paused = False
+        self._last_rate = 0.0
+        self._rate_known = False
+
+    # --- start and stop -----------------------------------------------------------------
+
+    def start(self) -> str:
+        """Start collecting; return the state ('running' or 'unavailable'), never raise."""
+        if self.state == "running":
+            return self.state
+        if self.settings.cupti:
+            self._try_cupti()
+        else:
+            self.state, self.mode = "running", "steps"
+        self._open_socket()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="boundwatch-agent", daemon=True)
+        self._thread.start()
+        return self.state
+
+    def _try_cupti(self) -> None:
+        try:
+            self._start_cupti()
+        except Exception as exc:  # CUPTI or cupti-python missing, another subscriber, bad lib
+            self._disable_enabled()
+            self.state = "unavailable"
+            self.detail = f"{type(exc).__name__}: {exc}"[:400]
+        else:
+            self.state = "running"
+            self.detail = ""
+
+    def add_cupti(self) -> str:
+        """Start CUPTI in an agent that so far only counted engine steps; return the state."""
+        if self.mode == "steps":
+            with self._lock:
+                self.settings.cupti = True
+                self._try_cupti()
+        return self.state
+
+    def _start_cupti(self) -> None:
+        from cupti import cupti  # cupti-python; ImportError -> unavailable
+
+        self._cupti = cupti
+        cupti.get_timestamp()  # makes cupti-python load libcupti (reusing torch's copy if loaded)
+        self._lib = Library.open()
+        libs = loaded_libcupti()
+        pyver = cupti_python_version()
+        libver = api_version_text(self._lib.api_version)
+        self.lib_text = f"libcupti {libver} ({self._lib.api_version}) {self._lib.path}; cupti-python {pyver}"
+        if len(libs) > 1:
+            self.lib_text += f"; WARNING {len(libs)} libcupti copies loaded"
+        s = self.settings
+        self._graph_trace = s.graph_trace == "on" or (s.graph_trace == "auto" and not cuda_initialized())
+        self._register()
+        kinds = [KIND_CONCURRENT_KERNEL, KIND_MEMCPY, KIND_MEMSET]
+        if self._graph_trace:
+            kinds.insert(0, KIND_GRAPH_TRACE)  # before any graph is captured, or never
+        for kind in kinds:
+            cupti.activity_enable(kind)  # raises cuptiError when another subscriber holds CUPTI
+            self._enabled.append(kind)
+        self._start_ns = self._lib.timestamp()
+        self._spans = [[self._start_ns, None]]
+        self._kernel_on = True
+        self.mode = f"{s.decode}{'+graph_trace' if self._graph_trace else ''}"
+
+    def _register(self) -> None:
+        s = self.settings
+        if s.decode == "objects":
+            self._cupti.activity_register_callbacks(self._objects_requested, self._objects_completed)
+            return
+        assert self._lib is not None
+        if self._pool is None:
+            self._pool = BufferPool(s.buffer_kib * 1024, s.max_buffers)
+        if self._cb_req is None:
+            self._cb_req = BufferRequested(self._raw_requested)
+            self._cb_done = BufferCompleted(self._raw_completed)
+        status = self._lib.handle.cuptiActivityRegisterCallbacks(self._cb_req, self._cb_done)
+        if status != 0:
+            raise RuntimeError(f"cuptiActivityRegisterCallbacks returned {status}")
+
+    def _disable_enabled(self) -> None:
+        for kind in self._enabled:
+            try:
+                self._cupti.activity_disable(kind)
+            except Exception:
+                pass
+        self._enabled.clear()
+
+    def stop(self, finalize: bool = True) -> None:
+        """Flush what is left, send it, disable CUPTI and finalize it; safe to call twice."""
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._thread.join(timeout=5.0)
+        self._thread = None
+        if self.state == "running" and self._lib is not None:
+            try:
+                self._lib.flush(forced=True)
+                self._drain(budget_ns=None)
+                now = self._lib.timestamp()
+                self._send(self._close_windows(now + int(self.settings.lag_s * 1e9)), force=True, final=True)
+            except Exception:
+                pass
+        self._disable_enabled()
+        if finalize and self._lib is not None and self.state in ("running", "preempted"):
+            try:
+                self._cupti.finalize()
+            except Exception:
+                pass
+        self.state = "stopped"
+        self._send([], force=True, final=True)
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    # --- takeover by torch.profiler ---------------------------------------------------------
+
+    def yield_cupti(self, why: str) -> None:
+        """Give CUPTI to another client (torch.profiler): flush ours back, stop reporting windows."""
+        if self.state != "running" or self._lib is None:
+            return
+        with self._lock:
+            self._paused = True
+            try:
+                self._lib.flush()
+            except Exception:
+                pass
+            self.state = "preempted"
+            self.detail = why
+            self._close_span(self._lib.timestamp())
+
+    def reattach(self) -> None:
+        """Take CUPTI back after the other client is done: callbacks and kinds again (GRAPH_TRACE untouched)."""
+        if self.state != "preempted" or self._lib is None:
+            return
+        with self._lock:
+            try:
+                if self._pool is not None:
+                    self._pool.forget_outstanding()
+                self._register()
+                for kind in (KIND_CONCURRENT_KERNEL, KIND_MEMCPY, KIND_MEMSET):
+                    self._cupti.activity_enable(kind)
+            except Exception as exc:
+                self.detail = f"re-attach failed: {type(exc).__name__}: {exc}"[:400]
+                return
+            now = self._lib.timestamp()
+            self._open_span(now)
+            self.state = "running"
+            self.detail = ""
+            self._paused = False
+
+    # --- CUPTI callbacks (CUPTI's thread) ------------------------------------------------------
+
+    def _raw_requested(self, buf: Any, size: Any, max_records: Any) -> None:
+        pool = self._pool
+        ptr = pool.take() if pool is not None else 0
+        buf[0] = ptr or None
+        size[0] = pool.size if ptr and pool is not None else 0
+        max_records[0] = 0
+
+    def _raw_completed(self, ctx: int | None, stream: int, ptr: int | None, size: int, valid: int) -> None:
+        t = time.perf_counter_ns()
+        try:
+            if not ptr or self._pool is None or ptr not in self._pool.outstanding:
+                self.stats.foreign_buffers += 1
+                return
+            try:
+                if valid:
+                    data = ctypes.string_at(ptr, valid)
+                    offsets = None
+                    if self._use_cupti_walk or self._verify_left > 0:
+                        assert self._lib is not None
+                        offsets = self._lib.record_offsets(ptr, valid)
+                    self._enqueue((data, offsets), valid)
+                if self._lib is not None:
+                    dropped = self._lib.dropped(ctx, stream)
+                    if dropped:
+                        self.stats.cupti_dropped += dropped
+                        self._dropped_pending[-1] = self._dropped_pending.get(-1, 0) + dropped
+            finally:
+                self._pool.give(ptr)
+        except Exception:
+            pass
+        finally:
+            dt = time.perf_counter_ns() - t
+            self.stats.callback_ns_total += dt
+            self.stats.callback_ns_max = max(self.stats.callback_ns_max, dt)
+
+    def _objects_requested(self) -> tuple[int, int]:
+        return self.settings.buffer_kib * 1024, 0
+
+    def _objects_completed(self, activities: list[Any]) -> None:
+        t = time.perf_counter_ns()
+        rows: list[tuple[int, ...]] = []
+        try:
+            for r in activities:
+                kind = int(r.kind)
+                if kind == KIND_GRAPH_TRACE:
+                    dev = r.device_id if r.device_id != 0x7FFFFFFF else r.end_device_id
+                    rows.append((3, dev, r.start, r.end))
+                elif kind == KIND_CONCURRENT_KERNEL:
+                    rows.append((4 if r.graph_id else 0, r.device_id, r.start, r.end))
+                elif kind in (KIND_MEMCPY, KIND_MEMSET):
+                    rows.append((1 if kind == KIND_MEMCPY else 2, r.device_id, r.start, r.end))
+            self._enqueue(rows, 32 * len(rows))
+        except Exception:
+            pass
+        finally:
+            dt = time.perf_counter_ns() - t
+            self.stats.callback_ns_total += dt
+            self.stats.callback_ns_max = max(self.stats.callback_ns_max, dt)
+
+    def _enqueue(self, item: Any, nbytes: int) -> None:
+        if self._paused:
+            return
+        if self._queued_bytes + nbytes > self.settings.max_queued_mib * 1024 * 1024:
+            self.stats.queue_dropped_bytes += nbytes
+            self._dropped_pending[-1] = self._dropped_pending.get(-1, 0) + max(1, nbytes // 216)
+            return
+        self._queued_bytes += nbytes
+        self._queue.append(item)
+
+    # --- the agent's thread -------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        period = self.settings.flush_s
+        while not self._stop.wait(period):
+            t = time.perf_counter_ns()
+            try:
+                self._tick()
+            except Exception as exc:  # never let the thread die silently
+                self.detail = f"agent loop: {type(exc).__name__}: {exc}"[:400]
+            self.stats.loop_ns_max = max(self.stats.loop_ns_max, time.perf_counter_ns() - t)
+
+    def _tick(self) -> None:
+        with self._lock:
+            if self.state == "running" and self._lib is not None and not self._paused and self._enabled:
+                t = time.perf_counter_ns()
+                self._lib.flush()
+                self.stats.flush_ns_max = max(self.stats.flush_ns_max, time.perf_counter_ns() - t)
+                self._drain(budget_ns=100_000_000)
+                now = self._lib.timestamp()
+                self._sample(now)
+                windows = self._close_windows(now)
+            else:
+                windows = []
+        self._send(windows)
+
+    def _drain(self, budget_ns: int | None) -> None:
+        """Decode queued buffers, yielding the GIL between buffers so the app never waits long."""
+        import numpy as np
+
+        from exporter.agent.windows import DeviceWindows
+
+        slice_start = time.perf_counter_ns()
+        while self._queue:
+            item = self._queue.popleft()
+            t = time.perf_counter_ns()
+            if isinstance(item, list):
+                self._queued_bytes -= 32 * len(item)
+                if not item:
+                    continue
+                arr = np.asarray(item, dtype=np.int64)
+                code, dev, start, end = arr[:, 0].astype(np.int8), arr[:, 1], arr[:, 2], arr[:, 3]
+                ok = (start > 0) & (end >= start)
+                self.stats.incomplete += int((~ok).sum())
+                code, dev, start, end = code[ok], dev[ok], start[ok], end[ok]
+            else:
+                data, cupti_offsets = item
+                self._queued_bytes -= len(data)
+                offsets = walk(data) if not self._use_cupti_walk else cupti_offsets
+                if cupti_offsets is not None and self._verify_left > 0:
+                    self._verify_left -= 1
+                    self.stats.layout_checked += 1
+                    if offsets != cupti_offsets:
+                        self.stats.layout_mismatch += 1
+                        self._use_cupti_walk = True
+                        offsets = cupti_offsets
+                if offsets is None:
+                    self._use_cupti_walk = True  # unknown record kind: let CUPTI walk from now on
+                    continue
+                d = decode(data, offsets)
+                self.stats.incomplete += d.incomplete
+                code, dev, start, end = d.code, d.dev, d.start, d.end
+            self.stats.buffers += 1
+            self.stats.records += int(code.size)
+            for dv in np.unique(dev).tolist() if dev.size else []:
+                m = dev == dv
+                w = self._windows.get(dv)
+                if w is None:
+                    w = DeviceWindows(
+                        window_ns=int(self.settings.window_s * 1e9),
+                        lag_ns=int(self.settings.lag_s * 1e9),
+                        start_ns=self._start_ns,
+                    )
+                    self._windows[dv] = w
+                    self._uuids[dv] = gpu_uuid(int(dv))
+                w.add(start[m], end[m], code[m])
+            dt = time.perf_counter_ns() - t
+            self.stats.decode_ns_total += dt
+            self.stats.decode_ns_max = max(self.stats.decode_ns_max, dt)
+            time.sleep(0)  # let the application thread take the GIL between buffers
+            if budget_ns is not None and time.perf_counter_ns() - slice_start > budget_ns:
+                break
+
+    def _close_span(self, now: int) -> None:
+        if self._spans and self._spans[-1][1] is None:
+            self._spans[-1][1] = now
+        self._kernel_on = False
+
+    def _open_span(self, now: int) -> None:
+        self._spans.append([now, None])
+        self._kernel_on = True
+        for w in self._windows.values():
+            w.forget_gap()  # a gap across an unobserved stretch is not a gap we saw
+
+    def _covered(self, t0: int, t1: int) -> bool:
+        for since, until in self._spans:
+            assert since is not None
+            if since <= t0 and (until is None or until >= t1):
+                return True
+        return False
+
+    def _sample(self, now: int) -> None:
+        """Duty-cycle kernel records when the eager kernel rate is high (GRAPH_TRACE keeps graphs)."""
+        s = self.settings
+        if s.sampling == "off" or self._cupti is None:
+            return
+        if not self._sampling_active:
+            if s.sampling == "on" or self._eager_rate() > s.sample_above:
+                self._sampling_active = True
+                self._next_toggle_ns = now
+            else:
+                return
+        if now < self._next_toggle_ns:
+            return
+        try:
+            if self._kernel_on:
+                self._cupti.activity_disable(KIND_CONCURRENT_KERNEL)
+                self._close_span(now)
+                self._next_toggle_ns = now + int((s.sample_period_s - s.sample_on_s) * 1e9)
+            else:
+                if s.sampling == "auto" and self._last_rate < s.sample_above / 2 and self._rate_known:
+                    self._sampling_active = False
+                self._cupti.activity_enable(KIND_CONCURRENT_KERNEL)
+                self._open_span(now)
+                self._rate_known = False
+                # stay on long enough that whole windows (plus the lag) are covered
+                self._next_toggle_ns = now + int((s.sample_on_s + s.window_s) * 1e9)
+            self.stats.toggles += 1
+            del self._spans[:-16]
+        except Exception as exc:
+            self.detail = f"sampling: {exc}"[:400]
+
+    def _eager_rate(self) -> float:
+        return self._last_rate
+
+    def _close_windows(self, now: int) -> list[wire.Window]:
+        out: list[wire.Window] = []
+        dropped_all = self._dropped_pending.pop(-1, 0)
+        for dv, w in sorted(self._windows.items()):
+            for summ in w.close(now):
+                self.steps.attach_gpu(summ, dv)
+                if not self._covered(summ.t0, summ.t1):
+                    continue
+                kernels = summ.count("kernel")
+                span_s = (summ.t1 - summ.t0) / 1e9
+                self._last_rate = kernels / span_s if span_s else 0.0
+                self._rate_known = True
+                extra = dropped_all + w.dropped
+                dropped_all, w.dropped = 0, 0
+                out.append(
+                    wire.Window(
+                        dev=int(dv),
+                        t0=summ.t0,
+                        t1=summ.t1,
+                        busy=summ.busy_ns,
+                        graph_busy=summ.graph_busy_ns,
+                        kernels=kernels,
+                        memcpys=summ.count("memcpy"),
+                        memsets=summ.count("memset"),
+                        graphs=summ.count("graph"),
+                        dropped=summ.late + extra,
+                        gaps=summ.gap_counts,
+                        gap_sum=summ.gap_sum_ns,
+                        iv=summ.iv,
+                        slack=summ.slack_ns,
+                    )
+                )
+        if dropped_all:
+            self._dropped_pending[-1] = dropped_all
+        return out
+
+    # --- sending ---------------------------------------------------------------------------
+
+    def _open_socket(self) -> None:
+        try:
+            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            self._sock.setblocking(False)
+        except OSError:
+            self._sock = None
+
+    def _send(self, windows: list[wire.Window], force: bool = False, final: bool = False) -> None:
+        now = time.monotonic_ns()
+        steps = self.steps.take(final=final)
+        if not windows and not steps and not force and now - self._last_send_ns < 1_000_000_000:
+            return  # heartbeat once a second when there is nothing else
+        self._last_send_ns = now
+        devices = tuple(sorted(self._uuids.items()))
+        # one window per datagram at most per device keeps each message small
+        batches: list[list[wire.Window]] = [[]]
+        for w in windows:
+            if len(batches[-1]) >= 2:
+                batches.append([])
+            batches[-1].append(w)
+        for i, batch in enumerate(batches):
+            self._seq += 1
+            msg = wire.Message(
+                pid=os.getpid(),
+                state=self.state,
+                seq=self._seq,
+                role=self.settings.role,
+                detail=self.detail,
+                lib=self.lib_text,
+                mode=self.mode + ("+sampling" if self._sampling_active else ""),
+                devices=devices,
+                windows=tuple(batch),
+                steps=tuple(steps) if i == 0 else (),
+                sent_dropped=self.stats.messages_dropped,
+            )
+            self._send_one(msg)
+
+    def _send_one(self, msg: wire.Message) -> None:
+        try:
+            data = wire.encode(msg)
+        except wire.WireError:
+            import dataclasses
+
+            slim = tuple(dataclasses.replace(w, iv=(), slack=0) for w in msg.windows)
+            data = wire.encode(dataclasses.replace(msg, windows=slim))
+        if self._sock is None:
+            self.stats.messages_dropped += 1
+            return
+        try:
+            self._sock.sendto(data, self.settings.socket)
+            self.stats.messages_sent += 1
+            self.stats.windows_sent += len(msg.windows)
+        except OSError:  # no sidecar, socket full, permissions: drop and count
+            self.stats.messages_dropped += 1

@@ -106,10 +106,15 @@ def read_multiproc_dir(path: str) -> tuple[list[Sample], tuple[tuple[int, float]
     """Read an engine's PROMETHEUS_MULTIPROC_DIR the way its /metrics would, for the wanted names only.
 
     Returns the merged samples (counters and histograms summed over processes, gauges by their
-    multiprocess mode, `pid` kept for mode 'all') and each process's iteration_tokens_total count.
+    multiprocess mode) and each process's iteration_tokens_total count. A gauge in mode 'all'
+    (vLLM 0.10-0.11 kv_cache_usage_perc, one series per pid) is taken from the process that
+    wrote the freshest 'mostrecent' gauge of the same engine: the one that received the last
+    scheduler stats. Without such a process its pid series are kept, as /metrics shows them.
     """
     counters: dict[tuple[str, tuple[tuple[str, str], ...]], float] = defaultdict(float)
     gauges: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[float, float]] = {}
+    per_pid_gauges: dict[tuple[str, tuple[tuple[str, str], ...]], dict[str, float]] = defaultdict(dict)
+    freshest: dict[tuple[tuple[str, str], ...], tuple[float, str]] = {}  # labels -> (timestamp, pid)
     per_pid: dict[int, float] = defaultdict(float)
     for filename in sorted(glob.glob(os.path.join(path, "*.db"))):
         base = os.path.basename(filename)
@@ -136,25 +141,42 @@ def read_multiproc_dir(path: str) -> tuple[list[Sample], tuple[tuple[int, float]
             if typ != "gauge":
                 counters[(sample, lkey)] += value
             elif mode in ("all", "liveall"):
-                gauges[(sample, (*lkey, ("pid", pid)))] = (value, 0.0)
+                per_pid_gauges[(sample, lkey)][pid] = value
             elif mode in ("mostrecent", "livemostrecent"):
                 prev = gauges.get((sample, lkey))
                 if prev is None or ts >= prev[1]:
                     gauges[(sample, lkey)] = (value, ts)
+                if ts > freshest.get(lkey, (0.0, ""))[0]:
+                    freshest[lkey] = (ts, pid)
             else:
                 prev = gauges.get((sample, lkey))
-                combined = {
-                    "sum": lambda a, b: a + b,
-                    "livesum": lambda a, b: a + b,
-                    "max": max,
-                    "livemax": max,
-                    "min": min,
-                    "livemin": min,
-                }.get(mode, lambda a, b: b)
-                gauges[(sample, lkey)] = (value if prev is None else combined(prev[0], value), 0.0)
+                gauges[(sample, lkey)] = (
+                    value if prev is None else _COMBINE.get(mode, _last)(prev[0], value),
+                    0.0,
+                )
     samples = [Sample(n, dict(lk), v) for (n, lk), v in counters.items()]
     samples += [Sample(n, dict(lk), v) for (n, lk), (v, _) in gauges.items()]
+    for (n, lk), by_pid in per_pid_gauges.items():
+        fresh_pid = freshest.get(lk, (0.0, ""))[1]
+        if fresh_pid in by_pid:
+            samples.append(Sample(n, dict(lk), by_pid[fresh_pid]))
+        else:
+            samples += [Sample(n, {**dict(lk), "pid": p}, v) for p, v in by_pid.items()]
     return samples, tuple(sorted(per_pid.items()))
+
+
+def _last(_a: float, b: float) -> float:
+    return b
+
+
+_COMBINE = {
+    "sum": lambda a, b: a + b,
+    "livesum": lambda a, b: a + b,
+    "max": max,
+    "livemax": max,
+    "min": min,
+    "livemin": min,
+}
 
 
 def multiproc_dir_usable(path: str | None) -> bool:

@@ -1,0 +1,116 @@
+"""Real pages users pasted, and a page from a real multiprocess run, normalised into readings."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import PAGES
+
+from exporter.analysis import engine_page
+from exporter.sources.engine import parse_page, reading_from_page
+
+
+def page(name: str) -> str:
+    return (PAGES / name).read_text()
+
+
+def test_vllm_010_single_server_page_reads_kv_usage_model_and_one_api_server():
+    r = reading_from_page(page("vllm-0.10.0-single-glm45-fragment.prom"))
+    assert (r.kind, r.model) == ("vllm", "zai-org/GLM-4.5")
+    assert r.kv_cache_usage == pytest.approx(9.75010481363281e-06)
+    assert r.multiprocess is False  # *_created samples: a single-process registry
+    assert (r.api_server_count, r.api_server_count_source) == (1, "page")
+    assert r.running is None and r.steps is None  # the fragment has neither
+
+
+def test_vllm_011_eight_api_servers_kv_series_collapse_to_the_live_one():
+    r = reading_from_page(page("vllm-0.11-multiapi8-kvcache-pid.prom"))
+    assert r.kv_cache_usage == pytest.approx(0.6530455880475035)  # 7 stale 0.0 series, 1 current
+    assert r.kv_cache_pid_series == 8
+    assert (r.api_server_count, r.api_server_count_source) == (8, "kv_cache_pids")
+    assert r.multiprocess is True
+
+
+def test_sglang_docs_page_reads_scheduler_state_and_token_totals():
+    r = reading_from_page(page("sglang-docs-production-metrics.prom"))
+    assert (r.kind, r.model) == ("sglang", "meta-llama/Llama-3.1-8B-Instruct")
+    assert (r.running, r.waiting) == (162.0, 2826.0)
+    assert r.kv_cache_usage == pytest.approx(0.28)
+    assert r.prompt_tokens_total == 8.128902e06
+    assert r.generation_tokens_total == 7.557572e06
+
+
+def test_generated_multiprocess_page_shows_the_double_count_and_its_bounds():
+    truth = json.loads((PAGES / "vllm-sim-0.11-asc4.truth.json").read_text())
+    r = reading_from_page(page("vllm-sim-0.11-asc4.prom"))
+    assert (
+        r.iteration_count == truth["observations"] == 4 * truth["steps_with_output"]
+    )  # every server, every step
+    assert r.generation_tokens_total == truth["generation_tokens"]  # per-request counters are not doubled
+    assert r.prompt_tokens_total == truth["prompt_tokens"]
+    assert (r.running, r.waiting) == (truth["running"], truth["waiting"])
+    assert r.api_server_count == 4
+    assert r.steps is not None and r.steps.method == "bounds"
+    assert r.steps.lower <= truth["steps_with_output"] <= r.steps.upper
+    assert r.steps.upper == truth["observations"]
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in PAGES.glob("*.prom")))
+def test_prefiltered_parse_reads_the_same_as_a_full_parse(name):
+    text = page(name)
+    full = engine_page.normalise(
+        parse_page(text, prefilter=False), multiprocess=engine_page.looks_multiprocess(text)
+    )
+    cut = engine_page.normalise(
+        parse_page(text, prefilter=True), multiprocess=engine_page.looks_multiprocess(text)
+    )
+    assert full == cut
+
+
+def test_prefilter_keeps_a_wanted_name_but_not_a_longer_name_it_prefixes():
+    text = (
+        'vllm:num_requests_waiting{engine="0",model_name="m"} 3.0\n'
+        'vllm:num_requests_waiting_by_reason{engine="0",model_name="m",reason="capacity"} 9.0\n'
+    )
+    kept = engine_page.prefilter(text)
+    assert "vllm:num_requests_waiting{" in kept
+    assert "by_reason" not in kept
+
+
+def test_renamed_kv_metric_is_read_under_its_old_name():
+    text = (
+        "# TYPE vllm:gpu_cache_usage_perc gauge\n"
+        'vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.42\n'
+        'vllm:num_requests_running{engine="0",model_name="m"} 7.0\n'
+    )
+    assert reading_from_page(text).kv_cache_usage == pytest.approx(0.42)
+
+
+def test_data_parallel_engines_are_summed_for_requests_and_maxed_for_kv_usage():
+    text = "".join(
+        f'vllm:num_requests_running{{engine="{e}",model_name="m"}} {run}\n'
+        f'vllm:num_requests_waiting{{engine="{e}",model_name="m"}} {wait}\n'
+        f'vllm:kv_cache_usage_perc{{engine="{e}",model_name="m"}} {kv}\n'
+        for e, run, wait, kv in (("0", 10, 1, 0.5), ("1", 30, 4, 0.8))
+    )
+    r = reading_from_page(text)
+    assert (r.running, r.waiting, r.kv_cache_usage, r.data_parallel_engines) == (40.0, 5.0, 0.8, 2)
+
+
+def test_sglang_ranks_other_than_tp0_are_not_counted_twice():
+    text = "".join(
+        f'sglang:num_running_reqs{{dp_rank="{dp}",model_name="m",pp_rank="0",tp_rank="{tp}"}} {run}\n'
+        f'sglang:cuda_graph_passes_total{{dp_rank="{dp}",mode="decode_cuda_graph",model_name="m",pp_rank="0",tp_rank="{tp}"}} 100\n'
+        for dp, run in (("0", 5), ("1", 7))
+        for tp in ("0", "1")
+    )
+    r = reading_from_page(text)
+    assert r.running == 12.0  # dp ranks summed, tp rank 1 dropped
+    assert r.forward_passes == 200.0
+    assert r.steps is not None and r.steps.method == "forward_passes"
+
+
+def test_a_page_without_engine_metrics_is_an_error():
+    with pytest.raises(ValueError, match="no vllm"):
+        reading_from_page("# TYPE up gauge\nup 1\n")

@@ -1,0 +1,56 @@
+"""`boundwatch replay FILE`: analyse a recording (from `boundwatch record`) and print the diagnose report."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+HELP = "print the diagnose report of a recording, with this host's thresholds (--config)"
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the `replay` sub-command."""
+
+    from exporter.commands.diagnose import add_config_flags_after
+
+    p = subparsers.add_parser("replay", help=HELP, description=__doc__)
+    p.add_argument("file", metavar="FILE", help="a recording ('-' for stdin)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument(
+        "--verdicts",
+        action="store_true",
+        help="also print each tick's verdict per GPU (JSON lines on stderr)",
+    )
+    add_config_flags_after(p)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Read, re-classify with the current thresholds, report; exit 2 when the file is not a recording."""
+    import json
+
+    from exporter.analysis import verdict
+    from exporter.analysis.diagnosis import report
+    from exporter.commands.diagnose import emit
+    from exporter.snapshot import codec
+
+    try:
+        fh = sys.stdin if args.file == "-" else open(args.file, encoding="utf-8")
+    except OSError as exc:
+        print(f"replay: {exc}", file=sys.stderr)
+        return 2
+    with fh:
+        try:
+            _head, snaps_it = codec.read_lines(fh)
+            snaps = list(snaps_it)
+        except ValueError as exc:
+            print(f"replay: {args.file}: {exc}", file=sys.stderr)
+            return 2
+    snaps = verdict.replay(snaps, args.cfg)
+    if args.verdicts:
+        for s in snaps:
+            row = {"seq": s.seq, "at": s.at, **{str(x.gpu): [x.verdict, *x.reasons] for x in s.verdicts}}
+            print(json.dumps(row), file=sys.stderr)
+    emit(report(snaps, args.cfg, reclassify=False), args.json)
+    return 0

@@ -40,10 +40,10 @@ def render(snap: Snapshot) -> Iterator[Metric]:
     for (name, labels), hist in snap.histograms.items():
         hists[name].append((labels, hist))
     for name in sorted(hists):
-        fam = c.histogram(name)
+        hfam = c.histogram(name)
         for labels, hist in sorted(hists[name], key=lambda item: item[0]):
-            fam.add_metric(list(labels), histogram_buckets(hist), hist.total)
-        yield fam
+            hfam.add_metric(list(labels), histogram_buckets(hist), hist.total)
+        yield hfam
 
 
 __all__ = ["CounterMetricFamily", "HistogramMetricFamily", "histogram_buckets", "render"]

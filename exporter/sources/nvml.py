@@ -88,7 +88,7 @@ class NvmlSource:
             for dev in self._devices:
                 for sample in (dev.gpm_sample, dev.gpm_spare):
                     if sample is not None:
-                        self._quiet(lambda s=sample: nvml.nvmlGpmSampleFree(s))
+                        _call(nvml.nvmlGpmSampleFree, sample)
             self._quiet(nvml.nvmlShutdown)
             self._devices = None
         self._reader.close()
@@ -114,18 +114,18 @@ class NvmlSource:
         devices = []
         for index in range(count):
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            max_mhz = self._quiet(lambda h=handle: nvml.nvmlDeviceGetMaxClockInfo(h, nvml.NVML_CLOCK_SM))
-            pci = self._quiet(lambda h=handle: nvml.nvmlDeviceGetPciInfo(h))
+            max_mhz = _call(nvml.nvmlDeviceGetMaxClockInfo, handle, nvml.NVML_CLOCK_SM)
+            pci = _call(nvml.nvmlDeviceGetPciInfo, handle)
             dev = _Device(
                 index=index,
                 handle=handle,
-                uuid=_text(self._quiet(lambda h=handle: nvml.nvmlDeviceGetUUID(h))) or f"GPU-{index}",
-                name=_text(self._quiet(lambda h=handle: nvml.nvmlDeviceGetName(h))) or "unknown",
-                pci_bus_id=_text(getattr(pci, "busId", "")) if pci is not None else "",
+                uuid=_text(_call(nvml.nvmlDeviceGetUUID, handle)) or f"GPU-{index}",
+                name=_text(_call(nvml.nvmlDeviceGetName, handle)) or "unknown",
+                pci_bus_id=_text(getattr(pci, "busId", "")) or "",
                 sm_clock_max_hz=float(max_mhz) * 1e6 if max_mhz else None,
             )
             if self._cfg.gpm and self._gpm_supported(handle):
-                dev.gpm_sample = self._quiet(lambda h=handle: self._gpm_take(h, None))
+                dev.gpm_sample = _call(self._gpm_take, handle, None)
             devices.append(dev)
         self._devices = devices
         return devices
@@ -220,6 +220,14 @@ class NvmlSource:
             return fn()
         except Exception:
             return None
+
+
+def _call(fn: Callable[..., T], *args: Any) -> T | None:
+    """Call an NVML function, returning None when it fails (an optional field)."""
+    try:
+        return fn(*args)
+    except Exception:
+        return None
 
 
 def _clock_event_reasons(nvml: ModuleType, handle: Any) -> int:

@@ -39,10 +39,10 @@ def probe(args: list[str], timeout: float) -> dict:
     return result
 
 
-def wait_metrics(url: str, seconds: float) -> bool:
-    """Wait until the sidecar serves a page with GPU busy counters."""
+def wait_metrics(url: str, seconds: float, proc: subprocess.Popen) -> bool:
+    """Wait until the sidecar serves a page with GPU busy counters (False if it died)."""
     deadline = time.time() + seconds
-    while time.time() < deadline:
+    while time.time() < deadline and proc.poll() is None:
         try:
             with urllib.request.urlopen(url, timeout=1) as r:
                 if b"boundwatch_gpu_observed_seconds_total" in r.read():
@@ -60,7 +60,9 @@ def main() -> int:
     ap.add_argument("--sidecar", action="store_true", help="also run the end-to-end self-test")
     ap.add_argument("--standalone", action="store_true", help="run the standalone probe")
     ap.add_argument("--seconds", type=float, default=4.0)
-    ap.add_argument("--settle", type=float, default=2.0)
+    ap.add_argument(
+        "--settle", type=float, default=None, help="default: the probe's (3 s with a sidecar, else 1)"
+    )
     ap.add_argument("--duty", default="0.25,0.5,0.9")
     a = ap.parse_args()
     report: dict = {
@@ -77,7 +79,9 @@ def main() -> int:
             text=True,
         ).stdout.strip(),
     }
-    common = ["--duty", a.duty, "--seconds", str(a.seconds), "--settle", str(a.settle)]
+    common = ["--duty", a.duty, "--seconds", str(a.seconds)]
+    if a.settle is not None:
+        common += ["--settle", str(a.settle)]
     if a.standalone:
         report["standalone"] = probe(common, timeout=300)
     if a.sidecar:
@@ -89,7 +93,7 @@ def main() -> int:
             stderr=subprocess.STDOUT,
         )
         try:
-            report["sidecar_ready"] = wait_metrics(url, 30)
+            report["sidecar_ready"] = wait_metrics(url, 30, side)
             report["end_to_end"] = probe(
                 ["--no-bandwidth", "--no-matmul", "--check-url", url, *common], timeout=300
             )

@@ -34,8 +34,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--settle",
         type=float,
-        default=2.0,
-        help="seconds of load before each phase's window opens (default 2)",
+        default=None,
+        help="seconds of load before each phase's window opens (default 3 with --check-url, else 1)",
     )
     p.add_argument(
         "--check-url",

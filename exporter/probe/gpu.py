@@ -20,6 +20,8 @@ from exporter.probe import check as check_mod
 from exporter.probe import logic
 
 GIB = 1 << 30
+SETTLE_WITH_SIDECAR = 3.0  # s of load before a phase's window opens when the sidecar's counters are read
+SETTLE_LOCAL = 1.0  # s, when only the probe's own NVML/GPM samples are read
 
 
 class ProbeUnavailable(RuntimeError):
@@ -466,9 +468,8 @@ def start_agent() -> dict[str, Any]:
         res = start()
     except Exception as exc:
         return {"attached": False, "detail": f"exporter.agent.start() failed: {type(exc).__name__}: {exc}"}
-    state = getattr(res, "state", None) or getattr(res, "status", None)
-    ok = res is not False and state in (None, "running", True)
-    return {"attached": bool(ok), "detail": f"exporter.agent.start() returned {res!r}"}
+    ok = res == "running" if isinstance(res, str) else bool(res)
+    return {"attached": ok, "state": str(res), "detail": f"exporter.agent.start() returned {res!r}"}
 
 
 def device_info(device: int) -> dict[str, Any]:
@@ -499,7 +500,7 @@ def run_probe(
     device: int = 0,
     duty: Sequence[float] = (0.25, 0.5, 0.9),
     seconds: float = 5.0,
-    settle: float = 2.0,
+    settle: float | None = None,
     check_url: str | None = None,
     bandwidth: bool = True,
     matmul: bool = True,
@@ -510,6 +511,10 @@ def run_probe(
 ) -> dict[str, Any]:
     """Run the probe on one CUDA device and return its result (see exporter.probe.logic.finish)."""
     began = time.time()
+    if settle is None:
+        # The agent closes 0.5 s windows 1 s late, flushes every 0.25 s and the sidecar ticks every
+        # 0.5 s: counters lag the GPU by up to ~2.3 s, so a phase's window opens 3 s into its load.
+        settle = SETTLE_WITH_SIDECAR if check_url else SETTLE_LOCAL
     try:
         torch, _, _ = load_backend()
         if device >= torch.cuda.device_count():

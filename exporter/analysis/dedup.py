@@ -22,6 +22,18 @@ from exporter.snapshot.engine import EngineReading, StepCount
 
 Series = tuple[Mapping[str, str], float]
 
+# Where an API-server count may come from to bound steps below by ΔC / N. The number of pid
+# series of vLLM 0.10-0.11 kv_cache_usage_perc only counts servers that ever received scheduler
+# stats, so it can be short of N, and ΔC / (too small an N) would overshoot the truth.
+COUNT_SOURCES_FOR_BOUNDS = frozenset({"processes", "cmdline", "multiproc_files", "page"})
+
+
+def _servers(reading: EngineReading) -> int | None:
+    """Return the API-server count when it is sound enough to bound steps with."""
+    if reading.api_server_count_source in COUNT_SOURCES_FOR_BOUNDS:
+        return reading.api_server_count
+    return None
+
 
 def collapse_pid_series(
     series: Iterable[Series], how: str = "max"
@@ -53,7 +65,7 @@ def step_count(reading: EngineReading) -> StepCount | None:
     count = reading.iteration_count
     if count is None:
         return None
-    n = reading.api_server_count
+    n = _servers(reading)
     if n == 1 and not reading.iteration_count_by_pid[1:]:
         return StepCount("iteration_count", count, lower=count, upper=count)
     lower = max((c for _, c in reading.iteration_count_by_pid), default=0.0)
@@ -83,7 +95,7 @@ def step_increments(
     total = counter_delta(prev.iteration_count, cur.iteration_count)
     if total is None:
         return {}
-    n = cur.api_server_count
+    n = _servers(cur)
     per_pid = _per_pid_deltas(prev.iteration_count_by_pid, cur.iteration_count_by_pid)
     if n == 1 and len(per_pid) <= 1:
         return {"iteration_count": total}

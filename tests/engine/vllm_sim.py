@@ -281,6 +281,7 @@ class Truth:
     steps_with_output: int = 0  # steps in which at least one request emitted a token
     observations: int = 0  # Σ over steps of API servers with output: what iteration_tokens_total_count shows
     generation_tokens: int = 0
+    finished: int = 0
     prompt_tokens: int = 0
     running: int = 0  # last scheduler stats sent
     waiting: int = 0
@@ -314,7 +315,9 @@ def _api_server(
         outputs, stats = msg
         if outputs:  # IterationStats exist only when this server had outputs (async_llm.py:883-885)
             tokens = 0
-            for new_prompt, new_gen in outputs:
+            for new_prompt, new_gen, finished in outputs:
+                if finished:
+                    m["success"].labels(*lv, "stop").inc()
                 tokens += new_prompt + new_gen
                 prompt.inc(new_prompt)
                 gen.inc(new_gen)
@@ -349,18 +352,20 @@ def _engine_core(
             requests.append([next_server, rnd.choice((0, 0, 512, 2048)), rnd.randint(1, 64)])
             next_server = (next_server + 1) % n_servers
         waiting = rnd.randint(0, 5)
-        by_client: dict[int, list[tuple[int, int]]] = {}
+        by_client: dict[int, list[tuple[int, int, bool]]] = {}
         for req in requests:
+            done = req[2] == 1
             if req[1] > 0:  # a chunked-prefill step: no output unless the prefill completes
                 chunk = min(req[1], 1024)
                 req[1] -= chunk
                 if req[1] > 0:
                     continue
-                by_client.setdefault(req[0], []).append((chunk, 1))
+                by_client.setdefault(req[0], []).append((chunk, 1, done))
                 truth.prompt_tokens += chunk
             else:
-                by_client.setdefault(req[0], []).append((0, 1))
+                by_client.setdefault(req[0], []).append((0, 1, done))
             truth.generation_tokens += 1
+            truth.finished += done
             req[2] -= 1
         requests = [r for r in requests if r[2] > 0]
         truth.steps += 1

@@ -68,12 +68,13 @@ class AgentFeedConfig:
 class VerdictConfig:
     """Thresholds of the host-bound / GPU-bound classifier (see exporter/analysis/verdict.py).
 
-    Timing: at 0.5 s ticks the busy share of the latest tick and a 2-tick hold make a change of
-    load show within 1.0-1.5 s; reasons use 1.5 s of evidence.
+    Timing: at 0.5 s ticks the busy share of the latest tick (GPM/NVML, measured with the engine
+    queue) and a 2-tick hold make a change of load show within 0.5-1.0 s; reasons use 1.5 s.
     """
 
     window_seconds: float = 1.5  # evidence for reasons (CPU, throttling, graph share, steps, rates)
-    busy_window_seconds: float = 0.5  # busy share averaged for the thresholds (one tick: CUPTI is exact)
+    busy_window_seconds: float = 0.5  # busy share averaged for the thresholds (the latest tick)
+    busy_source: str = "fresh"  # fresh: GPM/NVML of the same tick as the engine queue; best: CUPTI first (late)
     busy_high: float = 0.85  # at or above: GPU-bound when work is pending
     busy_low: float = 0.70  # below: host-bound when work is pending; between: the previous verdict
     idle_busy: float = 0.02  # with no engine source: below this busy share the GPU counts as idle
@@ -171,6 +172,8 @@ class Config:
             raise ConfigError("verdict.window_seconds must be at least tick_seconds")
         if v.busy_window_seconds < self.tick_seconds:
             raise ConfigError("verdict.busy_window_seconds must be at least tick_seconds")
+        if v.busy_source not in {"fresh", "best"}:
+            raise ConfigError(f"verdict.busy_source must be fresh or best, got {v.busy_source!r}")
         if v.hold_ticks < 1:
             raise ConfigError("verdict.hold_ticks must be at least 1")
         for url in self.engine.urls:

@@ -28,7 +28,9 @@ def test_seed000_report_names_the_api_server_and_its_fix() -> None:
     assert (
         "GPU 0: host-bound (api_server_saturated, admission_stalled, step_overhead) in 100% of ticks" in text
     )
-    assert "GPU busy 27% of the time (source cupti), 160 requests running and 0.0 waiting" in text
+    assert (
+        "GPU busy 27% of the time (source gpm; CUPTI union 27%), 160 requests running and 0.0 waiting" in text
+    )
     assert "Steps: 72.0 ms each, 19.0 ms of it on the GPU (26%)" in text
     assert "--api-server-count" in text
     assert "99% of a core" in text

@@ -111,6 +111,25 @@ def test_classifies_field_cases(name: str, scene: Scene, verdict: str, reasons: 
     assert (got.verdict, got.reasons) == (verdict, reasons)
 
 
+def test_fresh_device_busy_beats_late_cupti() -> None:
+    # Load just started: GPM sees the GPU busy this tick, CUPTI's newest window is still the idle past.
+    scene = Scene(busy=0.05, nvml_busy=0.96, running=64)
+    assert last_verdict(series(scene, 2.0)).verdict == "gpu"
+    assert last_verdict(series(scene, 2.0)).busy_source == "gpm"
+    best = Config(verdict=VerdictConfig(busy_source="best"))
+    assert last_verdict(series(scene, 2.0), best).verdict == "host"
+
+
+def test_cupti_decides_without_nvml() -> None:
+    got = last_verdict(series(Scene(**SEED, api_cpu=0.99, nvml=False), 2.0))
+    assert (got.verdict, got.busy_source) == ("host", "cupti")
+
+
+def test_agent_steps_counted_as_vllm_belong_to_the_vllm_engine() -> None:
+    got = last_verdict(series(Scene(**SEED, api_cpu=0.3, step_ms=72, step_gpu_ms=19), 2.0))
+    assert got.get("step_method") == "agent"
+
+
 def test_seed000_evidence_reads_like_the_report() -> None:
     got = last_verdict(series(Scene(**SEED_000, api_cpu=0.99, step_ms=72, step_gpu_ms=19), 3.0))
     assert got.busy_ratio == pytest.approx(0.27)

@@ -38,6 +38,8 @@ class Scene:
     engine: bool = True
     gpus: tuple[int, ...] = ()
     idle_gap_ms: float = 0.0  # idle gaps over 1 ms per tick, total
+    nvml: bool = True  # NVML (and GPM) readings present
+    nvml_busy: float | None = None  # what GPM and utilization.gpu say this tick (None: the same as busy)
 
 
 class Recorder:
@@ -83,7 +85,7 @@ class Recorder:
                 )
             engines = (
                 EngineReading(
-                    name="vllm-0",
+                    name="vllm:8000",
                     kind="vllm",
                     model="m",
                     running=s.running,
@@ -115,8 +117,9 @@ class Recorder:
             steps = ()
             if s.step_ms is not None and s.step_gpu_ms is not None:
                 n = max(1, round(TICK * 1000 / s.step_ms))
-                steps = (EngineSteps("vllm-0", n, int(n * s.step_ms * 1e6), int(n * s.step_gpu_ms * 1e6)),)
+                steps = (EngineSteps("vllm", n, int(n * s.step_ms * 1e6), int(n * s.step_gpu_ms * 1e6)),)
             agent = AgentReading(activity=(act,), steps=steps)
+        device = s.busy if s.nvml_busy is None else s.nvml_busy
         gpu = GpuReading(
             0,
             "GPU-0",
@@ -126,8 +129,8 @@ class Recorder:
             power_limit_watts=s.power_limit_w,
             sm_clock_hz=1.98e9,
             sm_clock_max_hz=1.98e9,
-            utilization=s.busy,
-            gpm=GpmRatios(graphics=s.busy, sm=s.busy),
+            utilization=device,
+            gpm=GpmRatios(graphics=device, sm=device),
         )
         snap = Snapshot(
             seq=len(self.snaps) + 1,
@@ -135,7 +138,7 @@ class Recorder:
             mono=self.mono,
             interval=TICK,
             dt=dt,
-            gpus=(gpu,),
+            gpus=(gpu,) if s.nvml else (),
             host=HostReading(cpus=16, cpu_busy=0.2),
             engines=engines,
             agent=agent,

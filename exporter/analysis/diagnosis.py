@@ -93,7 +93,10 @@ def findings(f: v.Facts) -> list[str]:
     """Return the evidence as plain sentences."""
     out: list[str] = []
     if f.busy is not None:
-        line = f"GPU busy {_pct(f.busy)} of the time (source {f.busy_source})"
+        line = f"GPU busy {_pct(f.busy)} of the time (source {f.busy_source}"
+        if f.agent_busy_ratio is not None and f.busy_source != "cupti":
+            line += f"; CUPTI union {_pct(f.agent_busy_ratio)}"
+        line += ")"
         if f.running_mean is not None:
             line += (
                 f", {f.running_mean:.0f} requests running and {f.waiting_mean or 0:.1f} waiting on average"

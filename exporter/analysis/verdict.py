@@ -11,11 +11,15 @@ Two steps, both pure:
   classification `hold_ticks` ticks in a row, so one odd tick (a GC pause, a slow scrape) does
   not flap the gauge.
 
-Timing. The busy share for the thresholds is averaged over `busy_window_seconds` (default one
-0.5 s tick: the CUPTI figure of a tick is already an exact 0.5 s union), and the hold is 2 ticks:
-a step change in load shows in the reported verdict 1.0-1.5 s after it happens (one tick to
-see it, one to confirm it). Reasons are rates and shares over `window_seconds` (1.5 s), so they
-are steady, and right again within 2 s of a change.
+Timing. The engine's queue is read at the tick, so the busy share must be of the same tick:
+by default (`busy_source = "fresh"`) the verdict takes NVML GPM GRAPHICS_UTIL (else
+utilization.gpu) of the latest tick (`busy_window_seconds`, 0.5 s), and CUPTI only where NVML
+is missing. The CUPTI figure is exact but 1-2 s late (an agent window closes once older than its
+flush lag); thresholding it against a live queue would show "host" for the first second of every
+load. CUPTI still feeds the evidence: graph share, idle gaps, step GPU time, host-bound seconds.
+With a 2-tick hold a step change in load shows in the reported verdict 0.5-1.0 s after it
+happens. Reasons are rates and shares over `window_seconds` (1.5 s), so they are steady, and
+right again within 2 s of a change (CUPTI-based ones a little later).
 
 Engines without an agent, agents without an engine: see `evaluate`. The integrated counters
 (time per verdict, host-bound seconds) are in `accumulate`.
@@ -192,6 +196,30 @@ def _counter_rate(win: Sequence[Snapshot], gpu: int, attr: str) -> float | None:
     return total / span if seen else None
 
 
+def busy_of(snap: Snapshot, gpu: int, prefer: str = "fresh") -> tuple[float, str] | None:
+    """Return the busy share the verdict uses for one tick, and its source.
+
+    "fresh" (the default): NVML GPM GRAPHICS_UTIL, else utilization.gpu, measured over this very
+    tick like the engine's queue, else the pipeline's pick. The CUPTI figure is exact but arrives
+    1-2 s late (the agent closes a window only once it is older than its flush lag), which would
+    delay every switch and show a false "host" for the first second of load. "best": the
+    pipeline's pick (CUPTI first) for every tick.
+    """
+    if prefer == "fresh":
+        g = snap.gpu(gpu)
+        if g is not None:
+            if g.gpm is not None and g.gpm.graphics is not None:
+                return g.gpm.graphics, "gpm"
+            if g.utilization is not None:
+                return g.utilization, "nvml"
+    return snap.busy.get(gpu)
+
+
+def _step_matches(engine: str, names: set[str]) -> bool:
+    """Say whether agent steps counted under `engine` ("vllm", or "vllm:8000") belong to one of the engines."""
+    return not names or engine in names or any(n.split(":", 1)[0] == engine for n in names)
+
+
 def _probe_bandwidth(snap: Snapshot, gpu: int) -> float | None:
     value = snap.probe.get("hbm_bandwidth_bytes_per_second") if snap.probe else None
     if isinstance(value, Mapping):
@@ -217,10 +245,11 @@ def gather(
 
     # Busy share over the (short) busy window: the latest ticks, weighted by their length.
     busy_win = window(win, cfg.busy_window_seconds)
-    pairs = [(s.busy[gpu][0], s.dt) for s in _inside(busy_win) if gpu in s.busy]
-    if gpu in last.busy:
-        f["busy"] = _weighted_mean(pairs)
-        f["busy_source"] = last.busy[gpu][1]
+    latest = busy_of(last, gpu, cfg.busy_source)
+    if latest is not None:
+        rows = [(b, s.dt) for s in _inside(busy_win) if (b := busy_of(s, gpu, cfg.busy_source)) is not None]
+        f["busy"] = _weighted_mean([(b[0], dt) for b, dt in rows if b[1] == latest[1]])
+        f["busy_source"] = latest[1]
 
     # Engine: latest good reading in the window, means, growth, rates.
     readings = [(s, _engines(s, gpu)) for s in inside]
@@ -289,7 +318,7 @@ def gather(
         if s.agent is None:
             continue
         for st in s.agent.steps:
-            if engine_names and st.engine not in engine_names and len(last.engines) > 0:
+            if not _step_matches(st.engine, engine_names):
                 continue
             steps += st.steps
             wall_ns += st.wall_ns

@@ -1,0 +1,88 @@
+"""From the agents' reading to counters, histograms, the CUPTI busy ratio and the agents gauge."""
+
+from exporter.analysis import activity
+from exporter.config import Config
+from exporter.export import activity as export_activity
+from exporter.snapshot import Snapshot
+from exporter.snapshot.agent import AgentReading, AgentState, EngineSteps, GpuActivity
+from exporter.snapshot.gpu import GpuReading
+
+MS = 1_000_000
+UUID = "GPU-6f5e2c1a-0b7d-4c39-9d0e-2f1a3b4c5d6e"
+
+
+def seed_snapshot() -> Snapshot:
+    """The seed over 10 s: 27% busy, 3.4 s of >1 ms gaps, 139 steps of 72 ms with 19 ms on the GPU."""
+    act = GpuActivity(
+        gpu=3,
+        uuid=UUID,
+        observed_ns=10_000 * MS,
+        busy_ns=2_700 * MS,
+        graph_busy_ns=1_350 * MS,
+        kernels=52_000,
+        memcpys=139,
+        graphs=70,
+        dropped=0,
+        idle_gap_counts=(0, 0, 0, 0, 0, 0, 138, 0, 0, 0, 0),
+        idle_gap_sum_ns=3_400 * MS,
+        last_window_busy_ns=135 * MS,
+        last_window_ns=500 * MS,
+    )
+    hist = (0, 0, 0, 0, 0, 139, 0, 0, 0, 0, 0, 0)
+    steps = EngineSteps("vllm", 139, 139 * 72 * MS, 139 * 19 * MS, step_hist=hist, tokens=22_240, seqs=22_240)
+    reading = AgentReading(
+        activity=(act,),
+        agents=(
+            AgentState(pid=10, gpu=0, state="running", uuid=UUID),
+            AgentState(pid=11, gpu=0, state="stale", uuid=UUID),
+        ),
+        steps=(steps,),
+        messages=20,
+        bad_messages=1,
+    )
+    return Snapshot(seq=1, at=0.0, mono=0.0, interval=0.5, dt=0.5, agent=reading)
+
+
+def test_accumulate_integrates_busy_observed_gaps_records_and_steps() -> None:
+    inc = activity.accumulate(seed_snapshot(), Config())
+    c = inc.counters
+    assert c[("boundwatch_gpu_busy_seconds_total", ("3", "cupti"))] == 2.7
+    assert c[("boundwatch_gpu_observed_seconds_total", ("3", "cupti"))] == 10.0
+    assert c[("boundwatch_gpu_graph_busy_seconds_total", ("3",))] == 1.35
+    assert c[("boundwatch_gpu_activity_records_total", ("3", "kernel"))] == 52_000
+    assert c[("boundwatch_agent_messages_total", ())] == 20
+    assert c[("boundwatch_agent_bad_messages_total", ())] == 1
+    assert c[("boundwatch_engine_steps_total", ("vllm", "agent"))] == 139
+    assert round(c[("boundwatch_engine_step_gpu_seconds_total", ("vllm",))], 3) == 2.641
+    gaps = inc.histograms[("boundwatch_gpu_idle_gap_seconds", ("3",))]
+    assert gaps.count == 138 and round(gaps.total, 3) == 3.4
+    steps = inc.histograms[("boundwatch_engine_step_seconds", ("vllm",))]
+    assert steps.counts[5] == 139 and round(steps.total, 3) == 10.008
+
+
+def test_tick_without_new_windows_adds_nothing_but_keeps_the_ratio() -> None:
+    snap = seed_snapshot()
+    assert snap.agent is not None
+    idle = GpuActivity(
+        gpu=3, uuid=UUID, observed_ns=0, busy_ns=0, last_window_busy_ns=135 * MS, last_window_ns=500 * MS
+    )
+    snap = Snapshot(seq=2, at=0.5, mono=0.5, interval=0.5, dt=0.5, agent=AgentReading(activity=(idle,)))
+    inc = activity.accumulate(snap, Config())
+    assert ("boundwatch_gpu_busy_seconds_total", ("3", "cupti")) not in inc.counters
+    assert activity.cupti_busy_ratio(snap) == {3: 0.27}
+
+
+def test_no_agent_reading_means_no_increments() -> None:
+    snap = Snapshot(seq=1, at=0.0, mono=0.0, interval=0.5, dt=0.5)
+    assert activity.accumulate(snap, Config()).counters == {}
+    assert activity.cupti_busy_ratio(snap) == {}
+
+
+def test_agents_gauge_counts_states_per_nvml_index() -> None:
+    snap = seed_snapshot()
+    gpus = (GpuReading(index=3, uuid=UUID, name="NVIDIA H200", driver="580.159.04"),)
+    snap = Snapshot(seq=1, at=0.0, mono=0.0, interval=0.5, dt=0.5, gpus=gpus, agent=snap.agent)
+    (fam,) = list(export_activity.render(snap))
+    values = {(s.labels["gpu"], s.labels["state"]): s.value for s in fam.samples}
+    assert values[("3", "running")] == 1 and values[("3", "stale")] == 1
+    assert values[("3", "preempted")] == 0 and values[("3", "unavailable")] == 0

@@ -1,0 +1,55 @@
+"""Ways in: the autostart hook is inert without BOUNDWATCH_AGENT; the .pth line is one valid statement."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from exporter.agent.plugins import PTH_LINE
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_with_pth(tmp_path: Path, env_value: str | None, code: str) -> subprocess.CompletedProcess[str]:
+    site = tmp_path / "site"
+    site.mkdir(exist_ok=True)
+    (site / "boundwatch_agent.pth").write_text(PTH_LINE)
+    # a sitecustomize adds our site dir the way site-packages is added, so the .pth runs at start-up
+    (site / "sitecustomize.py").write_text(f"import site; site.addsitedir({str(site)!r})\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BOUNDWATCH")}
+    env["PYTHONPATH"] = f"{site}{os.pathsep}{ROOT}"
+    if env_value is not None:
+        env["BOUNDWATCH_AGENT"] = env_value
+        env["BOUNDWATCH_AGENT_SOCKET"] = str(tmp_path / "agent.sock")
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_pth_does_nothing_when_boundwatch_agent_is_unset(tmp_path: Path) -> None:
+    r = run_with_pth(tmp_path, None, "import sys; print('exporter.agent' in sys.modules)")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "False"
+
+
+def test_pth_waits_for_torch_before_starting(tmp_path: Path) -> None:
+    code = (
+        "import sys; from exporter import agent; "
+        "print(agent.current() is None, any(type(f).__name__ == '_TorchImportHook' for f in sys.meta_path))"
+    )
+    r = run_with_pth(tmp_path, "1", code)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "True True"
+
+
+def test_pth_now_starts_at_interpreter_start_and_the_process_runs_normally(tmp_path: Path) -> None:
+    code = "from exporter import agent; a = agent.current(); print(a is not None and a.state in ('running', 'unavailable'))"
+    r = run_with_pth(tmp_path, "now", code)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() in {"True", "False"}  # False only where numpy is missing (agent disabled)
+
+
+def test_vllm_plugin_does_nothing_without_vllm() -> None:
+    from exporter.agent import plugins
+
+    plugins.vllm_plugin()
+    plugins.sglang_plugin()
+    assert "vllm" not in sys.modules

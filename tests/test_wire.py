@@ -1,0 +1,158 @@
+"""The agent -> sidecar wire format: round trips, validation, interval packing, shared bucket layouts."""
+
+import json
+
+import pytest
+
+from exporter import catalogue, wire
+from exporter.analysis import activity, intervals
+
+
+def window(**kw: object) -> wire.Window:
+    base: dict[str, object] = dict(
+        dev=0,
+        t0=1_000_000_000_000,
+        t1=1_000_500_000_000,
+        busy=135_000_000,
+        graph_busy=90_000_000,
+        kernels=410,
+        memcpys=3,
+        graphs=22,
+        gaps=(0, 4, 8, 6, 0, 1, 0, 0, 0, 0, 0),
+        gap_sum=170_000_000,
+        iv=(0, 20, 1500, 300),
+    )
+    base.update(kw)
+    return wire.Window(**base)  # type: ignore[arg-type]
+
+
+def test_message_round_trips_through_one_datagram() -> None:
+    msg = wire.Message(
+        pid=4242,
+        state="running",
+        seq=7,
+        role="vllm_worker",
+        lib="libcupti 13.0 (130001); cupti-python 13.0.1",
+        mode="raw+graph_trace",
+        devices=((0, "GPU-6f5e2c1a-0b7d-4c39-9d0e-2f1a3b4c5d6e"),),
+        windows=(window(),),
+        steps=(
+            wire.Steps(
+                "vllm",
+                n=7,
+                wall=504_000_000,
+                gpu=133_000_000,
+                tokens=1120,
+                seqs=1120,
+                hist=(0,) * 5 + (7,) + (0,) * 6,
+            ),
+        ),
+    )
+    data = wire.encode(msg)
+    assert len(data) < wire.MAX_DATAGRAM_BYTES
+    assert wire.decode(data) == msg
+    assert wire.decode(data).uuid_of(0).startswith("GPU-6f5e")
+
+
+def test_decode_rejects_unknown_version() -> None:
+    data = json.dumps({"v": 2, "pid": 1, "state": "running"}).encode()
+    with pytest.raises(wire.WireError, match="version"):
+        wire.decode(data)
+
+
+@pytest.mark.parametrize(
+    "body, why",
+    [
+        (b"\xff\xfe not json", "JSON"),
+        (b"[1, 2]", "object"),
+        (json.dumps({"v": 1, "pid": 1, "state": "exploded"}).encode(), "state"),
+        (json.dumps({"v": 1, "pid": -3, "state": "running"}).encode(), "negative"),
+        (
+            json.dumps(
+                {"v": 1, "pid": 1, "state": "running", "windows": [{"dev": 0, "t0": 10, "t1": 5, "busy": 0}]}
+            ).encode(),
+            "ends before",
+        ),
+        (
+            json.dumps(
+                {"v": 1, "pid": 1, "state": "running", "windows": [{"dev": 0, "t0": 0, "t1": 10, "busy": 11}]}
+            ).encode(),
+            "exceeds",
+        ),
+        (
+            json.dumps(
+                {
+                    "v": 1,
+                    "pid": 1,
+                    "state": "running",
+                    "windows": [{"dev": 0, "t0": 0, "t1": 10, "busy": 1, "gaps": [1, 2]}],
+                }
+            ).encode(),
+            "entries",
+        ),
+        (json.dumps({"v": 1, "pid": True, "state": "running"}).encode(), "integer"),
+    ],
+)
+def test_decode_says_what_is_wrong(body: bytes, why: str) -> None:
+    with pytest.raises(wire.WireError, match=why):
+        wire.decode(body)
+
+
+def test_encode_refuses_a_message_over_16_kib() -> None:
+    big = window(iv=tuple(range(1, 8001)))
+    with pytest.raises(wire.WireError, match="over"):
+        wire.encode(wire.Message(pid=1, state="running", windows=(big,)))
+
+
+def test_pack_intervals_round_trips_to_the_microsecond() -> None:
+    t0 = 5_000_000_000
+    ivs = [
+        (t0 + 2_000, t0 + 1_502_000),
+        (t0 + 3_000_000, t0 + 3_000_700),
+        (t0 + 400_000_000, t0 + 500_000_000),
+    ]
+    packed, slack = wire.pack_intervals(ivs, t0)
+    assert slack == 0
+    assert packed == (2, 1500, 1498, 1, 396999, 100000)
+    assert wire.unpack_intervals(packed, t0) == [
+        (t0 + 2_000, t0 + 1_502_000),
+        (t0 + 3_000_000, t0 + 3_001_000),
+        (t0 + 400_000_000, t0 + 500_000_000),
+    ]
+
+
+def test_pack_intervals_fills_the_shortest_gaps_when_over_the_limit() -> None:
+    t0 = 0
+    # 4 kernels of 1 ms with gaps of 5 us, 2 ms and 10 us: two fills must take the 5 and 10 us gaps
+    ivs = [(0, 1_000_000), (1_005_000, 2_005_000), (4_005_000, 5_005_000), (5_015_000, 6_015_000)]
+    packed, slack = wire.pack_intervals(ivs, t0, limit=2)
+    assert slack == 15_000
+    assert wire.unpack_intervals(packed, t0) == [(0, 2_005_000), (4_005_000, 6_015_000)]
+
+
+def test_packed_gaps_never_go_negative_when_ends_round_up() -> None:
+    ivs = [(0, 1_500), (1_900, 3_000)]  # 400 ns apart: the first end rounds up past the next start
+    packed, _ = wire.pack_intervals(ivs, 0)
+    assert min(packed) >= 0
+    assert wire.decode(
+        wire.encode(
+            wire.Message(
+                pid=1,
+                state="running",
+                windows=(window(t0=0, t1=10_000, busy=2_600, graph_busy=0, iv=packed),),
+            )
+        )
+    )
+
+
+def test_bucket_layouts_match_the_catalogue() -> None:
+    assert intervals.IDLE_GAP_BUCKETS_SECONDS == catalogue.IDLE_GAP_BUCKETS_SECONDS
+    assert wire.IDLE_GAP_BUCKET_COUNT == len(catalogue.IDLE_GAP_BUCKETS_SECONDS) + 1
+    assert wire.STEP_BUCKETS_SECONDS == catalogue.STEP_BUCKETS_SECONDS
+    assert activity.STEP_BUCKETS_SECONDS == catalogue.STEP_BUCKETS_SECONDS
+
+
+def test_agent_socket_default_is_shared_with_the_sidecar_config() -> None:
+    from exporter import config
+
+    assert config.AgentFeedConfig().socket == wire.default_agent_socket()

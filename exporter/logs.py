@@ -8,6 +8,15 @@ import sys
 import structlog
 
 
+class _StderrLogger:
+    """Write each rendered line to whatever sys.stderr is now (it can be replaced after set-up)."""
+
+    def msg(self, message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    log = debug = info = warning = warn = error = critical = exception = fatal = msg
+
+
 def configure(level: str = "info", fmt: str = "auto") -> None:
     """Configure structlog (and stdlib logging) for the daemon."""
     use_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
@@ -25,6 +34,6 @@ def configure(level: str = "info", fmt: str = "auto") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=lambda *_: _StderrLogger(),
         cache_logger_on_first_use=False,
     )

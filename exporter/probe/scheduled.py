@@ -120,9 +120,20 @@ def self_check_url(cfg: Config) -> str | None:
     return f"http://{host}:{cfg.web.port}/metrics"
 
 
-def probe_command(pc: ProbeConfig, check_url: str | None = None, python: str = sys.executable) -> list[str]:
+def probe_command(pc: ProbeConfig, check_url: str | None = None, python: str | None = None) -> list[str]:
     """Return the argv of one scheduled probe run (on CUDA device 0 of the environment's GPUs)."""
-    cmd = [python, "-m", "exporter", "probe", "--json", "--gpu", "0", "--no-matmul", "--buffer-gib", "2"]
+    cmd = [
+        python or sys.executable,
+        "-m",
+        "exporter",
+        "probe",
+        "--json",
+        "--gpu",
+        "0",
+        "--no-matmul",
+        "--buffer-gib",
+        "2",
+    ]
     if pc.duty:
         cmd += ["--duty", ",".join(f"{d:g}" for d in pc.duty), "--seconds", f"{pc.phase_seconds:g}"]
     else:

@@ -8,6 +8,7 @@ import os
 import stat
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 
@@ -159,8 +160,9 @@ def test_parse_output_takes_the_json_line_or_reports_why_not() -> None:
 def test_record_replaces_one_gpu_entry() -> None:
     state = scheduled.record({}, "0", logic.unavailable("no GPU", finished_at=10.0))
     state = scheduled.record(state, "1", {"status": "pass", "finished_at": 20.0})
-    assert state["0"]["success"] is None
-    assert state["1"]["success"] is True
+    entries = {k: dict(v) for k, v in state.items() if isinstance(v, Mapping)}
+    assert entries["0"]["success"] is None
+    assert entries["1"]["success"] is True
     assert scheduled.last_run_at(_snap(0, probe=dict(state))) == 20.0
 
 

@@ -22,6 +22,7 @@ from exporter.probe import logic
 GIB = 1 << 30
 SETTLE_WITH_SIDECAR = 3.0  # s of load before a phase's window opens when the sidecar's counters are read
 SETTLE_LOCAL = 1.0  # s, when only the probe's own NVML/GPM samples are read
+CUPTI_LAG_SECONDS = 1.5  # typical age of the newest CUPTI window in the sidecar's counters
 
 
 class ProbeUnavailable(RuntimeError):
@@ -56,7 +57,7 @@ def kernels() -> dict[str, Any]:
     _, triton, tl = load_backend()
 
     @triton.jit
-    def copy_kernel(src, dst, n, BLOCK: tl.constexpr):
+    def copy_kernel(src, dst, n, BLOCK: tl.constexpr):  # type: ignore[name-defined]
         pid = tl.program_id(0)
         offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
@@ -81,7 +82,7 @@ def kernels() -> dict[str, Any]:
     def matmul_kernel(
         a, b, c, M, N, K,
         sam, sak, sbk, sbn, scm, scn,
-        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
+        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,  # type: ignore[name-defined]
     ):  # fmt: skip
         pid = tl.program_id(0)
         num_m = tl.cdiv(M, BM)
@@ -422,6 +423,7 @@ def run_duty_phase(
     if util is not None:
         local["nvml"] = util
     out["window_seconds"] = (hi - lo) / 1e9
+    out["truth_window"] = truth  # over exactly the probe's window; local sources compare with it
     out["local_sources"] = {
         s: {"busy_ratio": v, "error": v - truth} for s, v in local.items()
     }  # measured by the probe's own NVML
@@ -433,8 +435,12 @@ def run_duty_phase(
             side = logic.busy_from_counters(
                 check_mod.busy_counters(m0["page"], gpu_label), check_mod.busy_counters(m1["page"], gpu_label)
             )
-        out["sidecar"] = {"gpu_label": gpu_label, "errors": errors, "sources": side}
         sources = {s: v["busy_ratio"] for s, v in side.items()}
+        if "cupti" in sources:
+            # CUPTI counters cover the windows the agent closed 1-2.3 s before each scrape
+            lag = int(CUPTI_LAG_SECONDS * 1e9)
+            truth = logic.busy_fraction(bursts, lo - lag, hi - lag)
+        out["sidecar"] = {"gpu_label": gpu_label, "errors": errors, "sources": side, "truth": truth}
     verdict = logic.evaluate_duty_phase(plan.target, truth, sources, thresholds, require_source)
     out.update(verdict)
     if check_url and not sources:

@@ -317,7 +317,7 @@ def evaluate_duty_phase(
     require_source: fail when this source is absent (e.g. "cupti" when an agent was attached).
     """
     thresholds = thresholds or Thresholds()
-    report = {
+    report: dict[str, dict[str, Any]] = {
         name: {
             "busy_ratio": value,
             "error": value - truth,

@@ -1,0 +1,202 @@
+"""The engine source end to end: discovery, pages over HTTP, the daemon's sampler, API-server saturation."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from conftest import HERE, PAGES, PROC
+
+from exporter.config import Config, EngineConfig, HostConfig
+from exporter.export.web import make_app
+from exporter.sampling import Sampler
+from exporter.sources.engine import EngineSource, configured_target, discover, merge_targets
+
+RUNNING = "boundwatch_engine_running_request_seconds_total"
+WAITING = "boundwatch_engine_waiting_request_seconds_total"
+SATURATED = "boundwatch_api_server_saturated_seconds_total"
+
+
+def config(**engine: object) -> Config:
+    return Config(
+        engine=EngineConfig(**engine),  # type: ignore[arg-type]
+        host=HostConfig(proc_root="/proc", cgroup_root="/sys/fs/cgroup"),
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_discovery_finds_every_engine_with_its_api_servers_and_multiprocess_dir():
+    targets = {t.name: t for t in discover(str(PROC))}
+    assert sorted(targets) == ["sglang:30001", "vllm:8001", "vllm:8002", "vllm:8003"]
+    v = targets["vllm:8001"]
+    assert v.url == "http://127.0.0.1:8001/metrics"
+    assert v.api_server_pids == (4101, 4102) and v.api_server_count_cmdline == 2
+    assert v.multiproc_dir == "/tmp/vllm-mp-a1"
+    assert set(v.engine_pids) == {4100, 4101, 4102, 4103, 4104, 4105}
+    assert targets["vllm:8002"].api_server_pids == (4500,)  # one API server: the main process serves
+    assert targets["vllm:8003"].api_server_pids == (4601, 4602)  # launched by a wrapper script
+    assert targets["sglang:30001"].multiproc_dir == "/tmp/sglang-mp"
+
+
+def test_a_configured_url_on_a_discovered_port_joins_that_engine():
+    merged = merge_targets([configured_target("http://localhost:8001/metrics")], discover(str(PROC)))
+    joined = [t for t in merged if t.url == "http://localhost:8001/metrics"]
+    assert len(joined) == 1 and joined[0].root_pid == 4100 and joined[0].name == "vllm:8001"
+    assert len(merged) == 4
+
+
+async def test_configured_file_and_dead_url_read_as_one_good_and_one_failed_engine():
+    dead = f"http://127.0.0.1:{free_port()}/metrics"
+    source = EngineSource(config(urls=(str(PAGES / "vllm-sim-0.11-asc4.prom"), dead), discover=False))
+    try:
+        good, bad = await source.read()
+    finally:
+        await source.aclose()
+    assert (good.name, good.source, good.api_server_count) == ("vllm:vllm-sim-0.11-asc4", "file", 4)
+    assert bad.error and bad.running is None and bad.name == dead
+
+
+class ChangingPage:
+    """Serve a vLLM page whose running and waiting change every 0.5 s; log what each request got."""
+
+    def __init__(self, running: list[int], waiting: list[int], period: float = 0.5) -> None:
+        self.running, self.waiting, self.period = running, waiting, period
+        self.start = time.monotonic()
+        self.served: list[tuple[float, int, int]] = []
+
+    def value_at(self, t: float) -> tuple[int, int]:
+        i = int((t - self.start) / self.period)
+        if i >= len(self.running):
+            return 0, 0
+        return self.running[i], self.waiting[i]
+
+    async def handle(self, _request: web.Request) -> web.Response:
+        now = time.monotonic()
+        run, wait = self.value_at(now)
+        self.served.append((now, run, wait))
+        body = (
+            "# TYPE vllm:num_requests_running gauge\n"
+            f'vllm:num_requests_running{{engine="0",model_name="m"}} {run}\n'
+            "# TYPE vllm:num_requests_waiting gauge\n"
+            f'vllm:num_requests_waiting{{engine="0",model_name="m"}} {wait}\n'
+            "# TYPE vllm:iteration_tokens_total histogram\n"
+            f'vllm:iteration_tokens_total_count{{engine="0",model_name="m"}} {len(self.served) * 10}\n'
+            "process_cpu_seconds_total 1.0\n"
+        )
+        return web.Response(text=body)
+
+
+async def test_live_running_and_waiting_integrals_match_the_served_sequence():
+    running = [40, 0, 10, 80, 80, 5, 120, 0, 60, 30]
+    waiting = [0, 12, 0, 3, 3, 50, 0, 7, 0, 1]
+    page = ChangingPage(running, waiting)
+    app = web.Application()
+    app.router.add_get("/metrics", page.handle)
+    async with TestServer(app, host="127.0.0.1") as server:
+        url, port = str(server.make_url("/metrics")), server.port
+        cfg = config(urls=(url,), discover=False)
+        source = EngineSource(cfg)
+        snaps = []
+        sampler = Sampler(cfg, [source], on_tick=snaps.append)
+        stop = asyncio.Event()
+        # Tick in the middle of each served period so each tick reads the next value of the sequence.
+        await asyncio.sleep(page.start + page.period / 2 - time.monotonic())
+        task = asyncio.create_task(sampler.run(stop))
+        await asyncio.sleep(page.period * (len(running) + 2))
+        async with TestClient(TestServer(make_app(cfg, sampler), host="127.0.0.1")) as client:
+            text = await (await client.get("/metrics")).text()
+        stop.set()
+        await task
+        await source.aclose()
+    name = snaps[-1].engines[0].name
+    assert name == f"vllm:{port}"
+    readings = [next(e for e in s.engines if e.name == name) for s in snaps]
+    # Each tick read what the server served at that moment.
+    assert [(r.running, r.waiting) for r in readings] == [
+        (float(r), float(w)) for _, r, w in page.served[: len(snaps)]
+    ]
+    # The sequence was read in order, each value once (ticks sat mid-period).
+    assert [int(r.running) for r in readings[: len(running)]] == running
+    # Left rule, tick by tick: the increment is the value read at the previous tick times dt.
+    for before, after in zip(snaps, snaps[1:], strict=False):
+        prev = next(e for e in before.engines if e.name == name)
+        for metric, value in ((RUNNING, prev.running), (WAITING, prev.waiting)):
+            inc = after.counters.get((metric, (name,)), 0.0) - before.counters.get((metric, (name,)), 0.0)
+            assert inc == pytest.approx(value * after.dt, rel=1e-9, abs=1e-9)
+    # And in total: each served value held for its 0.5 s period.
+    total_run = snaps[-1].counters[(RUNNING, (name,))]
+    total_wait = snaps[-1].counters[(WAITING, (name,))]
+    assert total_run == pytest.approx(0.5 * sum(running), rel=0.02)
+    assert total_wait == pytest.approx(0.5 * sum(waiting), rel=0.02)
+    # The trapezoid would differ by half a step at every change: 40 -> 0 alone moves it by 10 request-seconds.
+    first = snaps[1].counters[(RUNNING, (name,))] - snaps[0].counters.get((RUNNING, (name,)), 0.0)
+    assert first == pytest.approx(running[0] * snaps[1].dt)
+    assert abs(first - (running[0] + running[1]) / 2 * snaps[1].dt) > 5
+    # The daemon's /metrics serves the same integral.
+    line = next(x for x in text.splitlines() if x.startswith(f'{RUNNING}{{engine="{name}"}}'))
+    assert float(line.rsplit(" ", 1)[1]) == pytest.approx(total_run, rel=0.02)
+
+
+@pytest.fixture
+def fake_vllm(tmp_path):
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(HERE / "fake_vllm.py"),
+            "vllm",
+            "serve",
+            "fake/model",
+            "--port",
+            str(port),
+            "--api-server-count",
+            "2",
+            "--page",
+            str(PAGES / "vllm-sim-0.11-asc4.prom"),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    yield port, proc
+    assert proc.stdin is not None
+    proc.stdin.close()
+    proc.wait(timeout=10)
+
+
+async def test_a_saturated_api_server_is_reported_within_two_ticks_and_an_idle_one_is_not(fake_vllm):
+    port, proc = fake_vllm
+    await asyncio.sleep(0.3)  # let the children take their titles
+    cfg = dataclasses.replace(config(), tick_seconds=0.5)
+    source = EngineSource(cfg)
+    sampler = Sampler(cfg, [source])
+    try:
+        await sampler.tick()
+        await asyncio.sleep(cfg.tick_seconds)
+        snap = await sampler.tick()
+    finally:
+        await source.aclose()
+    name = f"vllm:{port}"
+    engine = next(e for e in snap.engines if e.name == name)
+    assert engine.api_server_count == 2 and engine.api_server_count_source == "processes"
+    servers = dict(engine.servers())
+    assert set(servers) == {"0", "1"}
+    assert servers["0"].busiest_thread is not None and servers["0"].busiest_thread.cpu >= 0.9
+    assert servers["1"].busiest_thread is not None and servers["1"].busiest_thread.cpu < 0.2
+    assert snap.counters[(SATURATED, (name, "0"))] == pytest.approx(snap.dt)
+    assert snap.counters.get((SATURATED, (name, "1")), 0.0) == 0.0
+    assert engine.running == 23.0  # the page the fake engine serves
+    assert proc.poll() is None

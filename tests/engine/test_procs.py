@@ -1,0 +1,118 @@
+"""The process table: stat parsing, command lines, environments, and CPU per process and thread."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import PROC
+from make_fixtures import stat_line
+
+from exporter.sources import procs
+
+
+def test_stat_with_spaces_and_parentheses_in_the_name_parses():
+    s = procs.parse_stat((PROC / "4101" / "task" / "4111" / "stat").read_text())
+    assert s is not None
+    assert (s.comm, s.ppid, s.cpu_ticks, s.start_ticks) == ("asyncio (0)", 4100, 950, 54101)
+
+
+def test_a_titled_process_shows_its_title_without_padding():
+    info = procs.proc_info(str(PROC), 4101)
+    assert info is not None
+    assert info.title == "VLLM::APIServer_0"
+    assert info.comm == "VLLM::APIServer"  # the kernel keeps 15 characters
+
+
+def test_environment_of_a_child_holds_the_multiprocess_dir():
+    assert procs.read_environ(str(PROC), 4101)["PROMETHEUS_MULTIPROC_DIR"] == "/tmp/vllm-mp-a1"
+    assert procs.read_environ(str(PROC), 99999) == {}
+
+
+def test_find_by_title_comm_or_command_line_words():
+    found = procs.find(str(PROC), lambda p: procs.matches(p, title_prefix="VLLM::APIServer"))
+    assert [p.pid for p in found] == [4101, 4102, 4601, 4602]
+    found = procs.find(str(PROC), lambda p: procs.matches(p, cmdline_has=["vllm", "serve"]))
+    assert [p.pid for p in found] == [4100]  # "train.py --vllm serve" is not vllm
+    assert [p.pid for p in procs.find(str(PROC), lambda p: procs.matches(p, comm="systemd"))] == [1]
+
+
+def test_descendants_walk_the_whole_tree():
+    table = list(procs.processes(str(PROC)))
+    assert sorted(p.pid for p in procs.descendants(table, 4100)) == [4101, 4102, 4103, 4104, 4105]
+    assert [p.pid for p in procs.children(table, 4103)] == [4105]
+
+
+def test_cpu_is_the_tick_delta_over_wall_time_per_process_and_thread(tmp_path):
+    root = tmp_path / "proc"
+    shutil.copytree(PROC, root)
+    now = [100.0]
+    tracker = procs.CpuTracker(str(root), clock=lambda: now[0])
+    info = procs.proc_info(str(root), 4101)
+    assert tracker.sample([info]) == {}  # the first sample is the baseline
+    hz = procs.CLK_TCK
+    # 0.5 s later: the process used 0.45 s (0.4 s in asyncio (0), 0.05 s in the main thread).
+    (root / "4101" / "stat").write_text(
+        stat_line(4101, "VLLM::APIServer", 4100, 1000 + 4101 % 97 + int(0.45 * hz), 200, 54101)
+    )
+    (root / "4101" / "task" / "4111" / "stat").write_text(
+        stat_line(4111, "asyncio (0)", 4100, 900 + int(0.4 * hz), 50, 54101)
+    )
+    main = root / "4101" / "task" / "4101" / "stat"
+    s = procs.parse_stat(main.read_text())
+    main.write_text(stat_line(4101, "VLLM::APIServer", 4100, s.cpu_ticks - 150 + int(0.05 * hz), 150, 54101))
+    now[0] += 0.5
+    cpu = tracker.sample([info])[4101]
+    assert cpu.cpu == pytest.approx(0.9)
+    assert cpu.busiest_thread is not None
+    assert (cpu.busiest_thread.name, cpu.busiest_thread.cpu) == ("asyncio (0)", pytest.approx(0.8))
+    assert {t.tid for t in cpu.threads} == {4101, 4111}
+
+
+def test_a_reused_pid_starts_a_new_baseline(tmp_path):
+    root = tmp_path / "proc"
+    shutil.copytree(PROC, root)
+    now = [0.0]
+    tracker = procs.CpuTracker(str(root), clock=lambda: now[0])
+    info = procs.proc_info(str(root), 4102)
+    tracker.sample([info])
+    (root / "4102" / "stat").write_text(stat_line(4102, "other", 1, 5, 5, 999_999))  # a new process, same pid
+    now[0] += 0.5
+    assert tracker.sample([info]) == {}
+
+
+SPIN = """
+import ctypes, threading, time
+libc = ctypes.CDLL(None)
+libc.prctl(15, b"spinner", 0, 0, 0)  # PR_SET_NAME: this thread's name
+def idle():
+    time.sleep(60)
+threading.Thread(target=idle, daemon=True).start()
+end = time.monotonic() + 30
+while time.monotonic() < end:
+    pass
+"""
+
+
+def test_a_real_spinning_process_uses_one_core_in_its_busiest_thread():
+    child = subprocess.Popen([sys.executable, "-c", SPIN])
+    try:
+        time.sleep(0.3)
+        tracker = procs.CpuTracker()
+        info = procs.proc_info("/proc", child.pid)
+        assert info is not None
+        tracker.sample([info])
+        time.sleep(0.5)
+        cpu = tracker.sample([info])[child.pid]
+        assert cpu.busiest_thread is not None and cpu.busiest_thread.name == "spinner"
+        # One thread spins: the busiest thread holds about one core; the idle thread holds none.
+        assert cpu.busiest_thread.cpu > 0.7 * min(1.0, os.cpu_count() or 1)
+        assert len(cpu.threads) == 2
+        assert min(t.cpu for t in cpu.threads) < 0.05
+    finally:
+        child.kill()
+        child.wait()

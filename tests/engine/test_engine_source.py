@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import socket
 import subprocess
 import sys
@@ -130,7 +131,7 @@ async def test_live_running_and_waiting_integrals_match_the_served_sequence():
     # The sequence was read in order, each value once (ticks sat mid-period).
     assert [int(r.running) for r in readings[: len(running)]] == running
     # Left rule, tick by tick: the increment is the value read at the previous tick times dt.
-    for before, after in zip(snaps, snaps[1:], strict=False):
+    for before, after in itertools.pairwise(snaps):
         prev = next(e for e in before.engines if e.name == name)
         for metric, value in ((RUNNING, prev.running), (WAITING, prev.waiting)):
             inc = after.counters.get((metric, (name,)), 0.0) - before.counters.get((metric, (name,)), 0.0)

@@ -318,3 +318,11 @@ def test_engine_steps_over_time_give_a_step_time_without_an_agent() -> None:
     got = last_verdict(series(Scene(busy=0.97, running=64, graph_share=None, step_ms=None), 3.0))
     assert got.get("step_method") == "engine"
     assert got.get("step_seconds") == pytest.approx(0.02)
+
+
+def test_graph_fallback_shows_with_the_newest_cupti_window() -> None:
+    # CUPTI windows come late already: the first eager window flags the fallback, no extra averaging.
+    rec = Recorder()
+    rec.run(Scene(busy=0.3, running=64, max_num_seqs=64, api_cpu=0.3, graph_share=0.95), 3.0)
+    rec.tick(Scene(busy=0.3, running=64, max_num_seqs=64, api_cpu=0.3, graph_share=0.0))
+    assert "cuda_graph_fallback" in last_verdict(rec.snaps).reasons

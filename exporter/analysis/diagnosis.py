@@ -168,8 +168,8 @@ def gpu_report(snaps: Sequence[Snapshot], gpu: int, cfg: Config) -> dict[str, An
     if verdict == "host" and len(reasons) > 1 and "unknown" in reasons:
         reasons.remove("unknown")
     span = snaps[-1].mono - snaps[0].mono if len(snaps) > 1 else 0.0
-    whole = dataclasses.replace(cfg.verdict, busy_window_seconds=span + 1.0)
-    facts = v.gather(snaps, gpu, whole, cfg.roofline)
+    over_run = dataclasses.replace(cfg.verdict, busy_window_seconds=span + 1.0)
+    facts = v.gather(snaps, gpu, over_run, cfg.roofline, whole=True)
     advice: list[dict[str, str]] = [{"reason": r, "fix": FIXES[r]} for r in reasons if r in FIXES]
     if verdict == "gpu":
         advice.insert(0, {"reason": "gpu", "fix": GPU_BOUND})

@@ -232,8 +232,9 @@ def gather(
     gpu: int,
     cfg: VerdictConfig,
     roofline: RooflineConfig | None = None,
+    whole: bool = False,
 ) -> Facts:
-    """Return what a window (from `window()`) shows about one GPU."""
+    """Return what a window (from `window()`) shows about one GPU (whole: CUPTI shares over all of it)."""
     if not win:
         return Facts(gpu)
     last = win[-1]
@@ -293,8 +294,11 @@ def gather(
             f["api_server_process_cpu"] = process
         f.update(_throttling(win, gpu))
 
-    # Agent: exact busy, graph share, idle gaps, steps.
+    # Agent: exact busy, graph share, idle gaps, steps. CUPTI windows arrive 1-2 s late, so the
+    # shares come from the newest tick that brought one (averaging more would only add delay);
+    # `whole=True` (the report over a run) takes every window instead.
     busy_ns = graph_ns = observed_ns = gaps = gap_ns = 0
+    newest: tuple[int, int, int] | None = None
     for s in inside:
         if s.agent is None:
             continue
@@ -306,12 +310,15 @@ def gather(
                 observed_ns += a.observed_ns
                 gaps += sum(a.idle_gap_counts)
                 gap_ns += a.idle_gap_sum_ns
+                if a.observed_ns > 0:
+                    newest = (a.busy_ns, a.graph_busy_ns, a.observed_ns)
     if f.get("agent") and observed_ns > 0:
-        f["agent_busy_ratio"] = busy_ns / observed_ns
         f["idle_gaps"] = gaps
         f["idle_gap_seconds_per_second"] = gap_ns / observed_ns
-        if busy_ns > 0:
-            f["graph_share"] = min(1.0, graph_ns / busy_ns)
+        b, g, o = (busy_ns, graph_ns, observed_ns) if whole or newest is None else newest
+        f["agent_busy_ratio"] = b / o
+        if b > 0:
+            f["graph_share"] = min(1.0, g / b)
     engine_names = {e.name for _, es in good for e in es}
     steps = wall_ns = step_gpu_ns = 0
     for s in inside:

@@ -315,10 +315,10 @@ def gather(
     if f.get("agent") and observed_ns > 0:
         f["idle_gaps"] = gaps
         f["idle_gap_seconds_per_second"] = gap_ns / observed_ns
-        b, g, o = (busy_ns, graph_ns, observed_ns) if whole or newest is None else newest
-        f["agent_busy_ratio"] = b / o
-        if b > 0:
-            f["graph_share"] = min(1.0, g / b)
+        cb, cg, co = (busy_ns, graph_ns, observed_ns) if whole or newest is None else newest
+        f["agent_busy_ratio"] = cb / co
+        if cb > 0:
+            f["graph_share"] = min(1.0, cg / cb)
     engine_names = {e.name for _, es in good for e in es}
     steps = wall_ns = step_gpu_ns = 0
     for s in inside:

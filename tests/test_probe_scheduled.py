@@ -214,3 +214,69 @@ async def test_cancelling_the_async_probe_kills_the_subprocess(slow_python: Path
     with pytest.raises(asyncio.CancelledError):
         await task
     assert _gone(int(slow_python.read_text()))
+
+
+class _Runner:
+    """Stands in for the probe subprocess: records calls, finishes when released."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str | None, str | None]] = []
+        self.release = asyncio.Event()
+        self.cancelled = 0
+
+    async def __call__(self, uuid: str | None, cfg: Config, url: str | None) -> dict:
+        self.calls.append((uuid, url))
+        try:
+            await self.release.wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        return logic.finish({"schema": 1, "finished_at": time.time(), "duty": {"phases": [
+            logic.evaluate_duty_phase(0.5, 0.5, {"cupti": 0.501})
+        ]}})  # fmt: skip
+
+
+async def _settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_scheduler_runs_once_when_idle_and_records_each_gpu() -> None:
+    runner = _Runner()
+    probes = scheduled.ProbeScheduler(Config(probe=ON), runner=runner)
+    history = _history()
+    assert probes.tick(history) == {}
+    assert probes.running and probes.runs == 1
+    await _settle()
+    assert runner.calls == [("GPU-a", "http://127.0.0.1:9482/metrics")]
+    runner.release.set()
+    await _settle()
+    assert not probes.running
+    state = probes.tick(history)
+    entry = state["0"]
+    assert isinstance(entry, Mapping) and entry["success"] is True
+    assert probes.runs == 1  # the interval holds it back now
+    await probes.close()
+
+
+async def test_scheduler_cancels_when_an_engine_gets_work() -> None:
+    runner = _Runner()
+    probes = scheduled.ProbeScheduler(Config(probe=ON), runner=runner)
+    history = _history()
+    probes.tick(history)
+    await _settle()
+    probes.tick([*history, _snap(history[-1].mono + 0.5, running=2.0)])
+    await _settle()
+    assert runner.cancelled == 1
+    assert not probes.running
+    entry = probes.state["0"]
+    assert isinstance(entry, Mapping) and entry["success"] is None and "cancelled" in entry["message"]
+
+
+async def test_scheduler_stays_off_unless_enabled() -> None:
+    runner = _Runner()
+    probes = scheduled.ProbeScheduler(Config(), runner=runner)
+    probes.tick(_history())
+    await _settle()
+    assert runner.calls == [] and probes.runs == 0
+    await probes.close()

@@ -3,15 +3,17 @@
 The sidecar never imports torch, Triton or CUDA: the probe runs as `python -m exporter probe --json`
 in its own process, pinned to one GPU by UUID, and its JSON result comes back here.
 
-Wiring (one GPU at a time, from the daemon's tick loop):
+Wiring, in the daemon (one scheduler for the process; it holds what goes in Snapshot.probe):
 
-    if should_run_probe(history, cfg):
-        for gpu in history[-1].gpus:
-            task = asyncio.create_task(run_probe_async(gpu.uuid, cfg, self_check_url(cfg)))
-            # every tick while it runs: if must_stop(latest, cfg): task.cancel()  (kills the subprocess)
-            result = await task
-            probe_state = record(probe_state, str(gpu.index), result)
-    # and each tick: snap = dataclasses.replace(snap, probe=probe_state)
+    probes = ProbeScheduler(cfg)
+    # every tick, after the new Snapshot is appended to history:
+    snap = dataclasses.replace(snap, probe=probes.tick(history))
+    # at shutdown:
+    await probes.close()
+
+Underneath: `should_run_probe(history, cfg)` decides, `run_probe_async(uuid, cfg, self_check_url(cfg))`
+runs one GPU's probe (cancelling the task kills the subprocess), `must_stop(snap, cfg)` says when
+to cancel, and `record(state, gpu_label, result)` keeps each GPU's summary.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -228,3 +230,66 @@ def record(state: Mapping[str, object], gpu: str, result: Mapping[str, Any]) -> 
     new = dict(state)
     new[gpu] = MappingProxyType(logic.summarize(result))
     return MappingProxyType(new)
+
+
+Runner = Callable[[str | None, Config, str | None], Awaitable[dict[str, Any]]]
+
+
+class ProbeScheduler:
+    """Drive the scheduled probe from the daemon's tick loop and hold what goes in Snapshot.probe.
+
+    Call `tick(history)` once per tick, inside the event loop, after the newest Snapshot is in
+    `history`; put its return value in `Snapshot.probe`. It starts the probe (one GPU after the
+    other, each in a subprocess) when `should_run_probe` says so, cancels it as soon as an engine
+    has work, and records each GPU's summary. `close()` at shutdown.
+    """
+
+    def __init__(self, cfg: Config, runner: Runner | None = None) -> None:
+        self.cfg = cfg
+        self.state: Mapping[str, object] = MappingProxyType({})
+        self.started_at: float | None = None
+        self.runs = 0
+        self._runner: Runner = runner or run_probe_async
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def running(self) -> bool:
+        """Return whether a probe is in flight."""
+        return self._task is not None and not self._task.done()
+
+    def tick(self, history: Sequence[Snapshot]) -> Mapping[str, object]:
+        """Start, watch or cancel the probe for this tick; return the mapping for Snapshot.probe."""
+        if not history:
+            return self.state
+        latest = history[-1]
+        if self.running:
+            if must_stop(latest, self.cfg):
+                assert self._task is not None
+                self._task.cancel()
+        elif should_run_probe(history, self.cfg, last_run=self.started_at):
+            self.started_at = latest.at  # the snapshots' clock, which should_run_probe compares with
+            self.runs += 1
+            targets = [(str(g.index), g.uuid) for g in latest.gpus]
+            self._task = asyncio.get_running_loop().create_task(self._run(targets))
+        return self.state
+
+    async def _run(self, targets: Sequence[tuple[str, str]]) -> None:
+        url = self_check_url(self.cfg)
+        for label, uuid in targets:
+            try:
+                result = await self._runner(uuid, self.cfg, url)
+            except asyncio.CancelledError:
+                self.state = record(
+                    self.state,
+                    label,
+                    logic.unavailable("cancelled: an engine got work", finished_at=time.time()),
+                )
+                raise
+            self.state = record(self.state, label, result)
+
+    async def close(self) -> None:
+        """Cancel a probe in flight and wait until its subprocess is gone."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task

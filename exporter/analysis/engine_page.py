@@ -69,7 +69,12 @@ WANTED: tuple[str, ...] = tuple(
 # "vllm:num_requests_waiting" does not also keep "vllm:num_requests_waiting_by_reason".
 _WANTED_LINE_PREFIXES: tuple[str, ...] = tuple(n + c for n in WANTED for c in ("{", " "))
 # Families whose presence means single-process mode (multiprocess registries have none).
-_SINGLE_PROCESS_MARKS = ("\nprocess_cpu_seconds_total", "\npython_gc_objects_collected_total", "_created{")
+_SINGLE_PROCESS_MARKS = (
+    "\nprocess_cpu_seconds_total",
+    "\npython_gc_objects_collected_total",
+    "_created{",
+    "_created ",
+)
 
 
 class SampleLike(Protocol):
@@ -96,6 +101,7 @@ def looks_multiprocess(text: str) -> bool | None:
     """Say whether a full page came from a multiprocess registry (None: cannot tell)."""
     if not any(p in text for p in ("vllm:", "sglang:")):
         return None
+    text = "\n" + text
     return not any(mark in text for mark in _SINGLE_PROCESS_MARKS)
 
 

@@ -537,6 +537,8 @@ class EngineSource:
 
 async def read_once(url_or_path: str, timeout: float = 2.0) -> EngineReading:
     """Read one page (URL, file:// URL or path) or multiprocess dir once and return its reading."""
+    if not url_or_path.startswith(("http://", "https://", "file://")):
+        url_or_path = os.path.abspath(url_or_path)  # a page or a dir given by a relative path
     target = configured_target(url_or_path)
     if os.path.isdir(_file_path(url_or_path)):
         reading = reading_from_multiproc(_file_path(url_or_path), url=url_or_path)

@@ -1,0 +1,133 @@
+"""Engine integrals, step counters and saturated seconds per tick, and the engine families rendered."""
+
+from __future__ import annotations
+
+import pytest
+
+from exporter.analysis.engine import accumulate, window_acceptance
+from exporter.catalogue import BY_NAME
+from exporter.config import Config
+from exporter.export.engine import render
+from exporter.snapshot import Snapshot
+from exporter.snapshot.agent import AgentReading, EngineSteps
+from exporter.snapshot.engine import EngineReading
+from exporter.snapshot.host import ProcessCpu, ThreadCpu
+
+CFG = Config()
+
+
+def server(index: int, pid: int, busiest: float, total: float | None = None) -> ProcessCpu:
+    return ProcessCpu(
+        pid=pid,
+        name=f"VLLM::APIServer_{index}",
+        cmdline=(f"VLLM::APIServer_{index}",),
+        cpu=busiest if total is None else total,
+        busiest_thread=ThreadCpu(pid, "VLLM::APIServer", busiest),
+    )
+
+
+def engine(**kw) -> EngineReading:
+    base = {
+        "name": "vllm:8000",
+        "kind": "vllm",
+        "model": "m",
+        "api_server_count": 1,
+        "api_server_count_source": "page",
+    }
+    return EngineReading(**{**base, **kw})
+
+
+def snap(seq: int, dt: float, *engines: EngineReading, agent: AgentReading | None = None) -> Snapshot:
+    return Snapshot(seq=seq, at=1e9 + seq, mono=float(seq), interval=0.5, dt=dt, engines=engines, agent=agent)
+
+
+def test_running_and_waiting_integrate_the_value_held_since_the_previous_tick():
+    # The seed: waiting 0 while running sat at 160.
+    prev = snap(1, 0.5, engine(running=160, waiting=0))
+    cur = snap(2, 0.5, engine(running=164, waiting=2))
+    inc = accumulate(cur, CFG, prev).counters
+    assert inc[("boundwatch_engine_running_request_seconds_total", ("vllm:8000",))] == 80.0
+    assert inc[("boundwatch_engine_waiting_request_seconds_total", ("vllm:8000",))] == 0.0
+
+
+def test_the_first_tick_and_a_failed_previous_read_add_no_request_seconds():
+    assert "boundwatch_engine_running_request_seconds_total" not in {
+        k[0] for k in accumulate(snap(1, 0.0, engine(running=5)), CFG, None).counters
+    }
+    failed = snap(1, 0.5, engine(error="HTTP 500"))
+    assert not any(
+        k[0] == "boundwatch_engine_running_request_seconds_total"
+        for k in accumulate(snap(2, 0.5, engine(running=5)), CFG, failed).counters
+    )
+
+
+def test_steps_come_from_the_engine_counters_with_their_method():
+    prev = snap(1, 0.5, engine(iteration_count=100))
+    inc = accumulate(snap(2, 0.5, engine(iteration_count=124)), CFG, prev).counters
+    assert inc[("boundwatch_engine_steps_total", ("vllm:8000", "iteration_count"))] == 24
+
+
+def test_the_agents_exact_step_count_replaces_the_estimate():
+    prev = snap(1, 0.5, engine(iteration_count=100, api_server_count=4, api_server_count_source="processes"))
+    agent = AgentReading(
+        steps=(EngineSteps(engine="vllm:8000", steps=7, wall_ns=500_000_000, gpu_busy_ns=1),)
+    )
+    cur = snap(
+        2,
+        0.5,
+        engine(iteration_count=128, api_server_count=4, api_server_count_source="processes"),
+        agent=agent,
+    )
+    steps = {
+        k[1][1]: v
+        for k, v in accumulate(cur, CFG, prev).counters.items()
+        if k[0] == "boundwatch_engine_steps_total"
+    }
+    assert steps == {"agent": 7}
+
+
+def test_a_saturated_api_server_accrues_the_tick_and_an_idle_one_does_not():
+    servers = (server(0, 4101, 0.99), server(1, 4102, 0.12))
+    cur = snap(2, 0.5, engine(api_servers=servers, api_server_count=2, api_server_count_source="processes"))
+    inc = accumulate(cur, CFG, snap(1, 0.5, engine())).counters
+    assert inc[("boundwatch_api_server_saturated_seconds_total", ("vllm:8000", "0"))] == 0.5
+    assert inc[("boundwatch_api_server_saturated_seconds_total", ("vllm:8000", "1"))] == 0.0
+
+
+def test_acceptance_is_the_ratio_of_counter_deltas_over_the_window():
+    assert window_acceptance([(0.0, 100, 400), (5.0, 160, 480), (10.0, 220, 560)]) == pytest.approx(120 / 160)
+    assert window_acceptance([(0.0, 100, 400)]) is None
+    assert window_acceptance([(0.0, 100, 400), (1.0, 100, 400)]) is None  # no drafts proposed
+
+
+def samples(families):
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families for s in f.samples}
+
+
+def test_render_labels_servers_by_index_never_by_pid_and_uses_catalogue_names():
+    servers = (server(0, 4101, 0.99, total=1.4), server(1, 4102, 0.1))
+    e = engine(
+        running=160,
+        waiting=0,
+        kv_cache_usage=0.4,
+        generation_tokens_total=5e6,
+        api_servers=servers,
+        api_server_count=2,
+        scrape_seconds=0.003,
+        spec_acceptance=0.7,
+    )
+    families = list(render(snap(1, 0.5, e)))
+    assert {f.name for f in families} <= set(BY_NAME) | {n.removesuffix("_total") for n in BY_NAME}
+    got = samples(families)
+    assert got[("boundwatch_api_server_cpu_ratio", (("engine", "vllm:8000"), ("server", "0")))] == 0.99
+    assert got[("boundwatch_api_server_process_cpu_ratio", (("engine", "vllm:8000"), ("server", "0")))] == 1.4
+    assert got[("boundwatch_engine_requests_running", (("engine", "vllm:8000"),))] == 160
+    assert got[("boundwatch_engine_generation_tokens_total", (("engine", "vllm:8000"),))] == 5e6
+    assert got[("boundwatch_engine_info", (("engine", "vllm:8000"), ("kind", "vllm"), ("model", "m")))] == 1
+    assert not any("4101" in str(k) for k in got)
+
+
+def test_render_drops_stale_figures_of_a_failed_read():
+    got = samples(render(snap(1, 0.5, engine(running=None, error="HTTP 500"))))
+    assert not any(k[0] == "boundwatch_engine_requests_running" for k in got)
+    assert got[("boundwatch_engine_info", (("engine", "vllm:8000"), ("kind", "vllm"), ("model", "m")))] == 1

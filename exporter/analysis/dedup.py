@@ -16,7 +16,7 @@ same bound taken once over the whole run. An exact count only comes from inside 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from exporter.snapshot.engine import EngineReading, StepCount
 
@@ -48,7 +48,8 @@ def collapse_pid_series(
     for labels, value in series:
         key = tuple(sorted((k, v) for k, v in labels.items() if k != "pid"))
         groups.setdefault(key, []).append(value)
-    combine = {"max": max, "sum": sum, "min": min}[how]
+    combines: dict[str, Callable[[list[float]], float]] = {"max": max, "sum": sum, "min": min}
+    combine = combines[how]
     out = [(dict(key), float(combine(values))) for key, values in groups.items()]
     pids = max((len(v) for v in groups.values()), default=0)
     return out, pids

@@ -80,9 +80,12 @@ _SINGLE_PROCESS_MARKS = (
 class SampleLike(Protocol):
     """A metric sample: what prometheus_client's parser yields."""
 
-    name: str
-    labels: Mapping[str, str]
-    value: float
+    @property
+    def name(self) -> str: ...
+    @property
+    def labels(self) -> Mapping[str, str]: ...
+    @property
+    def value(self) -> float: ...
 
 
 def prefilter(text: str) -> str:

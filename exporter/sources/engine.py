@@ -16,7 +16,7 @@ import os
 import re
 import time
 from collections import defaultdict, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple
@@ -169,7 +169,7 @@ def _last(_a: float, b: float) -> float:
     return b
 
 
-_COMBINE = {
+_COMBINE: dict[str, Callable[[float, float], float]] = {
     "sum": lambda a, b: a + b,
     "livesum": lambda a, b: a + b,
     "max": max,
@@ -181,12 +181,9 @@ _COMBINE = {
 
 def multiproc_dir_usable(path: str | None) -> bool:
     """Say whether a multiprocess dir exists, can be read and holds engine files."""
-    return (
-        bool(path)
-        and os.path.isdir(path)
-        and os.access(path, os.R_OK)
-        and bool(glob.glob(os.path.join(path, "*.db")))
-    )  # type: ignore[arg-type]
+    if not path or not os.path.isdir(path) or not os.access(path, os.R_OK):
+        return False
+    return bool(glob.glob(os.path.join(path, "*.db")))
 
 
 def reading_from_multiproc(

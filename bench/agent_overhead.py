@@ -1,0 +1,273 @@
+"""Overhead of the CUPTI agent: throughput with and without it, in one run, and the longest app-thread pause.
+
+Workloads, each in a fresh child process per configuration (CUPTI cannot be unloaded):
+- decode: a small torch transformer (8 layers, d=1024, batch 32, KV cache 1024) whose decode step is
+  a captured CUDA graph, with an eager 512-token prefill every 32 steps; sync per step like an engine.
+- launch-bound worst case: `x.add_(1.0)` on 256 floats, 100k launches, sync every 1000.
+Each iteration of both loops is timed, so the longest pause of the application thread is known.
+Configurations: none, default (sampling auto), full (sampling off), sampled (sampling on).
+
+    python3 bench/agent_overhead.py --out bench/results/agent_overhead_h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from array import array
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = {
+    "none": None,
+    "default": {},
+    "full": {"BOUNDWATCH_AGENT_SAMPLING": "off"},
+    "sampled": {
+        "BOUNDWATCH_AGENT_SAMPLING": "on",
+        "BOUNDWATCH_AGENT_SAMPLE_ON_S": "1.0",
+        "BOUNDWATCH_AGENT_SAMPLE_PERIOD_S": "5.0",
+    },
+}
+
+
+def pauses(ns: array) -> dict[str, float]:
+    v = sorted(ns)
+    n = len(v)
+    return {
+        "iterations": n,
+        "median_us": v[n // 2] / 1e3,
+        "p9999_us": v[min(n - 1, int(n * 0.9999))] / 1e3,
+        "max_ms": v[-1] / 1e6,
+        "over_1ms": sum(1 for x in v if x > 1_000_000),
+    }
+
+
+def child(config: str, decode_s: float) -> dict[str, Any]:
+    sys.path.insert(0, ROOT)
+    out: dict[str, Any] = {"config": config}
+    agent = None
+    if CONFIGS[config] is not None:
+        from exporter import agent as agent_mod
+
+        out["agent_state"] = agent_mod.start(role="generic")
+        agent = agent_mod.current()
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    dev = "cuda"
+    L, d, h, B, T = 8, 1024, 16, 32, 1024
+    dh = d // h
+    dt = torch.bfloat16
+    W = [
+        {
+            "qkv": torch.randn(3 * d, d, device=dev, dtype=dt) * 0.02,
+            "o": torch.randn(d, d, device=dev, dtype=dt) * 0.02,
+            "up": torch.randn(4 * d, d, device=dev, dtype=dt) * 0.02,
+            "down": torch.randn(d, 4 * d, device=dev, dtype=dt) * 0.02,
+        }
+        for _ in range(L)
+    ]
+    kc = [torch.zeros(B, h, T, dh, device=dev, dtype=dt) for _ in range(L)]
+    vc = [torch.zeros(B, h, T, dh, device=dev, dtype=dt) for _ in range(L)]
+    x_in = torch.randn(B, 1, d, device=dev, dtype=dt)
+    pos = torch.zeros(1, dtype=torch.long, device=dev)
+    ar = torch.arange(T, device=dev)
+
+    def decode_step() -> torch.Tensor:
+        x = x_in
+        mask = (ar <= pos).view(1, 1, 1, T)
+        for i in range(L):
+            y = F.layer_norm(x, (d,))
+            q, k, v = F.linear(y, W[i]["qkv"]).view(B, 1, 3, h, dh).unbind(2)
+            kc[i].index_copy_(2, pos, k.transpose(1, 2))
+            vc[i].index_copy_(2, pos, v.transpose(1, 2))
+            a = F.scaled_dot_product_attention(q.transpose(1, 2), kc[i], vc[i], attn_mask=mask)
+            x = x + F.linear(a.transpose(1, 2).reshape(B, 1, d), W[i]["o"])
+            y = F.layer_norm(x, (d,))
+            x = x + F.linear(F.gelu(F.linear(y, W[i]["up"])), W[i]["down"])
+        return x
+
+    def prefill(tokens: torch.Tensor) -> torch.Tensor:
+        x = tokens
+        n = x.shape[1]
+        for i in range(L):
+            y = F.layer_norm(x, (d,))
+            q, k, v = F.linear(y, W[i]["qkv"]).view(1, n, 3, h, dh).unbind(2)
+            a = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+            )
+            x = x + F.linear(a.transpose(1, 2).reshape(1, n, d), W[i]["o"])
+            y = F.layer_norm(x, (d,))
+            x = x + F.linear(F.gelu(F.linear(y, W[i]["up"])), W[i]["down"])
+        return x
+
+    prompt = torch.randn(1, 512, d, device=dev, dtype=dt)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            decode_step()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out_static = decode_step()
+    for _ in range(3):
+        prefill(prompt)
+    torch.cuda.synchronize()
+    # correctness: the graph replay equals the eager step (the agent must not change results)
+    pos.fill_(5)
+    g.replay()
+    torch.cuda.synchronize()
+    ref = decode_step()
+    out["graph_matches_eager"] = bool(torch.allclose(out_static.float(), ref.float(), atol=2e-2, rtol=2e-2))
+
+    def run_decode(seconds: float) -> dict[str, Any]:
+        it = array("q")
+        steps = 0
+        t_end = time.perf_counter() + seconds
+        t0 = time.perf_counter()
+        last = time.perf_counter_ns()
+        while time.perf_counter() < t_end:
+            with_prefill = steps % 32 == 0
+            if with_prefill:
+                prefill(prompt)
+            pos.fill_(steps % T)
+            g.replay()
+            torch.cuda.synchronize()
+            steps += 1
+            now = time.perf_counter_ns()
+            if not with_prefill:  # decode-only steps: a pause shows as a step longer than the rest
+                it.append(now - last)
+            last = now
+        el = time.perf_counter() - t0
+        return {"steps": steps, "steps_per_s": steps / el, "tokens_per_s": steps * B / el, "iter": pauses(it)}
+
+    def run_launch_bound(n: int) -> dict[str, Any]:
+        x = torch.zeros(256, device=dev)
+        it = array("q")
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        last = time.perf_counter_ns()
+        for i in range(n):
+            x.add_(1.0)
+            if i % 1000 == 999:
+                torch.cuda.synchronize()
+                last = time.perf_counter_ns()
+                continue  # the sync waits for the GPU: not a pause of the thread
+            now = time.perf_counter_ns()
+            it.append(now - last)
+            last = now
+        torch.cuda.synchronize()
+        el = time.perf_counter() - t0
+        ok = float(x[0].item()) == float(n)
+        return {"launches": n, "launches_per_s": n / el, "seconds": el, "result_ok": ok, "iter": pauses(it)}
+
+    run_decode(1.0)  # warm
+    run_launch_bound(20_000)
+    time.sleep(1.5)  # let the agent close its warm-up windows
+    out["decode"] = run_decode(decode_s)
+    out["launch_bound"] = run_launch_bound(100_000)
+    if agent is not None:
+        time.sleep(1.6)
+        st = agent.stats
+        out["agent"] = {
+            "mode": agent.mode,
+            "lib": agent.lib_text,
+            "records": st.records,
+            "buffers": st.buffers,
+            "callback_max_us": st.callback_ns_max / 1e3,
+            "callback_mean_us": st.callback_ns_total / max(1, st.buffers) / 1e3,
+            "decode_ns_per_record": st.decode_ns_total / max(1, st.records),
+            "decode_max_ms": st.decode_ns_max / 1e6,
+            "flush_max_ms": st.flush_ns_max / 1e6,
+            "loop_max_ms": st.loop_ns_max / 1e6,
+            "toggles": st.toggles,
+            "cupti_dropped": st.cupti_dropped,
+            "layout_checked": st.layout_checked,
+            "layout_mismatch": st.layout_mismatch,
+            "windows": st.windows_sent,
+            "sampling_active": agent._sampling_active,
+        }
+        from exporter import agent as agent_mod
+
+        agent_mod.stop()
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="bench/results/agent_overhead.json")
+    ap.add_argument("--child", default=None)
+    ap.add_argument("--decode-seconds", type=float, default=5.0)
+    ap.add_argument("--order", default="none,default,full,sampled,none,default")
+    args = ap.parse_args()
+    if args.child:
+        print("RESULT " + json.dumps(child(args.child, args.decode_seconds)), flush=True)
+        return 0
+    runs = []
+    for cfg in args.order.split(","):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("BOUNDWATCH_AGENT")}
+        env["BOUNDWATCH_AGENT_SOCKET"] = "/tmp/bwbench/overhead-nobody.sock"  # no sidecar: drops are counted
+        env.update(CONFIGS[cfg] or {})
+        t = time.time()
+        p = subprocess.run(
+            [sys.executable, __file__, "--child", cfg, "--decode-seconds", str(args.decode_seconds)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+        if not line:
+            runs.append({"config": cfg, "error": p.stderr[-2000:], "rc": p.returncode})
+            print(cfg, "FAILED", p.stderr[-800:], flush=True)
+            continue
+        r = json.loads(line[0][7:])
+        r["wall_s"] = time.time() - t
+        runs.append(r)
+        print(json.dumps(r), flush=True)
+    ok = [r for r in runs if "decode" in r]
+    base = [r for r in ok if r["config"] == "none"]
+    summary: dict[str, Any] = {}
+    if base:
+        bd = sum(r["decode"]["tokens_per_s"] for r in base) / len(base)
+        bl = sum(r["launch_bound"]["launches_per_s"] for r in base) / len(base)
+        for cfg in CONFIGS:
+            rs = [r for r in ok if r["config"] == cfg]
+            if not rs:
+                continue
+            d = sum(r["decode"]["tokens_per_s"] for r in rs) / len(rs)
+            lb = sum(r["launch_bound"]["launches_per_s"] for r in rs) / len(rs)
+            summary[cfg] = {
+                "decode_tokens_per_s": d,
+                "decode_ratio": d / bd,
+                "launch_bound_per_s": lb,
+                "launch_bound_ratio": lb / bl,
+                "added_us_per_launch": (1 / lb - 1 / bl) * 1e6,
+                "max_pause_ms": max(
+                    max(r["decode"]["iter"]["max_ms"], r["launch_bound"]["iter"]["max_ms"]) for r in rs
+                ),
+                "iterations_over_1ms": sum(
+                    r["decode"]["iter"]["over_1ms"] + r["launch_bound"]["iter"]["over_1ms"] for r in rs
+                ),
+            }
+    result = {"runs": runs, "summary": summary}
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as fh:
+        json.dump(result, fh, indent=2)
+    print("\nconfig    decode tok/s  ratio   launch/s  ratio  +us/launch  max pause ms  iters>1ms")
+    for cfg, s in summary.items():
+        print(
+            f"{cfg:8s} {s['decode_tokens_per_s']:12.0f} {s['decode_ratio']:6.3f} {s['launch_bound_per_s']:10.0f}"
+            f" {s['launch_bound_ratio']:6.3f} {s['added_us_per_launch']:10.2f} {s['max_pause_ms']:12.2f} {s['iterations_over_1ms']:9d}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,70 @@
+"""On a real GPU: the agent measures real kernels and a CUDA graph, in a fresh process (skips without one)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CHILD = r"""
+import json, os, sys, time
+from exporter import agent
+state = agent.start()
+a = agent.current()
+import torch
+x = torch.randn(4096, 4096, device="cuda")
+g = torch.cuda.CUDAGraph()
+s = torch.cuda.Stream(); s.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(s):
+    y = x @ x
+torch.cuda.current_stream().wait_stream(s)
+with torch.cuda.graph(g):
+    y = x @ x
+t_end = time.time() + 3.0
+while time.time() < t_end:
+    g.replay(); z = x @ x; torch.cuda.synchronize(); time.sleep(0.002)
+time.sleep(1.6)
+ws = [w for w in a.sent_log]
+print("RESULT " + json.dumps({"state": state, "detail": a.detail, "mode": a.mode, "lib": a.lib_text,
+    "windows": len(ws), "kernels": sum(w.kernels for w in ws), "graphs": sum(w.graphs for w in ws),
+    "busy": sum(w.busy for w in ws) / max(1, sum(w.t1 - w.t0 for w in ws)),
+    "layout_mismatch": a.stats.layout_mismatch, "layout_checked": a.stats.layout_checked}))
+agent.stop()
+"""
+
+
+def gpu_and_cupti() -> str | None:
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return "no CUDA GPU"
+    except ImportError:
+        return "no torch"
+    try:
+        import cupti  # noqa: F401
+    except ImportError:
+        return "no cupti-python"
+    return None
+
+
+@pytest.mark.gpu
+def test_agent_measures_kernels_and_graph_launches_on_a_gpu(tmp_path: Path) -> None:
+    why = gpu_and_cupti()
+    if why:
+        pytest.skip(why)
+    env = dict(os.environ, BOUNDWATCH_AGENT_SOCKET=str(tmp_path / "agent.sock"))
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    p = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=120)
+    line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+    assert p.returncode == 0 and line, p.stderr[-2000:]
+    r = json.loads(line[0][7:])
+    assert r["state"] == "running", r
+    assert "graph_trace" in r["mode"]
+    assert r["windows"] >= 4 and r["kernels"] > 0 and r["graphs"] > 0
+    assert 0.05 < r["busy"] < 1.0
+    assert r["layout_checked"] > 0 and r["layout_mismatch"] == 0

@@ -1,0 +1,96 @@
+"""The agent's own thread path on synthetic raw CUPTI buffers: decode, windows, sampling spans, datagrams."""
+
+import socket
+import struct
+from pathlib import Path
+
+import pytest
+
+from exporter import wire
+
+pytest.importorskip("numpy")
+from exporter.agent import cuptilib as cl
+from exporter.agent.core import Agent, Settings
+
+MS = 1_000_000
+T0 = 1_764_400_000_000_000_000
+
+
+def kernel(start: int, end: int, dev: int = 0, graph_id: int = 0) -> bytes:
+    buf = bytearray(cl.RECORD_SIZE[cl.KIND_CONCURRENT_KERNEL])
+    struct.pack_into("<I", buf, 0, cl.KIND_CONCURRENT_KERNEL)
+    struct.pack_into("<QQ", buf, 16, start, end)
+    struct.pack_into("<I", buf, 40, dev)
+    struct.pack_into("<I", buf, 156, graph_id)
+    return bytes(buf)
+
+
+def graph(start: int, end: int, dev: int = 0) -> bytes:
+    buf = bytearray(cl.RECORD_SIZE[cl.KIND_GRAPH_TRACE])
+    struct.pack_into("<I", buf, 0, cl.KIND_GRAPH_TRACE)
+    struct.pack_into("<QQI", buf, 8, start, end, dev)
+    return bytes(buf)
+
+
+def make_agent(tmp_path: Path) -> tuple[Agent, socket.socket]:
+    path = str(tmp_path / "agent.sock")
+    rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    rx.bind(path)
+    rx.settimeout(1.0)
+    a = Agent(Settings(socket=path, sampling="off"))
+    a.state = "running"
+    a._start_ns = T0
+    a._spans = [[T0, None]]
+    a._open_socket()
+    a._uuids[0] = "GPU-6f5e2c1a-0b7d-4c39-9d0e-2f1a3b4c5d6e"
+    return a, rx
+
+
+def test_raw_buffers_become_windows_on_the_wire(tmp_path: Path) -> None:
+    a, rx = make_agent(tmp_path)
+    # window 1 ([T0 + 0.5 s, T0 + 1 s)): the seed's decode, 72 ms steps with 19 ms of graph + 0.4 ms eager
+    buf = b""
+    for i in range(7):
+        s = T0 + 500 * MS + i * 72 * MS
+        buf += graph(s, s + 19 * MS) + kernel(s + 19 * MS, s + 19 * MS + 400_000)
+    a._enqueue((buf, None), len(buf))
+    a._drain(budget_ns=None)
+    a._send(a._close_windows(T0 + 2 * 1000 * MS + 1), force=True)
+    windows = []
+    while True:
+        try:
+            windows += wire.decode(rx.recv(wire.MAX_DATAGRAM_BYTES)).windows
+        except TimeoutError:
+            break
+    rx.close()
+    # the steps fall in the second window; the first is empty
+    (w,) = [w for w in windows if w.t0 == T0 + 500 * MS]
+    assert (w.kernels, w.graphs) == (7, 7)
+    assert w.busy == 7 * 19_400_000 and w.graph_busy == 7 * 19 * MS
+    assert round(w.busy / (w.t1 - w.t0), 2) == 0.27
+    assert sum(w.gaps) == 6 and w.gaps[6] == 6  # 52.6 ms gaps between steps: le 0.1 s
+
+
+def test_kernel_trim_shortens_only_kernel_records(tmp_path: Path) -> None:
+    a, rx = make_agent(tmp_path)
+    a.settings.kernel_trim_ns = 680
+    buf = b"".join(
+        kernel(T0 + 500 * MS + i * 10_000, T0 + 500 * MS + i * 10_000 + 2_920) for i in range(1000)
+    )
+    buf += graph(T0 + 600 * MS, T0 + 602 * MS)
+    a._enqueue((buf, None), len(buf))
+    a._drain(budget_ns=None)
+    (w,) = [w for w in a._close_windows(T0 + 2000 * MS) if w.t0 == T0 + 500 * MS]
+    rx.close()
+    assert w.busy == 1000 * 2_240 + 2 * MS
+
+
+def test_windows_outside_collection_spans_are_not_reported(tmp_path: Path) -> None:
+    a, rx = make_agent(tmp_path)
+    a._spans = [[T0, T0 + 700 * MS], [T0 + 1600 * MS, None]]  # kernel records off from 0.7 s to 1.6 s
+    buf = b"".join(kernel(T0 + k * 100 * MS, T0 + k * 100 * MS + MS) for k in range(30))
+    a._enqueue((buf, None), len(buf))
+    a._drain(budget_ns=None)
+    got = [(w.t0 - T0) // MS for w in a._close_windows(T0 + 4000 * MS)]
+    rx.close()
+    assert got == [0, 2000, 2500]  # [0.5, 1.0) and [1.0, 1.5) and [1.5, 2.0) fall in the pause

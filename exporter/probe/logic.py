@@ -6,7 +6,20 @@ decides when the daemon may run the probe.
 
 The probe's JSON result (what `boundwatch probe --json` prints) is a dict built by
 `exporter.probe.gpu.run_probe`; `finish()` sets its verdict keys:
-`status` ("pass" | "fail" | "error"), `exit_code` (0 | 1 | 2), `message`, `checks`.
+`status` ("pass" | "fail" | "error"), `exit_code` (0 | 1 | 2), `message`, `checks`
+(each {name, pass, detail}). The rest:
+    device      index, name, uuid, pci_bus_id, nvml_index, sm_count, memory_total_bytes, versions
+    agent       attached (bool), state, detail: the in-process CUPTI agent, when asked for
+    bandwidth   bytes_per_second (read + written), torch_copy_bytes_per_second, ratio_to_torch,
+                nominal_bytes_per_second, ratio_to_nominal, buffer_bytes, buffers, reps, verified
+    matmul      flops_per_second, torch_flops_per_second, ratio_to_torch, ratio_to_nominal,
+                relative_error_vs_torch
+    duty        seconds, settle_seconds, check_url, phases: per phase target, truth (the in-kernel
+                busy fraction the sources are judged against), truth_steady (whole phase),
+                truth_window, bursts, kernel_seconds, period_seconds, sources {name: busy_ratio,
+                error, tolerance, pass}, primary_source, local_sources (the probe's own NVML/GPM),
+                sidecar {gpu_label, sources {name: busy_ratio, busy_seconds, observed_seconds}}
+    started_at, finished_at, duration_seconds (unix s)
 """
 
 from __future__ import annotations

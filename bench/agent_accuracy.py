@@ -82,7 +82,7 @@ def run_phase(
     e = np.asarray(e_dev, dtype=np.int64) + off
     # the agent's own windows, one by one, over the steady part
     errs = []
-    for w in list(agent.sent_log):
+    for w in agent.windows_sent():
         if w.dev != ctx["dev"] or w.t0 < wall_start + settle * 1e9 or w.t1 > wall_end - 0.1e9:
             continue
         truth = union_ratio(np, s, e, w.t0, w.t1)

@@ -3,7 +3,7 @@
 Workloads, each in a fresh child process per configuration (CUPTI cannot be unloaded):
 - decode: a small torch transformer (8 layers, d=1024, batch 32, KV cache 1024) whose decode step is
   a captured CUDA graph, with an eager 512-token prefill every 32 steps; sync per step like an engine.
-- launch-bound worst case: `x.add_(1.0)` on 256 floats, 100k launches, sync every 1000.
+- launch-bound worst case: `x.add_(1.0)` on 256 floats for 3 s, sync every 1000 launches.
 Each iteration of both loops is timed, so the longest pause of the application thread is known.
 Configurations: none, default (sampling auto), full (sampling off), sampled (sampling on).
 
@@ -147,13 +147,19 @@ def child(config: str, decode_s: float) -> dict[str, Any]:
         el = time.perf_counter() - t0
         return {"steps": steps, "steps_per_s": steps / el, "tokens_per_s": steps * B / el, "iter": pauses(it)}
 
-    def run_launch_bound(n: int) -> dict[str, Any]:
+    def run_launch_bound(seconds: float) -> dict[str, Any]:
         x = torch.zeros(256, device=dev)
         it = array("q")
         torch.cuda.synchronize()
         t0 = time.perf_counter()
+        t_end = t0 + seconds
         last = time.perf_counter_ns()
-        for i in range(n):
+        i = n = 0
+        while True:
+            if i % 1000 == 0 and time.perf_counter() > t_end:
+                n = i
+                break
+            i += 1
             x.add_(1.0)
             if i % 1000 == 999:
                 torch.cuda.synchronize()
@@ -168,10 +174,10 @@ def child(config: str, decode_s: float) -> dict[str, Any]:
         return {"launches": n, "launches_per_s": n / el, "seconds": el, "result_ok": ok, "iter": pauses(it)}
 
     run_decode(1.0)  # warm
-    run_launch_bound(20_000)
+    run_launch_bound(0.2)
     time.sleep(1.5)  # let the agent close its warm-up windows
     out["decode"] = run_decode(decode_s)
-    out["launch_bound"] = run_launch_bound(100_000)
+    out["launch_bound"] = run_launch_bound(3.0)
     if agent is not None:
         time.sleep(1.6)
         st = agent.stats

@@ -76,7 +76,7 @@ def child(kind: str, seconds: float) -> dict[str, Any]:
         out["after"] = workload(torch, 3.0)
         time.sleep(1.6)
         if a is not None:
-            later = [w for w in a.sent_log if w.t0 > t_after]
+            later = [w for w in a.windows_sent() if w.t0 > t_after]
             out["windows_after"] = len(later)
             out["records_after"] = sum(w.kernels + w.graphs + w.memcpys for w in later)
             out["busy_after_ratio"] = sum(w.busy for w in later) / max(1, sum(w.t1 - w.t0 for w in later))

@@ -194,6 +194,15 @@ class Agent:
         self._last_rate = 0.0
         self._rate_known = False
 
+    def windows_sent(self) -> list[wire.Window]:
+        """Return a copy of the windows sent so far (bounded log, for benchmarks and tests)."""
+        for _ in range(10):
+            try:
+                return list(self.sent_log)
+            except RuntimeError:  # appended to while copying
+                time.sleep(0.001)
+        return []
+
     # --- start and stop -----------------------------------------------------------------
 
     def start(self) -> str:

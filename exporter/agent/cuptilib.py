@@ -65,6 +65,16 @@ def loaded_libcupti() -> list[str]:
     return paths
 
 
+def pathfinder_libcupti() -> str | None:
+    """Return the libcupti path cuda-pathfinder resolved for cupti-python (it reuses a loaded copy), or None."""
+    try:
+        from cuda.pathfinder import load_nvidia_dynamic_lib
+
+        return str(load_nvidia_dynamic_lib("cupti").abs_path)
+    except Exception:
+        return None
+
+
 def cupti_python_version() -> str:
     """Return the installed cupti-python version, or ''."""
     try:
@@ -90,9 +100,12 @@ class Library:
     def open(cls) -> Library:
         """Return the library cupti-python loaded (call after a cupti-python call); raise OSError if none."""
         paths = loaded_libcupti()
-        if not paths:
-            raise OSError("no libcupti is mapped into this process")
-        handle = ctypes.CDLL(paths[0])
+        path = pathfinder_libcupti()
+        if path is None or path not in paths:
+            if not paths:
+                raise OSError("no libcupti is mapped into this process")
+            path = paths[0]
+        handle = ctypes.CDLL(path)
         v = ctypes.c_uint32(0)
         handle.cuptiGetVersion(ctypes.byref(v))
         for name in ("cuptiActivityFlushAll", "cuptiActivityEnable", "cuptiActivityDisable", "cuptiFinalize"):
@@ -114,7 +127,7 @@ class Library:
         handle.cuptiActivityGetNumDroppedRecords.restype = ctypes.c_int
         handle.cuptiGetTimestamp.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
         handle.cuptiGetTimestamp.restype = ctypes.c_int
-        return cls(paths[0], handle, int(v.value))
+        return cls(path, handle, int(v.value))
 
     def timestamp(self) -> int:
         """Return CUPTI's current timestamp, ns (CLOCK_REALTIME)."""

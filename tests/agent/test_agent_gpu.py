@@ -28,7 +28,7 @@ t_end = time.time() + 3.0
 while time.time() < t_end:
     g.replay(); z = x @ x; torch.cuda.synchronize(); time.sleep(0.002)
 time.sleep(1.6)
-ws = [w for w in a.sent_log]
+ws = [w for w in a.windows_sent()]
 print("RESULT " + json.dumps({"state": state, "detail": a.detail, "mode": a.mode, "lib": a.lib_text,
     "windows": len(ws), "kernels": sum(w.kernels for w in ws), "graphs": sum(w.graphs for w in ws),
     "busy": sum(w.busy for w in ws) / max(1, sum(w.t1 - w.t0 for w in ws)),

@@ -14,6 +14,7 @@ import glob
 import json
 import os
 import re
+import struct
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Sequence
@@ -23,7 +24,6 @@ from typing import NamedTuple
 from urllib.parse import urlparse
 
 import aiohttp
-from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.analysis import dedup, engine_page
@@ -102,67 +102,127 @@ def _pid_of(filename: str) -> str:
     return os.path.basename(filename)[:-3].rsplit("_", 1)[-1]
 
 
-def read_multiproc_dir(path: str) -> tuple[list[Sample], tuple[tuple[int, float], ...]]:
+_INT = struct.Struct("i")
+_TWO_DOUBLES = struct.Struct("dd")
+
+
+@dataclass
+class _FileIndex:
+    """Where the wanted keys of one multiprocess file sit: keys are only ever appended, never moved."""
+
+    scanned_to: int = 8  # the file's `used` mark when it was last scanned
+    entries: list[tuple[int, str, tuple[tuple[str, str], ...], bool]] = field(default_factory=list)
+    # (offset of value+timestamp, sample name, labels without le, is a histogram bucket)
+
+
+def _scan(data: bytes, start: int, used: int, index: _FileIndex) -> None:
+    """Index the wanted keys between start and used (the layout of prometheus_client's MmapedDict)."""
+    pos = start
+    while pos < used:
+        (length,) = _INT.unpack_from(data, pos)
+        if length <= 0 or pos + 4 + length > used:
+            raise RuntimeError("multiprocess file is corrupt or being written")
+        key = data[pos + 4 : pos + 4 + length]
+        value_pos = pos + 4 + length + (8 - (length + 4) % 8)
+        pos = value_pos + 16
+        if not key.startswith((b'["vllm:', b'["sglang:')):
+            continue
+        parts = key.split(b'"', 4)
+        if len(parts) < 5 or parts[3].decode() not in _FILE_WANTED:
+            continue
+        _, sample, labels, _help = json.loads(key)
+        bucket = sample.endswith("_bucket")
+        if bucket:
+            labels = {k: v for k, v in labels.items() if k != "le"}
+            sample = sample[: -len("_bucket")] + "_count"
+        index.entries.append((value_pos, sample, tuple(sorted(labels.items())), bucket))
+    index.scanned_to = used
+
+
+class MultiprocReader:
     """Read an engine's PROMETHEUS_MULTIPROC_DIR the way its /metrics would, for the wanted names only.
 
-    Returns the merged samples (counters and histograms summed over processes, gauges by their
-    multiprocess mode) and each process's iteration_tokens_total count. A gauge in mode 'all'
-    (vLLM 0.10-0.11 kv_cache_usage_perc, one series per pid) is taken from the process that
-    wrote the freshest 'mostrecent' gauge of the same engine: the one that received the last
-    scheduler stats. Without such a process its pid series are kept, as /metrics shows them.
+    The first read indexes where the wanted keys sit in each file; later reads only unpack those
+    values (and index keys appended since), so a tick costs a read of each file and a few dozen
+    unpacks, and nothing in the serving processes.
     """
-    counters: dict[tuple[str, tuple[tuple[str, str], ...]], float] = defaultdict(float)
-    gauges: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[float, float]] = {}
-    per_pid_gauges: dict[tuple[str, tuple[tuple[str, str], ...]], dict[str, float]] = defaultdict(dict)
-    freshest: dict[tuple[tuple[str, str], ...], tuple[float, str]] = {}  # labels -> (timestamp, pid)
-    per_pid: dict[int, float] = defaultdict(float)
-    for filename in sorted(glob.glob(os.path.join(path, "*.db"))):
-        base = os.path.basename(filename)
-        typ = base.split("_", 1)[0]
-        mode = base.split("_")[1] if typ == "gauge" else ""
-        pid = _pid_of(filename)
-        try:
-            values = MmapedDict.read_all_values_from_file(filename)
-        except (OSError, RuntimeError):
-            continue  # a file being created or removed under us
-        for key, value, ts, _ in values:
-            if not key.startswith(('["vllm:', '["sglang:')):
-                continue
-            parts = key.split('"', 4)
-            if len(parts) < 5 or parts[3] not in _FILE_WANTED:
-                continue
-            _, sample, labels, _help = json.loads(key)
-            if sample.endswith("_bucket"):
-                labels = {k: v for k, v in labels.items() if k != "le"}
-                sample = sample[: -len("_bucket")] + "_count"
-                if pid.isdigit():
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._index: dict[str, _FileIndex] = {}
+
+    def read(self) -> tuple[list[Sample], tuple[tuple[int, float], ...]]:
+        """Return the merged samples and each process's iteration_tokens_total count.
+
+        Counters and histograms are summed over processes, gauges merged by their multiprocess
+        mode. A gauge in mode 'all' (vLLM 0.10-0.11 kv_cache_usage_perc, one series per pid) is
+        taken from the process that wrote the freshest 'mostrecent' gauge of the same engine: the
+        one that received the last scheduler stats. Without one, its pid series are kept, as
+        /metrics shows them.
+        """
+        counters: dict[tuple[str, tuple[tuple[str, str], ...]], float] = defaultdict(float)
+        gauges: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[float, float]] = {}
+        per_pid_gauges: dict[tuple[str, tuple[tuple[str, str], ...]], dict[str, float]] = defaultdict(dict)
+        freshest: dict[tuple[tuple[str, str], ...], tuple[float, str]] = {}  # labels -> (timestamp, pid)
+        per_pid: dict[int, float] = defaultdict(float)
+        seen = set()
+        for filename in sorted(glob.glob(os.path.join(self.path, "*.db"))):
+            seen.add(filename)
+            base = os.path.basename(filename)
+            typ = base.split("_", 1)[0]
+            mode = base.split("_")[1] if typ == "gauge" else ""
+            pid = _pid_of(filename)
+            try:
+                with open(filename, "rb") as fh:
+                    head = fh.read(8)
+                    if len(head) < 8:
+                        continue
+                    (used,) = _INT.unpack_from(head, 0)
+                    data = head + fh.read(max(0, used - 8))
+                index = self._index.get(filename)
+                if index is None or used < index.scanned_to:  # new, or replaced by a new process
+                    index = self._index[filename] = _FileIndex()
+                if used > index.scanned_to:
+                    _scan(data, index.scanned_to, used, index)
+            except (OSError, RuntimeError, ValueError, struct.error):
+                self._index.pop(filename, None)
+                continue  # a file being created or removed under us
+            for value_pos, sample, lkey, bucket in index.entries:
+                value, ts = _TWO_DOUBLES.unpack_from(data, value_pos)
+                if bucket and pid.isdigit():
                     per_pid[int(pid)] += value
-            lkey = tuple(sorted(labels.items()))
-            if typ != "gauge":
-                counters[(sample, lkey)] += value
-            elif mode in ("all", "liveall"):
-                per_pid_gauges[(sample, lkey)][pid] = value
-            elif mode in ("mostrecent", "livemostrecent"):
-                prev = gauges.get((sample, lkey))
-                if prev is None or ts >= prev[1]:
-                    gauges[(sample, lkey)] = (value, ts)
-                if ts > freshest.get(lkey, (0.0, ""))[0]:
-                    freshest[lkey] = (ts, pid)
+                if typ != "gauge":
+                    counters[(sample, lkey)] += value
+                elif mode in ("all", "liveall"):
+                    per_pid_gauges[(sample, lkey)][pid] = value
+                elif mode in ("mostrecent", "livemostrecent"):
+                    prev = gauges.get((sample, lkey))
+                    if prev is None or ts >= prev[1]:
+                        gauges[(sample, lkey)] = (value, ts)
+                    if ts > freshest.get(lkey, (0.0, ""))[0]:
+                        freshest[lkey] = (ts, pid)
+                else:
+                    prev = gauges.get((sample, lkey))
+                    gauges[(sample, lkey)] = (
+                        value if prev is None else _COMBINE.get(mode, _last)(prev[0], value),
+                        0.0,
+                    )
+        for gone in set(self._index) - seen:
+            del self._index[gone]
+        samples = [Sample(n, dict(lk), v) for (n, lk), v in counters.items()]
+        samples += [Sample(n, dict(lk), v) for (n, lk), (v, _) in gauges.items()]
+        for (n, lk), by_pid in per_pid_gauges.items():
+            fresh_pid = freshest.get(lk, (0.0, ""))[1]
+            if fresh_pid in by_pid:
+                samples.append(Sample(n, dict(lk), by_pid[fresh_pid]))
             else:
-                prev = gauges.get((sample, lkey))
-                gauges[(sample, lkey)] = (
-                    value if prev is None else _COMBINE.get(mode, _last)(prev[0], value),
-                    0.0,
-                )
-    samples = [Sample(n, dict(lk), v) for (n, lk), v in counters.items()]
-    samples += [Sample(n, dict(lk), v) for (n, lk), (v, _) in gauges.items()]
-    for (n, lk), by_pid in per_pid_gauges.items():
-        fresh_pid = freshest.get(lk, (0.0, ""))[1]
-        if fresh_pid in by_pid:
-            samples.append(Sample(n, dict(lk), by_pid[fresh_pid]))
-        else:
-            samples += [Sample(n, {**dict(lk), "pid": p}, v) for p, v in by_pid.items()]
-    return samples, tuple(sorted(per_pid.items()))
+                samples += [Sample(n, {**dict(lk), "pid": p}, v) for p, v in by_pid.items()]
+        return samples, tuple(sorted(per_pid.items()))
+
+
+def read_multiproc_dir(path: str) -> tuple[list[Sample], tuple[tuple[int, float], ...]]:
+    """Read a PROMETHEUS_MULTIPROC_DIR once (see MultiprocReader)."""
+    return MultiprocReader(path).read()
 
 
 def _last(_a: float, b: float) -> float:
@@ -187,10 +247,12 @@ def multiproc_dir_usable(path: str | None) -> bool:
 
 
 def reading_from_multiproc(
-    path: str, *, name: str = "", url: str = "", kind: str | None = None
+    path: str | MultiprocReader, *, name: str = "", url: str = "", kind: str | None = None
 ) -> EngineReading:
-    """Return the normalised reading of an engine's multiprocess files."""
-    samples, per_pid = read_multiproc_dir(path)
+    """Return the normalised reading of an engine's multiprocess files (a reader keeps its index)."""
+    reader = path if isinstance(path, MultiprocReader) else MultiprocReader(path)
+    path = reader.path
+    samples, per_pid = reader.read()
     if engine_page.detect_kind(samples) is None and kind is None:
         raise ValueError(f"no vllm: or sglang: metrics in {path}")
     reading = engine_page.normalise(
@@ -377,6 +439,7 @@ class EngineSource:
         self._session: aiohttp.ClientSession | None = None
         self._names: dict[str, str] = {}  # target url -> engine name once its kind is known
         self._closing: asyncio.Task[None] | None = None
+        self._readers: dict[str, MultiprocReader] = {}  # multiprocess dir -> its reader (and file index)
         self._spec: dict[str, deque[tuple[float, float | None, float | None]]] = {}
 
     @property
@@ -458,9 +521,10 @@ class EngineSource:
         try:
             if self._use_files(target):
                 assert target.multiproc_dir is not None
-                reading = reading_from_multiproc(
-                    target.multiproc_dir, name=name, url=target.url, kind=target.kind
-                )
+                reader = self._readers.get(target.multiproc_dir)
+                if reader is None:
+                    reader = self._readers[target.multiproc_dir] = MultiprocReader(target.multiproc_dir)
+                reading = reading_from_multiproc(reader, name=name, url=target.url, kind=target.kind)
             elif _is_file(target.url):
                 page = Path(_file_path(target.url)).read_text()
                 reading = reading_from_page(page, name=name, url=target.url, source="file")

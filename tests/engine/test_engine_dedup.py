@@ -10,7 +10,12 @@ from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 
 from exporter.analysis.dedup import collapse_pid_series, counter_delta, step_count, step_increments
 from exporter.snapshot.engine import EngineReading
-from exporter.sources.engine import read_multiproc_dir, reading_from_multiproc, reading_from_page
+from exporter.sources.engine import (
+    MultiprocReader,
+    read_multiproc_dir,
+    reading_from_multiproc,
+    reading_from_page,
+)
 
 
 def vllm(
@@ -90,9 +95,12 @@ def run_with_ticks(tmp_path, n_servers, concurrency, steps=240, every=20):
     mp_dir = tmp_path / "mp"
     mp_dir.mkdir()
     file_readings, page_readings = [], []
+    reader = MultiprocReader(str(mp_dir))  # kept across ticks, as the source keeps it
 
     def tick(_i):
-        file_readings.append(reading_from_multiproc(str(mp_dir), name="vllm:8000"))
+        kept = reading_from_multiproc(reader, name="vllm:8000")
+        assert kept == reading_from_multiproc(str(mp_dir), name="vllm:8000")  # the index never goes stale
+        file_readings.append(kept)
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry, str(mp_dir))
         page_readings.append(reading_from_page(generate_latest(registry).decode(), name="vllm:8000"))
@@ -173,3 +181,16 @@ def test_reading_files_skips_other_families_and_sums_counters_over_processes(tmp
     assert "vllm:request_success_total" not in names  # ...but not read
     assert {"vllm:generation_tokens_total", "vllm:iteration_tokens_total_count"} <= names
     assert sum(c for _, c in per_pid) == truth.observations
+
+
+def test_a_file_replaced_by_a_new_process_is_indexed_again(tmp_path):
+    vllm_sim.run_engine(str(tmp_path), n_servers=2, steps=30, concurrency=4)
+    reader = MultiprocReader(str(tmp_path))
+    before = reader.read()
+    for f in tmp_path.glob("*.db"):  # the engine restarted with the same dir: files start over
+        f.unlink()
+    truth, _ = vllm_sim.run_engine(str(tmp_path), n_servers=2, steps=10, concurrency=4, seed=3)
+    after = reading_from_multiproc(reader)
+    assert after.iteration_count == truth.observations
+    assert after.generation_tokens_total == truth.generation_tokens
+    assert before != reader.read()

@@ -207,6 +207,86 @@ def define(version: str = "0.33", registry: Any = None) -> dict[str, Any]:
     return m
 
 
+HIGHR_BUCKETS = [
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1,
+    1.5,
+    2,
+    2.5,
+    3,
+    3.5,
+    4,
+    4.5,
+    5,
+    7.5,
+    10,
+    30,
+    60,
+]
+HANDLERS = ("/v1/chat/completions", "/v1/completions", "/metrics", "/health", "/v1/models")
+
+
+def define_http(registry: Any = None) -> dict[str, Any]:
+    """Create the HTTP families vLLM's /metrics also carries (prometheus_fastapi_instrumentator defaults)."""
+    from prometheus_client import REGISTRY, Counter, Histogram, Summary
+
+    reg = REGISTRY if registry is None else registry
+    return {
+        "requests": Counter(
+            "http_requests",
+            "Total number of requests by method, status and handler.",
+            ["method", "status", "handler"],
+            registry=reg,
+        ),
+        "req_size": Summary(
+            "http_request_size_bytes",
+            "Content length of incoming requests by handler.",
+            ["handler"],
+            registry=reg,
+        ),
+        "resp_size": Summary(
+            "http_response_size_bytes",
+            "Content length of outgoing responses by handler.",
+            ["handler"],
+            registry=reg,
+        ),
+        "highr": Histogram(
+            "http_request_duration_highr_seconds",
+            "Latency with many buckets but no API labels.",
+            buckets=HIGHR_BUCKETS,
+            registry=reg,
+        ),
+        "duration": Histogram(
+            "http_request_duration_seconds",
+            "Latency with only few buckets by handler.",
+            ["handler", "method"],
+            buckets=[0.1, 0.5, 1],
+            registry=reg,
+        ),
+    }
+
+
+def fill_http(m: dict[str, Any], seed: int = 1) -> None:
+    """Record some traffic on every HTTP series."""
+    rnd = random.Random(seed)
+    for handler in HANDLERS:
+        for status in ("2xx", "4xx"):
+            m["requests"].labels("POST" if handler.startswith("/v1/c") else "GET", status, handler).inc(
+                rnd.randint(1, 999)
+            )
+        m["req_size"].labels(handler).observe(rnd.randint(100, 100000))
+        m["resp_size"].labels(handler).observe(rnd.randint(100, 100000))
+        m["duration"].labels(handler, "POST").observe(rnd.random())
+        m["highr"].observe(rnd.random() * 5)
+
+
 def fill(
     m: dict[str, Any], model: str = "Qwen/Qwen3-8B", engines: tuple[str, ...] = ("0",), seed: int = 1
 ) -> None:

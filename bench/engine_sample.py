@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import json
 import multiprocessing as mp
 import os
@@ -129,9 +130,8 @@ def main() -> None:
                 "",
             ),
             "python": platform.python_version(),
-            "prometheus_client": __import__("prometheus_client").__version__
-            if hasattr(__import__("prometheus_client"), "__version__")
-            else "",
+            "prometheus_client": importlib.metadata.version("prometheus-client"),
+            "load_average": os.getloadavg(),
         },
         "setup": {"api_servers": args.servers, "engines": args.engines, "naming": "vLLM 0.33", "model": "1"},
     }

@@ -246,7 +246,8 @@ METRICS: tuple[MetricSpec, ...] = (
         "boundwatch_engine_steps_total",
         "counter",
         "Engine steps; method says how they were counted (agent = exact, from inside the engine; "
-        "iteration_count = engine metric with one API server; lower_bound / upper_bound with several).",
+        "iteration_count = vLLM's iteration_tokens_total_count with one API server; lower_bound / upper_bound "
+        "with several; forward_passes = SGLang's cuda_graph_passes_total on tp_rank 0).",
         ["engine", "method"],
         "engine",
     ),

@@ -246,8 +246,25 @@ def test_switch_shows_within_three_ticks(before: Scene, after: Scene, want: str)
     vs = verdicts(rec.snaps)
     assert vs[start - 1] != want
     first = next(i for i in range(start, len(vs)) if vs[i] == want)
-    assert first - start + 1 <= 3
+    assert first - start + 1 <= 3  # counting the straddling tick: at most 1.5 s after the change
     assert all(x == want for x in vs[first:])
+
+
+def test_a_load_hovering_in_the_band_never_flips() -> None:
+    rnd = random.Random(7)
+    rec = Recorder()
+    rec.run(Scene(busy=0.3), 2.0)
+    for _ in range(100):
+        rec.tick(Scene(busy=rnd.uniform(0.71, 0.84)))
+    assert set(verdicts(rec.snaps)) == {"host"}
+
+
+def test_a_straddling_tick_in_between_does_not_restart_the_hold() -> None:
+    rec = Recorder()
+    rec.run(Scene(busy=0.0, running=0), 3.0)
+    rec.tick(Scene(busy=0.5, running=64))  # load began mid-tick: half busy reads host from idle
+    rec.tick(Scene(busy=0.97, running=64))
+    assert verdicts(rec.snaps)[-1] == "gpu"
 
 
 def test_held_host_verdict_keeps_current_reasons() -> None:
@@ -257,7 +274,18 @@ def test_held_host_verdict_keeps_current_reasons() -> None:
     out = v.replay(rec.snaps, Config())
     last = out[-1].verdicts[0]
     assert (last.verdict, last.raw, last.streak) == ("host", "gpu", 1)
+
     assert "api_server_saturated" in last.reasons
+
+
+def test_three_tick_hold_needs_three_disagreeing_ticks() -> None:
+    rec = Recorder()
+    rec.run(Scene(busy=0.97), 3.0)
+    rec.run(Scene(**SEED, api_cpu=0.99), 1.0)
+    cfg = Config(verdict=VerdictConfig(hold_ticks=3))
+    assert verdicts(rec.snaps, cfg)[-1] == "gpu"
+    rec.tick(Scene(**SEED, api_cpu=0.99))
+    assert verdicts(rec.snaps, cfg)[-1] == "host"
 
 
 def test_hold_of_one_tick_follows_every_change() -> None:

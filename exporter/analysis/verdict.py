@@ -17,8 +17,8 @@ utilization.gpu) of the latest tick (`busy_window_seconds`, 0.5 s), and CUPTI on
 is missing. The CUPTI figure is exact but 1-2 s late (an agent window closes once older than its
 flush lag); thresholding it against a live queue would show "host" for the first second of every
 load. CUPTI still feeds the evidence: graph share, idle gaps, step GPU time, host-bound seconds.
-With a 2-tick hold a step change in load shows in the reported verdict 0.5-1.0 s after it
-happens. Reasons are rates and shares over `window_seconds` (1.5 s), so they are steady, and
+With a 2-tick hold (counting the tick that straddles the change when it leans to the new
+side) a step change in load shows in the reported verdict 0.5-1.4 s after it happens. Reasons are rates and shares over `window_seconds` (1.5 s), so they are steady, and
 right again within 2 s of a change (CUPTI-based ones a little later).
 
 Engines without an agent, agents without an engine: see `evaluate`. The integrated counters
@@ -472,18 +472,29 @@ def decide(f: Facts, cfg: VerdictConfig, prev: Verdict | None = None) -> tuple[s
 
 
 def hold(
-    raw: Verdict, prev: Verdict | None, cfg: VerdictConfig, host_now: tuple[str, ...] = ("unknown",)
+    raw: Verdict,
+    prev: Verdict | None,
+    cfg: VerdictConfig,
+    host_now: tuple[str, ...] = ("unknown",),
+    lean: str | None = None,
 ) -> Verdict:
-    """Return the verdict to report: a change shows once it has been the raw verdict hold_ticks ticks in a row.
+    """Return the verdict to report: a change shows once hold_ticks ticks in a row have disagreed.
 
-    While an old host verdict is held, its reasons are this window's (`host_now`), so they stay current.
+    A tick disagrees when its raw verdict differs from the reported one, or when its busy share
+    sits in the band but on the other side of the band's midpoint (`lean`): the tick that
+    straddles a change of load often lands there and should count toward the change without
+    being able to make it. The switch itself needs a raw verdict outside the band, so a load that
+    hovers inside the band never flips. While an old host verdict is held, its reasons are this
+    window's (`host_now`), so they stay current.
     """
-    streak = prev.streak + 1 if prev is not None and prev.raw == raw.verdict else 1
-    held = dataclasses.replace(raw, raw=raw.verdict, streak=streak)
-    if prev is None or raw.verdict == prev.verdict or streak >= cfg.hold_ticks:
-        return held
+    lean = raw.verdict if lean is None else lean
+    if prev is None or (raw.verdict == prev.verdict and lean == prev.verdict):
+        return dataclasses.replace(raw, raw=raw.verdict, streak=0)
+    streak = prev.streak + 1
+    if raw.verdict != prev.verdict and streak >= cfg.hold_ticks:
+        return dataclasses.replace(raw, raw=raw.verdict, streak=0)
     reasons = host_now if prev.verdict == "host" else prev.reasons
-    return dataclasses.replace(held, verdict=prev.verdict, reasons=reasons)
+    return dataclasses.replace(raw, verdict=prev.verdict, reasons=reasons, raw=raw.verdict, streak=streak)
 
 
 def evaluate(
@@ -509,8 +520,9 @@ def classify(
     """Return the verdict to report for one GPU: the window's verdict, held against the previous one."""
     f = gather(win, gpu, cfg, roofline)
     verdict, reasons = decide(f, cfg, prev)
+    lean = decide(f, cfg, None)[0]  # inside the band: the side of its midpoint
     raw = Verdict(gpu, verdict, reasons, f.busy, f.busy_source, f.evidence())
-    return hold(raw, prev, cfg, reasons if verdict == "host" else host_reasons(f, cfg))
+    return hold(raw, prev, cfg, reasons if verdict == "host" else host_reasons(f, cfg), lean)
 
 
 def gpus_of(snap: Snapshot) -> list[int]:

@@ -32,8 +32,9 @@ Evidence = tuple[tuple[str, float | str | None], ...]
 class Verdict:
     """GPU-bound, host-bound (with reasons), idle, or unknown, with the evidence used.
 
-    `raw` is this tick's classification before the hold and `streak` how many ticks in a row
-    it has been that, so the next tick can apply the hold from this Verdict alone.
+    `raw` is this tick's classification before the hold and `streak` how many ticks in a row the
+    raw verdict has disagreed with the reported one, so the next tick can apply the hold from this
+    Verdict alone.
     """
 
     gpu: int

@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RULE_FILES = sorted((ROOT / "alerts").glob("*.yml"))
 
 # Names Prometheus itself creates for every target.
-PROMETHEUS_NAMES = frozenset({"up", "scrape_duration_seconds", "scrape_samples_scraped"})
+PROMETHEUS_NAMES = frozenset({"up", "scrape_duration_seconds", "scrape_samples_scraped", "ALERTS"})
+ALL_LABELS = frozenset({label for spec in METRICS for label in spec.labels} | {"instance", "job", "le"})
 
 _KEYWORDS = frozenset(
     {"and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "offset"}
@@ -92,6 +93,8 @@ def exposed_names() -> dict[str, str]:
 
 def labels_of(name: str) -> set[str]:
     """Return the labels a series of this sample name carries once scraped (target labels included)."""
+    if name == "ALERTS":
+        return set(ALL_LABELS) | {"alertname", "alertstate", "severity"}
     if name in PROMETHEUS_NAMES:
         return {"instance", "job"}
     family = exposed_names()[name]

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.catalogue import METRICS
 from exporter.snapshot.gpu import CLOCK_EVENT_REASONS
 from exporter.snapshot.verdict import REASONS
 from tests.promql import (
+    ALL_LABELS,
     ROOT,
     RULE_FILES,
     grouping_labels,
@@ -31,7 +31,6 @@ UNIT_TEST_FILES = sorted((ROOT / "tests" / "alerts").glob("*.yml"))
 RUNBOOK = ROOT / "docs" / "alerts.md"
 RUNBOOK_URL = "https://github.com/boundwatch/boundwatch/blob/main/docs/alerts.md#"
 SEVERITIES = {"critical", "warning", "info"}
-ALL_LABELS = {label for spec in METRICS for label in spec.labels} | {"instance", "job", "le"}
 
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed")
 
@@ -206,3 +205,59 @@ def test_runbook_file_is_where_the_rules_say(tmp_path: Path) -> None:
     """Keep docs/alerts.md at the path the runbook URLs name."""
     assert RUNBOOK.is_file()
     assert RUNBOOK_URL.endswith(str(RUNBOOK.relative_to(ROOT)) + "#")
+
+
+# --- the example deployment in deploy/ ------------------------------------------------------------
+
+AMTOOL = shutil.which("amtool")
+DEPLOY = ROOT / "deploy"
+
+
+@pytest.mark.prometheus
+@needs_promtool
+def test_example_prometheus_config_is_valid_with_the_rules(tmp_path: Path) -> None:
+    """Pass `promtool check config` on deploy/prometheus.yml with the rule files beside it, as documented."""
+    shutil.copy(DEPLOY / "prometheus.yml", tmp_path)
+    for path in RULE_FILES:
+        shutil.copy(path, tmp_path)
+    result = _run(PROMTOOL, "check", "config", str(tmp_path / "prometheus.yml"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {len(RULE_FILES)} rule files found" in result.stdout
+
+
+def test_example_scrape_job_is_the_one_the_rules_select() -> None:
+    """Name the example job as BoundwatchDown's selector does."""
+    config = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
+    jobs = {job["job_name"] for job in config["scrape_configs"]}
+    down = next(r for r in _alerts() if r["alert"] == "BoundwatchDown")
+    selected = re.search(r'job="([^"]+)"', down["expr"]).group(1)
+    assert selected in jobs
+    assert {Path(p).name for p in config["rule_files"]} == {p.name for p in RULE_FILES}
+
+
+@pytest.mark.prometheus
+@pytest.mark.skipif(AMTOOL is None, reason="amtool not installed")
+@pytest.mark.parametrize(
+    ("labels", "receiver"),
+    [
+        (["severity=critical", "alertname=GPUStarvedWhileWorkPending"], "page"),
+        (["severity=warning", "alertname=CPUQuotaThrottling"], "team-queue"),
+        (["severity=info", "alertname=BoundwatchAgentMissing"], "quiet-log"),
+    ],
+)
+def test_example_alertmanager_routes_by_severity(labels: list[str], receiver: str) -> None:
+    """Route critical to the pager, warning to the queue and info to a quiet log."""
+    check = _run(AMTOOL, "check-config", str(DEPLOY / "alertmanager.yml"))
+    assert check.returncode == 0, check.stdout + check.stderr
+    result = _run(AMTOOL, "config", "routes", "test", f"--config.file={DEPLOY / 'alertmanager.yml'}", *labels)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip() == receiver
+
+
+def test_example_alertmanager_routes_every_severity_the_rules_use() -> None:
+    """Give every severity in the rules a route (or the default) in deploy/alertmanager.yml."""
+    config = yaml.safe_load((DEPLOY / "alertmanager.yml").read_text())
+    routed = {m.split("=", 1)[1].strip('"') for r in config["route"]["routes"] for m in r["matchers"]}
+    used = {rule["labels"]["severity"] for rule in _alerts()}
+    assert used - routed <= {"warning"}  # warning goes to the default receiver
+    assert config["route"]["receiver"] == "team-queue"

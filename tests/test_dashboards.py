@@ -273,8 +273,8 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
             prom.wait_for('up{job="boundwatch"} == 1')
             prom.wait_for('up{job="boundwatch-full-page"} == 1')
             # Two scrapes of each: rates over the dashboards' 1m have values.
-            prom.wait_for("count(rate(boundwatch_ticks_total[1m]) > 0) == 1")
-            prom.wait_for("count(rate(boundwatch_host_bound_seconds_total[1m]) > 0) >= 1")
+            prom.wait_for('rate(boundwatch_ticks_total{job="boundwatch"}[1m]) > 0')
+            prom.wait_for('rate(boundwatch_host_bound_seconds_total{job="boundwatch-full-page"}[1m]) > 0')
             yield prom
 
 

@@ -77,7 +77,7 @@ class ToyModel:
                 self.side.mul_(0.5).add_(0.5)
             if views:
                 for k in range(self.cfg["views"]):
-                    h.narrow(1, k % 64, 1).view(-1)
+                    h.narrow(1, k % 64, 1).squeeze(1)
         self.tokens.copy_((h @ self.wout).argmax(dim=-1))
 
     def capture(self) -> None:
@@ -147,6 +147,8 @@ def run(conn: Any, overrides: dict[str, Any]) -> None:
     cfg = {**DEFAULTS, **overrides}
     info: dict[str, Any] = {"pid": os.getpid(), "device": cfg["device"]}
     recorder = None
+    if cfg["device"] == "cuda":
+        import torch  # noqa: F401  (first, as the agent's own benchmarks do: the agent reuses torch's libcupti)
     if cfg["agent"]:
         try:
             from exporter import agent

@@ -111,7 +111,10 @@ class Daemon:
 
 @contextlib.contextmanager
 def running_daemon(
-    workdir: Path, engine_pages: Sequence[Path] = (ENGINE_FIXTURE,), timeout: float = 60.0
+    workdir: Path,
+    engine_pages: Sequence[Path] = (ENGINE_FIXTURE,),
+    timeout: float = 60.0,
+    extra_env: dict[str, str] | None = None,
 ) -> Iterator[Daemon]:
     """Run the real daemon on a free loopback port, reading engine pages from files, until the block exits."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -123,6 +126,7 @@ def running_daemon(
         args += ["--engine-url", str(page)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("BOUNDWATCH_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env.update(extra_env or {})
     with open(log, "wb") as out:
         proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     daemon = Daemon(port, log, proc)

@@ -5,15 +5,19 @@ from __future__ import annotations
 import configparser
 import dataclasses
 import inspect
+import itertools
 import re
 import shutil
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from exporter import config, wire
+from tests.promserver import running_daemon
 
 ROOT = Path(__file__).resolve().parent.parent
 UNIT = ROOT / "systemd" / "boundwatch.service"
@@ -186,3 +190,24 @@ def test_unit_only_uses_env_names_the_config_does_not_claim() -> None:
     assert exec_vars == ["ARGS"]
     assert all(not v.startswith(config.ENV_PREFIX) for v in exec_vars)
     assert dataclasses.is_dataclass(config.Config)
+
+
+@pytest.mark.timeout(120)
+def test_daemon_notifies_ready_and_pets_the_watchdog_well_within_watchdog_sec(tmp_path: Path) -> None:
+    """Send READY=1 and then WATCHDOG=1 at least every WatchdogSec/4 over NOTIFY_SOCKET, as Type=notify needs."""
+    watchdog_sec = int(_unit()["Service"]["WatchdogSec"].rstrip("s"))
+    notify_path = tmp_path / "notify.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(str(notify_path))
+        sock.settimeout(watchdog_sec / 4)
+        env = {"NOTIFY_SOCKET": str(notify_path), "WATCHDOG_USEC": str(watchdog_sec * 1_000_000)}
+        with running_daemon(tmp_path / "daemon", engine_pages=(), extra_env=env):
+            messages: list[tuple[float, str]] = []
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and sum(m == "WATCHDOG=1" for _, m in messages) < 5:
+                messages.append((time.monotonic(), sock.recv(4096).decode()))
+    kinds = [m for _, m in messages]
+    assert "READY=1" in kinds
+    pets = [t for t, m in messages if m == "WATCHDOG=1"]
+    assert len(pets) >= 5, kinds
+    assert max(b - a for a, b in itertools.pairwise(pets)) < watchdog_sec / 4

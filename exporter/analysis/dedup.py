@@ -56,7 +56,13 @@ def collapse_pid_series(
 
 
 def step_count(reading: EngineReading) -> StepCount | None:
-    """Return the cumulative step figure a reading supports, with how it was derived."""
+    """Return the cumulative step figure a reading supports, with how it was derived.
+
+    With several API servers `total` is the lower bound when there is one (the busiest server's
+    count, or count / N): it is exact whenever some API server had output in every step, which
+    holds on a busy engine, where every server has requests decoding. Without a lower bound it is
+    the upper bound, the raw count, which can be up to N times the truth.
+    """
     if reading.kind == "sglang":
         return (
             StepCount("forward_passes", reading.forward_passes)
@@ -69,10 +75,10 @@ def step_count(reading: EngineReading) -> StepCount | None:
     n = _servers(reading)
     if n == 1 and not reading.iteration_count_by_pid[1:]:
         return StepCount("iteration_count", count, lower=count, upper=count)
-    lower = max((c for _, c in reading.iteration_count_by_pid), default=0.0)
+    lower: float | None = max((c for _, c in reading.iteration_count_by_pid), default=None)
     if n:
-        lower = max(lower, count / n)
-    return StepCount("bounds", count, lower=lower, upper=count)
+        lower = max(lower or 0.0, count / n)
+    return StepCount("bounds", count if lower is None else min(lower, count), lower=lower, upper=count)
 
 
 def counter_delta(prev: float | None, cur: float | None) -> float | None:

@@ -20,7 +20,7 @@ class StepCount:
     method: "iteration_count" (vLLM's iteration_tokens_total_count with one API server: exact
     for steps that emitted output), "bounds" (several API servers: the truth lies in
     [lower, upper]), "forward_passes" (SGLang forward passes on tp_rank 0), "agent" (counted
-    inside the engine). `total` is the best single figure: exact, or the upper bound.
+    inside the engine). `total` is the best single figure (see analysis.dedup.step_count).
     """
 
     method: str

@@ -66,6 +66,8 @@ class EngineReading:
     api_servers: tuple[ProcessCpu, ...] = field(default=())  # sorted by server index
     cgroups: tuple[CgroupCpu, ...] = field(default=())
     gpus: tuple[int, ...] = field(default=())  # NVML indices this engine drives; () = all
+    pids: tuple[int, ...] = field(default=())  # the engine's processes on this host (never a label)
+    cuda_visible_devices: str | None = None  # as the engine's GPU processes were started with, if seen
     scrape_seconds: float | None = None
     error: str = ""  # why this tick's read failed ("" = it did not); figures are then None
 

@@ -68,6 +68,7 @@ class EngineTarget:
     engine_pids: tuple[int, ...] = ()  # root and every descendant (API servers, EngineCore, workers)
     api_server_count_cmdline: int | None = None
     multiproc_dir: str | None = None
+    cuda_visible_devices: str | None = None
     configured: bool = False
     extra: dict[str, str] = field(default_factory=dict)
 
@@ -327,11 +328,12 @@ def discover(proc_root: str) -> list[EngineTarget]:
             ((int(m.group(1)), d.pid) for d in desc if (m := API_SERVER_TITLE.match(d.title))),
         )
         asc = _flag(cmdline, "--api-server-count", "-asc")
-        mp_dir = None
+        mp_dir = cuda = None
         for pid in [pid for _, pid in servers] + [d.pid for d in desc] + [root]:
-            mp_dir = procs.read_environ(proc_root, pid).get(MULTIPROC_ENV)
-            if mp_dir:
-                break
+            env = procs.read_environ(proc_root, pid)
+            mp_dir = mp_dir or env.get(MULTIPROC_ENV)
+            if cuda is None and pid not in dict(servers).values():
+                cuda = env.get("CUDA_VISIBLE_DEVICES")
         if not servers and (kind == "sglang" or not asc or asc == "1"):
             server_pids: tuple[int, ...] = (root,)  # the main process serves HTTP itself
         else:
@@ -346,6 +348,7 @@ def discover(proc_root: str) -> list[EngineTarget]:
                 engine_pids=(root, *(d.pid for d in desc)),
                 api_server_count_cmdline=int(asc) if asc and asc.isdigit() else None,
                 multiproc_dir=mp_dir,
+                cuda_visible_devices=cuda,
             )
         )
     return targets
@@ -573,6 +576,8 @@ class EngineSource:
             api_server_count=count,
             api_server_count_source=how,
             cgroups=tuple(cgroups.values()),
+            pids=target.engine_pids,
+            cuda_visible_devices=target.cuda_visible_devices,
         )
         return replace(reading, steps=dedup.step_count(reading))
 

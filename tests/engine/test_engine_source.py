@@ -201,3 +201,40 @@ async def test_a_saturated_api_server_is_reported_within_two_ticks_and_an_idle_o
     assert snap.counters.get((SATURATED, (name, "1")), 0.0) == 0.0
     assert engine.running == 23.0  # the page the fake engine serves
     assert proc.poll() is None
+
+
+async def test_a_local_multiprocess_engine_is_read_from_its_files_with_processes_and_cgroups(tmp_path):
+    import shutil
+
+    import vllm_sim
+
+    proc_root = tmp_path / "proc"
+    shutil.copytree(PROC, proc_root)
+    mp_dir = tmp_path / "mp"
+    mp_dir.mkdir()
+    for pid in (4100, 4101, 4102, 4103, 4104, 4105):
+        (proc_root / str(pid) / "cgroup").write_text("0::/kubepods.slice/pod1/ctr\n")
+    for pid in (4101, 4102):
+        (proc_root / str(pid) / "environ").write_bytes(f"PROMETHEUS_MULTIPROC_DIR={mp_dir}\0".encode())
+    (proc_root / "4103" / "environ").write_bytes(b"CUDA_VISIBLE_DEVICES=2,3\0")
+    truth, _ = vllm_sim.run_engine(str(mp_dir), n_servers=2, steps=40, concurrency=8)
+    cfg = config()
+    source = EngineSource(
+        cfg, proc_root=str(proc_root), cgroup_root=str(HERE.parent / "fixtures" / "cgroup" / "v2")
+    )
+    try:
+        await source.read()
+        readings = {r.name: r for r in await source.read()}
+    finally:
+        await source.aclose()
+    v = readings["vllm:8001"]
+    assert (v.source, v.error) == ("multiproc_files", "")  # no request to the engine
+    assert v.iteration_count == truth.observations and v.generation_tokens_total == truth.generation_tokens
+    assert (v.api_server_count, v.api_server_count_source) == (2, "processes")
+    assert [s for s, _ in v.servers()] == ["0", "1"]
+    assert all(p.cpu == 0.0 for p in v.api_servers)  # the fixture's CPU counters did not move
+    assert [(c.path, c.quota_cores) for c in v.cgroups] == [("/kubepods.slice/pod1/ctr", 0.5)]
+    assert v.cuda_visible_devices == "2,3" and set(v.pids) == {4100, 4101, 4102, 4103, 4104, 4105}
+    assert v.steps is not None and v.steps.lower <= truth.steps_with_output <= v.steps.upper
+    # The other engines of the tree have no server behind their ports: read, failed, still listed.
+    assert readings["sglang:30001"].error and readings["vllm:8002"].error

@@ -24,7 +24,7 @@ run: $(STAMP)
 
 # Debian's prometheus (promtool, a real server) and alertmanager, for rule tests and scrape tests.
 system-deps:
-	@if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then \
+	@if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1 || ! command -v amtool >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null; \
 	  elif command -v sudo >/dev/null 2>&1; then \

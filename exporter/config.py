@@ -257,8 +257,8 @@ def env_updates(environ: Mapping[str, str]) -> dict[str, str]:
     for name, value in environ.items():
         if not name.startswith(ENV_PREFIX) or name in {"BOUNDWATCH_CONFIG", "BOUNDWATCH_AGENT"}:
             continue
-        if name.startswith("BOUNDWATCH_AGENT_"):  # the in-process agent's own variables
-            continue
+        if name.startswith("BOUNDWATCH_AGENT_") and not name.startswith("BOUNDWATCH_AGENT__"):
+            continue  # the in-process agent's own variables (BOUNDWATCH_AGENT_SOCKET, ...)
         key = name[len(ENV_PREFIX) :].lower().replace("__", ".")
         out[key] = value
     return out

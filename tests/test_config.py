@@ -64,3 +64,9 @@ def test_check_config_prints_the_effective_configuration(capsys, monkeypatch):
 def test_check_config_exits_2_on_a_bad_value(capsys):
     assert main(["--check-config", "--tick", "-1"]) == 2
     assert "tick_seconds" in capsys.readouterr().err
+
+
+def test_agent_section_is_read_from_the_environment_but_the_agents_own_variables_are_not():
+    env = {"BOUNDWATCH_AGENT__SOCKET": "/run/x/agent.sock", "BOUNDWATCH_AGENT_SAMPLING": "auto", "BOUNDWATCH_AGENT": "1"}
+    cfg = load(environ=env)
+    assert cfg.agent.socket == "/run/x/agent.sock"

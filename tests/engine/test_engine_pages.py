@@ -122,3 +122,23 @@ def test_sglang_ranks_other_than_tp0_are_not_counted_twice():
 def test_a_page_without_engine_metrics_is_an_error():
     with pytest.raises(ValueError, match="no vllm"):
         reading_from_page("# TYPE up gauge\nup 1\n")
+
+
+def test_sglang_multiprocess_files_and_page_agree_and_count_tp_rank_zero_once(tmp_path):
+    import vllm_sim
+    from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+
+    from exporter.sources.engine import reading_from_multiproc
+
+    vllm_sim.run_sglang(str(tmp_path), tp=2, dp=2)
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, str(tmp_path))
+    from_page = reading_from_page(generate_latest(registry).decode())
+    from_files = reading_from_multiproc(str(tmp_path))
+    for r in (from_page, from_files):
+        assert r.kind == "sglang"
+        assert (r.running, r.waiting) == (10 + 11, 0 + 3)  # DP ranks summed, TP rank 1 not counted again
+        assert r.forward_passes == 1000 + 2000
+        assert (r.prompt_tokens_total, r.generation_tokens_total) == (5000, 700)
+        assert r.kv_cache_usage == pytest.approx(0.35)
+        assert r.data_parallel_engines == 2

@@ -550,3 +550,60 @@ def run_engine(
             if p.is_alive():
                 p.terminate()
     return truth, [p.pid for p in servers if p.pid is not None]
+
+
+# --- SGLang --------------------------------------------------------------------------------
+
+
+def sglang_scheduler(mp_dir: str, tp_rank: int, dp_rank: int, running: int, queued: int, passes: int) -> None:
+    """Write what one SGLang scheduler (one TP rank of one DP rank) records, in multiprocess mode."""
+    use_multiproc_dir(mp_dir)
+    from prometheus_client import Counter, Gauge
+
+    labels = ["model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank", "dp_rank"]
+    lv = ("meta-llama/Llama-3.1-8B-Instruct", "unified", str(tp_rank), "0", "0", str(dp_rank))
+    Gauge(
+        "sglang:num_running_reqs", "The number of running requests.", labels, multiprocess_mode="mostrecent"
+    ).labels(*lv).set(running)
+    Gauge(
+        "sglang:num_queue_reqs",
+        "The number of requests in the waiting queue.",
+        labels,
+        multiprocess_mode="mostrecent",
+    ).labels(*lv).set(queued)
+    Gauge("sglang:token_usage", "The token usage.", labels, multiprocess_mode="mostrecent").labels(*lv).set(
+        0.25 + 0.1 * dp_rank
+    )
+    Counter("sglang:cuda_graph_passes", "Forward passes.", [*labels, "mode"]).labels(
+        *lv, "decode_cuda_graph"
+    ).inc(passes)
+
+
+def sglang_tokenizer(mp_dir: str, prompt: int, generation: int) -> None:
+    """Write what SGLang's tokenizer manager records, in multiprocess mode."""
+    use_multiproc_dir(mp_dir)
+    from prometheus_client import Counter
+
+    lv = ("meta-llama/Llama-3.1-8B-Instruct", "unified")
+    Counter(
+        "sglang:prompt_tokens", "Number of prefill tokens processed.", ["model_name", "engine_type"]
+    ).labels(*lv).inc(prompt)
+    Counter(
+        "sglang:generation_tokens", "Number of generation tokens processed.", ["model_name", "engine_type"]
+    ).labels(*lv).inc(generation)
+
+
+def run_sglang(mp_dir: str, tp: int = 2, dp: int = 2) -> None:
+    """Run tp x dp scheduler processes and one tokenizer process of a simulated SGLang engine."""
+    ctx = mp.get_context("spawn")
+    procs = [
+        ctx.Process(target=sglang_scheduler, args=(mp_dir, t, d, 10 + d, 3 * d, 1000 * (d + 1)))
+        for d in range(dp)
+        for t in range(tp)
+    ]
+    procs.append(ctx.Process(target=sglang_tokenizer, args=(mp_dir, 5000, 700)))
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0

@@ -52,6 +52,25 @@ QUOTA_CORES = 0.2
 H200_COPY_BYTES_PER_SECOND = 4.281e12  # torch copy_ on this H200 (shared/research/device-probe.md)
 
 
+# Scenarios during which `boundwatch diagnose` reads the daemon (from 3 s in), to show its report.
+DIAGNOSE = ("api_server_saturated", "cpu_quota_throttled", "eager_decode")
+
+
+def diagnose(url: str, seconds: float, env: dict[str, str], into: dict[str, str], name: str) -> None:
+    """Run `boundwatch diagnose --url` against the daemon and keep its report."""
+    time.sleep(3)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "exporter", "diagnose", "--url", url, "--seconds", f"{seconds:g}"],
+            capture_output=True, text=True, env=env, cwd=ROOT, timeout=seconds + 30,
+        )  # fmt: skip
+        into[name] = done.stdout + (
+            f"\n[rc={done.returncode}] {done.stderr[-500:]}" if done.returncode else ""
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        into[name] = f"failed: {exc}"
+
+
 def free_port() -> int:
     """Return a free loopback port."""
     with socket.socket() as s:
@@ -335,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         total = sum(sec for _, _, sec, _, _ in SCHEDULE) * args.scale
         watch = Watch(url, total + 1.0)
         segments: list[Segment] = []
+        reports: dict[str, str] = {}
         in_quota = False
         for name, mode, seconds, verdict, reason in SCHEDULE:
             seconds *= args.scale
@@ -352,6 +372,10 @@ def main(argv: list[str] | None = None) -> int:
             log(
                 f"scenario {name}: {mode} for {seconds:g} s (expect {verdict}{' ' + reason if reason else ''})"
             )
+            if name in DIAGNOSE and seconds > 8:
+                threading.Thread(
+                    target=diagnose, args=(url, seconds - 5, denv, reports, name), daemon=True
+                ).start()
             time.sleep(seconds)
             segments.append(Segment(name, verdict, reason, start, time.time()))
         if in_quota:
@@ -366,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         same = [q for q in agree if watch.metrics[q][0] == gpu0_verdict(snap_of(watch.snaps, q))]
         results.update(
             schedule=[s.__dict__ for s in segments],
+            diagnose=reports,
             quota={"mode": quota.mode, "detail": quota.detail, "cores": quota.cores},
             scores=rows,
             verdict_ticks=len(ticks),

@@ -97,7 +97,13 @@ def run_phase(
         (w0, m0), (w1, m1) = obs.marks
         ratios = busy_ratios(m0, m1, ctx["gpu_label"])
         lag = int(LAG_S * 1e9)
-        truth_cupti = union_ratio(np, s, e, w0 - lag, w1 - lag)  # the windows the counters took in
+        truth_cupti = union_ratio(np, s, e, w0 - lag, w1 - lag)  # about the windows the counters took in
+        span = counted_windows(
+            agent.windows_sent(), ctx["dev"], ratios.get("cupti"), m0, m1, ctx["gpu_label"]
+        )
+        if span is not None:  # exactly the windows the counters took in, found by their busy sum
+            truth_cupti = union_ratio(np, s, e, span[0], span[1])
+            out["cupti_windows_matched"] = True
         truth_now = union_ratio(np, s, e, w0, w1)  # NVML and GPM integrate in real time
         out["truth_cupti_span"] = truth_cupti
         out["truth"] = truth_now
@@ -109,6 +115,30 @@ def run_phase(
     else:
         out["pass"] = bool(errs) and max(abs(x) for x in errs) <= 0.01
     return out
+
+
+def counted_windows(
+    windows: list[Any],
+    dev: int,
+    cupti: dict[str, Any] | None,
+    m0: dict[Any, float],
+    m1: dict[Any, float],
+    gpu: str,
+) -> tuple[int, int] | None:
+    """Return the span of the run of agent windows whose busy sum equals the sidecar's counter delta."""
+    if cupti is None:
+        return None
+    lab = f'gpu="{gpu}",source="cupti"'
+    busy = m1[("boundwatch_gpu_busy_seconds_total", lab)] - m0.get(
+        ("boundwatch_gpu_busy_seconds_total", lab), 0
+    )
+    n = round(cupti["observed_s"] / 0.5)
+    ws = sorted((w for w in windows if w.dev == dev), key=lambda w: w.t0)
+    for i in range(len(ws) - n + 1):
+        run = ws[i : i + n]
+        if run[-1].t1 - run[0].t0 == n * 500_000_000 and abs(sum(w.busy for w in run) / 1e9 - busy) < 2e-6:
+            return run[0].t0, run[-1].t1
+    return None
 
 
 def eager_duty(torch: Any, duty: float, ctas: int, kernel_ms: float = 2.0) -> Any:
@@ -219,6 +249,9 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=19482)
     args = ap.parse_args()
     os.environ["BOUNDWATCH_AGENT_SOCKET"] = SOCK
+    os.environ["BOUNDWATCH_AGENT_SAMPLING"] = (
+        "off"  # accuracy of full collection; sampling is an overhead mode
+    )
     sidecar: Sidecar | None = Sidecar(SOCK, args.port, "/tmp/bwbench/sidecar.log")
     assert sidecar is not None
     sidecar_ok = sidecar.start()

@@ -5,7 +5,8 @@ Workloads, each in a fresh child process per configuration (CUPTI cannot be unlo
   a captured CUDA graph, with an eager 512-token prefill every 32 steps; sync per step like an engine.
 - launch-bound worst case: `x.add_(1.0)` on 256 floats for 3 s, sync every 1000 launches.
 Each iteration of both loops is timed, so the longest pause of the application thread is known.
-Configurations: none, default (sampling auto), full (sampling off), sampled (sampling on).
+Configurations: none; null (CUPTI on, records discarded: CUPTI's own cost); no_kernels (GRAPH_TRACE,
+memcpy, memset only); no_graph_trace (graph kernels as kernel records); default; full; sampled.
 
     python3 bench/agent_overhead.py --out bench/results/agent_overhead_h200.json
 """
@@ -25,6 +26,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = {
     "none": None,
     "default": {},
+    "null": {"BOUNDWATCH_AGENT_DECODE": "null"},  # CUPTI on, records thrown away: CUPTI's own cost
+    "no_kernels": {"BOUNDWATCH_AGENT_KERNELS": "off"},  # GRAPH_TRACE + memcpy/memset only
+    "no_graph_trace": {"BOUNDWATCH_AGENT_GRAPH_TRACE": "off"},  # graph kernels as kernel records
     "full": {"BOUNDWATCH_AGENT_SAMPLING": "off"},
     "sampled": {
         "BOUNDWATCH_AGENT_SAMPLING": "on",
@@ -193,6 +197,8 @@ def child(config: str, decode_s: float) -> dict[str, Any]:
             "flush_max_ms": st.flush_ns_max / 1e6,
             "loop_max_ms": st.loop_ns_max / 1e6,
             "toggles": st.toggles,
+            "requests": st.requests,
+            "null_bytes": st.null_bytes,
             "cupti_dropped": st.cupti_dropped,
             "layout_checked": st.layout_checked,
             "layout_mismatch": st.layout_mismatch,
@@ -210,7 +216,7 @@ def main() -> int:
     ap.add_argument("--out", default="bench/results/agent_overhead.json")
     ap.add_argument("--child", default=None)
     ap.add_argument("--decode-seconds", type=float, default=5.0)
-    ap.add_argument("--order", default="none,default,full,sampled,none,default")
+    ap.add_argument("--order", default="none,null,no_kernels,no_graph_trace,default,none,default")
     args = ap.parse_args()
     if args.child:
         print("RESULT " + json.dumps(child(args.child, args.decode_seconds)), flush=True)

@@ -87,6 +87,8 @@ def child(kind: str, seconds: float) -> dict[str, Any]:
         out["messages_sent"] = a.stats.messages_sent
         out["messages_dropped"] = a.stats.messages_dropped
         out["mode"] = a.mode
+        out["reattaches"] = a.stats.reattaches
+        out["final_state"] = a.state
     agent_mod.stop()
     return out
 

@@ -57,12 +57,14 @@ class Settings:
     socket: str = ""
     role: str = "generic"
     window_s: float = 0.5
-    flush_s: float = 0.25
+    flush_s: float = 0.5
     lag_s: float = 1.0
-    buffer_kib: int = 256
-    max_buffers: int = 64  # 16 MiB of host buffers at most
+    buffer_kib: int = 1024  # raw mode copies a buffer in ~0.1 ms; object mode needs <= 256 KiB
+    max_buffers: int = 32  # 32 MiB of host buffers at most
+    batch_mib: int = 4  # buffers decoded together (one numpy pass)
     max_queued_mib: float = 64.0
-    decode: str = "raw"  # raw (ctypes + numpy) | objects (cupti-python record objects)
+    decode: str = "raw"  # raw (ctypes + numpy) | objects (cupti-python record objects) | null (discard)
+    kernels: str = "on"  # off: never enable CONCURRENT_KERNEL (graphs, memcpy and memset only)
     graph_trace: str = "auto"  # auto: on only if CUDA is not initialised yet | on | off
     sampling: str = "auto"  # auto | on | off
     sample_above: float = 20000.0  # eager kernel records per second that turn auto sampling on
@@ -80,10 +82,11 @@ class Settings:
             socket=_env("SOCKET", "") or wire.default_agent_socket(),
             role=_env("ROLE", "generic"),
             window_s=_envf("WINDOW_S", 0.5),
-            flush_s=_envf("FLUSH_S", 0.25),
+            flush_s=_envf("FLUSH_S", 0.5),
             lag_s=_envf("LAG_S", 1.0),
-            buffer_kib=int(_envf("BUFFER_KIB", 256)),
-            max_buffers=int(_envf("MAX_BUFFERS", 64)),
+            buffer_kib=int(_envf("BUFFER_KIB", 1024)),
+            max_buffers=int(_envf("MAX_BUFFERS", 32)),
+            kernels=_env("KERNELS", "on"),
             decode=_env("DECODE", "raw"),
             graph_trace=_env("GRAPH_TRACE", "auto"),
             sampling=_env("SAMPLING", "auto"),
@@ -120,6 +123,9 @@ class Stats:
     layout_checked: int = 0
     layout_mismatch: int = 0
     toggles: int = 0
+    requests: int = 0
+    null_bytes: int = 0
+    reattaches: int = 0
     per_kind: dict[str, int] = field(default_factory=dict)
 
 
@@ -193,6 +199,8 @@ class Agent:
         self._paused = False
         self._last_rate = 0.0
         self._rate_known = False
+        self._reattach_due: float | None = None
+        self._liveness: list[Any] | None = None
 
     def windows_sent(self) -> list[wire.Window]:
         """Return a copy of the windows sent so far (bounded log, for benchmarks and tests)."""
@@ -253,7 +261,9 @@ class Agent:
         s = self.settings
         self._graph_trace = s.graph_trace == "on" or (s.graph_trace == "auto" and not cuda_initialized())
         self._register()
-        kinds = [KIND_CONCURRENT_KERNEL, KIND_MEMCPY, KIND_MEMSET]
+        kinds = [KIND_MEMCPY, KIND_MEMSET]
+        if s.kernels != "off":
+            kinds.insert(0, KIND_CONCURRENT_KERNEL)
         if self._graph_trace:
             kinds.insert(0, KIND_GRAPH_TRACE)  # before any graph is captured, or never
         for kind in kinds:
@@ -261,8 +271,12 @@ class Agent:
             self._enabled.append(kind)
         self._start_ns = self._lib.timestamp()
         self._spans = [[self._start_ns, None]]
-        self._kernel_on = True
-        self.mode = f"{s.decode}{'+graph_trace' if self._graph_trace else ''}"
+        self._kernel_on = s.kernels != "off"
+        self.mode = (
+            s.decode
+            + ("+graph_trace" if self._graph_trace else "")
+            + ("+no_kernels" if s.kernels == "off" else "")
+        )
 
     def _register(self) -> None:
         s = self.settings
@@ -331,28 +345,52 @@ class Agent:
             self._close_span(self._lib.timestamp())
 
     def reattach(self) -> None:
-        """Take CUPTI back after the other client is done: callbacks and kinds again (GRAPH_TRACE untouched)."""
+        """Schedule taking CUPTI back now the other client is done (the agent's thread does it)."""
         if self.state != "preempted" or self._lib is None:
             return
-        with self._lock:
-            try:
-                if self._pool is not None:
-                    self._pool.forget_outstanding()
-                self._register()
-                for kind in (KIND_CONCURRENT_KERNEL, KIND_MEMCPY, KIND_MEMSET):
-                    self._cupti.activity_enable(kind)
-            except Exception as exc:
-                self.detail = f"re-attach failed: {type(exc).__name__}: {exc}"[:400]
-                return
-            now = self._lib.timestamp()
-            self._open_span(now)
-            self.state = "running"
-            self.detail = ""
-            self._paused = False
+        # kineto may finalize CUPTI at the next CUDA call after the profiler stops, which wipes a
+        # registration made before it: re-register shortly after, and again while nothing arrives.
+        self._reattach_due = time.monotonic() + 0.3
+        self._liveness = None
+
+    def _register_and_enable(self) -> bool:
+        try:
+            self._register()
+            kinds = [KIND_MEMCPY, KIND_MEMSET]
+            if self.settings.kernels != "off" and (self._kernel_on or self.state == "preempted"):
+                kinds.insert(0, KIND_CONCURRENT_KERNEL)
+            for kind in kinds:  # never GRAPH_TRACE: graphs captured without it would crash on replay
+                self._cupti.activity_enable(kind)
+        except Exception as exc:
+            self.detail = f"re-attach failed: {type(exc).__name__}: {exc}"[:400]
+            return False
+        self.stats.reattaches += 1
+        return True
+
+    def _maybe_reattach(self) -> None:
+        """Run with the lock held on the agent's thread: re-attach when due, check that records flow."""
+        assert self._lib is not None
+        mono = time.monotonic()
+        if self.state == "preempted" and self._reattach_due is not None and mono >= self._reattach_due:
+            if self._pool is not None:
+                self._pool.forget_outstanding()
+            if self._register_and_enable():
+                self._reattach_due = None
+                self._open_span(self._lib.timestamp())
+                self.state, self.detail, self._paused = "running", "", False
+                self._liveness = [mono + 1.0, self.stats.requests, 1]
+            else:
+                self._reattach_due = mono + 2.0
+        elif self.state == "running" and self._liveness is not None and mono >= self._liveness[0]:
+            _, requests, tries = self._liveness
+            if self.stats.requests == requests:  # nothing asked for a buffer: maybe finalized under us
+                self._register_and_enable()
+            self._liveness = [mono + 2.0**tries, self.stats.requests, tries + 1] if tries < 5 else None
 
     # --- CUPTI callbacks (CUPTI's thread) ------------------------------------------------------
 
     def _raw_requested(self, buf: Any, size: Any, max_records: Any) -> None:
+        self.stats.requests += 1
         pool = self._pool
         ptr = pool.take() if pool is not None else 0
         buf[0] = ptr or None
@@ -366,7 +404,9 @@ class Agent:
                 self.stats.foreign_buffers += 1
                 return
             try:
-                if valid:
+                if valid and self.settings.decode == "null":
+                    self.stats.null_bytes += valid
+                elif valid:
                     data = ctypes.string_at(ptr, valid)
                     offsets = None
                     if self._use_cupti_walk or self._verify_left > 0:
@@ -435,6 +475,8 @@ class Agent:
 
     def _tick(self) -> None:
         with self._lock:
+            if self._lib is not None and (self._reattach_due is not None or self._liveness is not None):
+                self._maybe_reattach()
             if self.state == "running" and self._lib is not None and not self._paused and self._enabled:
                 t = time.perf_counter_ns()
                 self._lib.flush()
@@ -448,65 +490,93 @@ class Agent:
         self._send(windows)
 
     def _drain(self, budget_ns: int | None) -> None:
-        """Decode queued buffers, yielding the GIL between buffers so the app never waits long."""
+        """Decode queued buffers in batches of up to `batch_mib`: few numpy calls, few GIL hand-overs."""
+        t_slice = time.perf_counter_ns()
+        while self._queue:
+            self._drain_batch()
+            time.sleep(0)  # let the application thread take the GIL between batches
+            if budget_ns is not None and time.perf_counter_ns() - t_slice > budget_ns:
+                break
+
+    def _drain_batch(self) -> None:
+        import numpy as np
+
+        t = time.perf_counter_ns()
+        bufs: list[bytes] = []
+        offs: list[Any] = []
+        rows: list[tuple[int, ...]] = []
+        size = 0
+        limit = self.settings.batch_mib * 1024 * 1024
+        while self._queue and size < limit:
+            item = self._queue.popleft()
+            self.stats.buffers += 1
+            if isinstance(item, list):
+                self._queued_bytes -= 32 * len(item)
+                rows.extend(item)
+                size += 32 * len(item)
+                continue
+            data, cupti_offsets = item
+            self._queued_bytes -= len(data)
+            offsets = walk(data) if not self._use_cupti_walk else np.asarray(cupti_offsets, dtype=np.int64)
+            if cupti_offsets is not None and self._verify_left > 0:
+                self._verify_left -= 1
+                self.stats.layout_checked += 1
+                if offsets is None or offsets.tolist() != cupti_offsets:
+                    self.stats.layout_mismatch += 1
+                    self._use_cupti_walk = True
+                    offsets = np.asarray(cupti_offsets, dtype=np.int64)
+            if offsets is None:
+                self._use_cupti_walk = True  # unknown record kind: let CUPTI walk from now on
+                continue
+            offs.append(offsets + size)
+            bufs.append(data)
+            size += len(data)
+        parts = []
+        if bufs:
+            d = decode(bufs[0] if len(bufs) == 1 else b"".join(bufs), np.concatenate(offs))
+            self.stats.incomplete += d.incomplete
+            parts.append((d.code, d.dev, d.start, d.end))
+        if rows:
+            arr = np.asarray(rows, dtype=np.int64)
+            code, dev, start, end = arr[:, 0].astype(np.int8), arr[:, 1], arr[:, 2], arr[:, 3]
+            ok = (start > 0) & (end >= start)
+            self.stats.incomplete += int((~ok).sum())
+            parts.append((code[ok], dev[ok], start[ok], end[ok]))
+        for code, dev, start, end in parts:
+            self._add(code, dev, start, end)
+        dt = time.perf_counter_ns() - t
+        self.stats.decode_ns_total += dt
+        self.stats.decode_ns_max = max(self.stats.decode_ns_max, dt)
+
+    def _add(self, code: Any, dev: Any, start: Any, end: Any) -> None:
         import numpy as np
 
         from exporter.agent.windows import DeviceWindows
 
-        slice_start = time.perf_counter_ns()
-        while self._queue:
-            item = self._queue.popleft()
-            t = time.perf_counter_ns()
-            if isinstance(item, list):
-                self._queued_bytes -= 32 * len(item)
-                if not item:
-                    continue
-                arr = np.asarray(item, dtype=np.int64)
-                code, dev, start, end = arr[:, 0].astype(np.int8), arr[:, 1], arr[:, 2], arr[:, 3]
-                ok = (start > 0) & (end >= start)
-                self.stats.incomplete += int((~ok).sum())
-                code, dev, start, end = code[ok], dev[ok], start[ok], end[ok]
+        if not code.size:
+            return
+        trim = self.settings.kernel_trim_ns
+        if trim:
+            kern = (code == 0) | (code == 4)
+            end = np.where(kern, np.maximum(start, end - trim), end)
+        self.stats.records += int(code.size)
+        first = int(dev[0])
+        devs = [first] if bool((dev == first).all()) else np.unique(dev).tolist()
+        for dv in devs:
+            w = self._windows.get(dv)
+            if w is None:
+                w = DeviceWindows(
+                    window_ns=int(self.settings.window_s * 1e9),
+                    lag_ns=int(self.settings.lag_s * 1e9),
+                    start_ns=self._start_ns,
+                )
+                self._windows[dv] = w
+                self._uuids[dv] = gpu_uuid(int(dv))
+            if len(devs) == 1:
+                w.add(start, end, code)
             else:
-                data, cupti_offsets = item
-                self._queued_bytes -= len(data)
-                offsets = walk(data) if not self._use_cupti_walk else cupti_offsets
-                if cupti_offsets is not None and self._verify_left > 0:
-                    self._verify_left -= 1
-                    self.stats.layout_checked += 1
-                    if offsets != cupti_offsets:
-                        self.stats.layout_mismatch += 1
-                        self._use_cupti_walk = True
-                        offsets = cupti_offsets
-                if offsets is None:
-                    self._use_cupti_walk = True  # unknown record kind: let CUPTI walk from now on
-                    continue
-                d = decode(data, offsets)
-                self.stats.incomplete += d.incomplete
-                code, dev, start, end = d.code, d.dev, d.start, d.end
-            trim = self.settings.kernel_trim_ns
-            if trim and code.size:
-                kern = (code == 0) | (code == 4)
-                end = np.where(kern, np.maximum(start, end - trim), end)
-            self.stats.buffers += 1
-            self.stats.records += int(code.size)
-            for dv in np.unique(dev).tolist() if dev.size else []:
                 m = dev == dv
-                w = self._windows.get(dv)
-                if w is None:
-                    w = DeviceWindows(
-                        window_ns=int(self.settings.window_s * 1e9),
-                        lag_ns=int(self.settings.lag_s * 1e9),
-                        start_ns=self._start_ns,
-                    )
-                    self._windows[dv] = w
-                    self._uuids[dv] = gpu_uuid(int(dv))
                 w.add(start[m], end[m], code[m])
-            dt = time.perf_counter_ns() - t
-            self.stats.decode_ns_total += dt
-            self.stats.decode_ns_max = max(self.stats.decode_ns_max, dt)
-            time.sleep(0)  # let the application thread take the GIL between buffers
-            if budget_ns is not None and time.perf_counter_ns() - slice_start > budget_ns:
-                break
 
     def _close_span(self, now: int) -> None:
         if self._spans and self._spans[-1][1] is None:
@@ -529,7 +599,7 @@ class Agent:
     def _sample(self, now: int) -> None:
         """Duty-cycle kernel records when the eager kernel rate is high (GRAPH_TRACE keeps graphs)."""
         s = self.settings
-        if s.sampling == "off" or self._cupti is None:
+        if s.sampling == "off" or self._cupti is None or s.kernels == "off":
             return
         if not self._sampling_active:
             if s.sampling == "on" or self._eager_rate() > s.sample_above:

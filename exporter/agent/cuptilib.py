@@ -12,6 +12,7 @@ import ctypes
 import importlib.metadata
 import os
 import struct
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -157,25 +158,34 @@ class Library:
             out.append(rec.value - ptr)
 
 
-def walk(buf: bytes) -> list[int] | None:
-    """Return the record offsets of a raw buffer from the known record sizes, or None on an unknown kind."""
+def walk(buf: bytes, pause_every: int = 4096) -> np.ndarray | None:
+    """Return the record offsets of a raw buffer from the known record sizes, or None on an unknown kind.
+
+    A buffer of kernel records only is walked with numpy; a mixed one in Python, pausing (releasing
+    the GIL) every `pause_every` records so the application's thread never waits long.
+    """
     n = len(buf)
     size = RECORD_SIZE[KIND_CONCURRENT_KERNEL]
     if n % size == 0 and n:
         kinds = np.frombuffer(buf, dtype="<u4")[:: size // 4]
         if bool((kinds == KIND_CONCURRENT_KERNEL).all()):
-            return list(range(0, n, size))
+            return np.arange(0, n, size, dtype=np.int64)
     offsets: list[int] = []
     off = 0
     unpack = struct.Struct("<I").unpack_from
     sizes = RECORD_SIZE
+    count = 0
     while off < n:
         s = sizes.get(unpack(buf, off)[0])
         if s is None:
             return None
         offsets.append(off)
         off += s
-    return offsets if off == n else None
+        count += 1
+        if count == pause_every:
+            count = 0
+            time.sleep(0)
+    return np.asarray(offsets, dtype=np.int64) if off == n else None
 
 
 @dataclass
@@ -189,7 +199,7 @@ class Decoded:
     incomplete: int = 0  # records without both timestamps
 
 
-def decode(buf: bytes, offsets: list[int]) -> Decoded:
+def decode(buf: bytes, offsets: np.ndarray | list[int]) -> Decoded:
     """Return the start, end, device and kind of every record at the given offsets."""
     if len(buf) % 8:
         buf = buf + b"\0" * (8 - len(buf) % 8)

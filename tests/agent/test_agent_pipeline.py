@@ -94,3 +94,34 @@ def test_windows_outside_collection_spans_are_not_reported(tmp_path: Path) -> No
     got = [(w.t0 - T0) // MS for w in a._close_windows(T0 + 4000 * MS)]
     rx.close()
     assert got == [0, 2000, 2500]  # [0.5, 1.0) and [1.0, 1.5) and [1.5, 2.0) fall in the pause
+
+
+def test_buffers_of_two_devices_decode_in_one_batch(tmp_path: Path) -> None:
+    a, rx = make_agent(tmp_path)
+    a._uuids[1] = "GPU-00000000-0000-0000-0000-000000000001"
+    b0 = b"".join(kernel(T0 + 500 * MS + i * MS, T0 + 500 * MS + i * MS + 250_000, dev=0) for i in range(100))
+    b1 = b"".join(kernel(T0 + 500 * MS + i * MS, T0 + 500 * MS + i * MS + 500_000, dev=1) for i in range(100))
+    mixed = graph(T0 + 700 * MS, T0 + 710 * MS, dev=1) + kernel(T0 + 800 * MS, T0 + 801 * MS, dev=0)
+    for b in (b0, b1, mixed):
+        a._enqueue((b, None), len(b))
+    a._drain(budget_ns=None)
+    got = {w.dev: w for w in a._close_windows(T0 + 2000 * MS) if w.t0 == T0 + 500 * MS}
+    rx.close()
+    assert got[0].busy == 100 * 250_000 + MS and got[0].kernels == 101
+    assert got[1].busy == 100 * 500_000 + 10 * MS
+    assert got[1].graphs == 1 and got[1].graph_busy == 10 * MS
+
+
+def test_objects_mode_rows_reach_the_same_windows(tmp_path: Path) -> None:
+    a, rx = make_agent(tmp_path)
+    rows = [
+        (0, 0, T0 + 500 * MS, T0 + 519 * MS),
+        (3, 0, T0 + 600 * MS, T0 + 619 * MS),
+        (1, 0, T0 + 700 * MS, 0),
+    ]
+    a._enqueue(rows, 32 * len(rows))
+    a._drain(budget_ns=None)
+    (w,) = [w for w in a._close_windows(T0 + 2000 * MS) if w.t0 == T0 + 500 * MS]
+    rx.close()
+    assert (w.busy, w.graph_busy, w.kernels, w.graphs) == (38 * MS, 19 * MS, 1, 1)
+    assert a.stats.incomplete == 1

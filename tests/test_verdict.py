@@ -335,7 +335,8 @@ def test_roofline_floor_and_achieved_ratio() -> None:
 
 def test_roofline_uses_the_probe_bandwidth() -> None:
     snaps = series(Scene(busy=0.97, running=64, step_ms=25, step_gpu_ms=24), 2.0)
-    snaps = [dataclasses.replace(s, probe={"hbm_bandwidth_bytes_per_second": 4.2e12}) for s in snaps]
+    probe = {"0": {"hbm_bandwidth_bytes_per_second": 4.2e12, "success": 1.0}}  # the probe's Snapshot.probe
+    snaps = [dataclasses.replace(s, probe=probe) for s in snaps]
     cfg = Config(roofline=RooflineConfig(weight_bytes_per_step=84e9))
     got = last_verdict(snaps, cfg)
     assert got.get("roofline_floor_seconds") == pytest.approx(0.02)

@@ -221,9 +221,19 @@ def _step_matches(engine: str, names: set[str]) -> bool:
 
 
 def _probe_bandwidth(snap: Snapshot, gpu: int) -> float | None:
-    value = snap.probe.get("hbm_bandwidth_bytes_per_second") if snap.probe else None
-    if isinstance(value, Mapping):
-        value = value.get(gpu, value.get(str(gpu)))
+    """Return the probe's HBM bandwidth for a GPU (Snapshot.probe: {"0": {"hbm_bandwidth_bytes_per_second": ...}}).
+
+    The probe measures a copy (bytes read plus written per second), which is also what a stream
+    of weight reads reaches.
+    """
+    if not snap.probe:
+        return None
+    entry = snap.probe.get(str(gpu), snap.probe.get(gpu))  # type: ignore[call-overload]
+    value = entry.get("hbm_bandwidth_bytes_per_second") if isinstance(entry, Mapping) else None
+    if value is None:
+        value = snap.probe.get("hbm_bandwidth_bytes_per_second")
+        if isinstance(value, Mapping):
+            value = value.get(str(gpu), value.get(gpu))
     return float(value) if isinstance(value, int | float) and value > 0 else None
 
 

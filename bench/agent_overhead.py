@@ -132,6 +132,7 @@ def child(config: str, decode_s: float) -> dict[str, Any]:
 
     def run_decode(seconds: float) -> dict[str, Any]:
         it = array("q")
+        ev: list[Any] = []
         steps = 0
         t_end = time.perf_counter() + seconds
         t0 = time.perf_counter()
@@ -141,7 +142,14 @@ def child(config: str, decode_s: float) -> dict[str, Any]:
             if with_prefill:
                 prefill(prompt)
             pos.fill_(steps % T)
+            timed = steps % 8 == 1 and len(ev) < 400
+            if timed:
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
             g.replay()
+            if timed:
+                e1.record()
+                ev.append((e0, e1))
             torch.cuda.synchronize()
             steps += 1
             now = time.perf_counter_ns()
@@ -149,7 +157,14 @@ def child(config: str, decode_s: float) -> dict[str, Any]:
                 it.append(now - last)
             last = now
         el = time.perf_counter() - t0
-        return {"steps": steps, "steps_per_s": steps / el, "tokens_per_s": steps * B / el, "iter": pauses(it)}
+        gpu_ms = sorted(a.elapsed_time(b) for a, b in ev)
+        return {
+            "steps": steps,
+            "steps_per_s": steps / el,
+            "tokens_per_s": steps * B / el,
+            "graph_gpu_ms_median": gpu_ms[len(gpu_ms) // 2] if gpu_ms else None,
+            "iter": pauses(it),
+        }
 
     def run_launch_bound(seconds: float) -> dict[str, Any]:
         x = torch.zeros(256, device=dev)
@@ -261,6 +276,8 @@ def main() -> int:
                 "launch_bound_per_s": lb,
                 "launch_bound_ratio": lb / bl,
                 "added_us_per_launch": (1 / lb - 1 / bl) * 1e6,
+                "graph_gpu_ms": sum(r["decode"].get("graph_gpu_ms_median") or 0 for r in rs) / len(rs),
+                "decode_step_median_us": sum(r["decode"]["iter"]["median_us"] for r in rs) / len(rs),
                 "max_pause_ms": max(
                     max(r["decode"]["iter"]["max_ms"], r["launch_bound"]["iter"]["max_ms"]) for r in rs
                 ),
@@ -272,11 +289,14 @@ def main() -> int:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as fh:
         json.dump(result, fh, indent=2)
-    print("\nconfig    decode tok/s  ratio   launch/s  ratio  +us/launch  max pause ms  iters>1ms")
+    print(
+        "\nconfig          decode tok/s ratio step-us graph-gpu-ms  launch/s ratio +us/launch max-pause-ms >1ms"
+    )
     for cfg, s in summary.items():
         print(
-            f"{cfg:8s} {s['decode_tokens_per_s']:12.0f} {s['decode_ratio']:6.3f} {s['launch_bound_per_s']:10.0f}"
-            f" {s['launch_bound_ratio']:6.3f} {s['added_us_per_launch']:10.2f} {s['max_pause_ms']:12.2f} {s['iterations_over_1ms']:9d}"
+            f"{cfg:15s} {s['decode_tokens_per_s']:11.0f} {s['decode_ratio']:5.3f} {s['decode_step_median_us']:7.1f}"
+            f" {s['graph_gpu_ms']:12.4f} {s['launch_bound_per_s']:9.0f} {s['launch_bound_ratio']:5.3f}"
+            f" {s['added_us_per_launch']:10.2f} {s['max_pause_ms']:12.2f} {s['iterations_over_1ms']:4d}"
         )
     return 0
 

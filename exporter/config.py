@@ -66,7 +66,7 @@ class AgentFeedConfig:
 
 @dataclass(frozen=True)
 class VerdictConfig:
-    """Thresholds of the host-bound / GPU-bound classifier (see exporter/analysis/verdict.py).
+    """Thresholds of the host-bound / GPU-bound classifier (docs/verdict.md, exporter/analysis/verdict.py).
 
     Timing: at 0.5 s ticks the busy share of the latest tick (GPM/NVML, measured with the engine
     queue) and a 2-tick hold make a change of load show within 0.5-1.4 s; reasons use 1.5 s.

@@ -91,6 +91,18 @@ def test_replay_prints_the_report_of_a_recording(tmp_path, capsys) -> None:
     assert rep["gpus"][0]["reasons"][0] == "api_server_saturated"
 
 
+def test_replay_reads_a_gzipped_recording(tmp_path, capsys) -> None:
+    import gzip
+
+    path = tmp_path / "seed.jsonl.gz"
+    with gzip.open(path, "wt") as fh:
+        fh.write(codec.header(tick_seconds=0.5) + "\n")
+        for s in series(Scene(busy=0.97), 3.0):
+            fh.write(codec.dumps(s) + "\n")
+    assert main(["replay", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["gpus"][0]["verdict"] == "gpu"
+
+
 def test_replay_uses_this_hosts_thresholds(tmp_path, capsys) -> None:
     path = tmp_path / "seed.jsonl"
     write_recording(path, series(Scene(**SEED, api_cpu=0.99), 6.0))

@@ -15,7 +15,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     from exporter.commands.diagnose import add_config_flags_after
 
     p = subparsers.add_parser("replay", help=HELP, description=__doc__)
-    p.add_argument("file", metavar="FILE", help="a recording ('-' for stdin)")
+    p.add_argument("file", metavar="FILE", help="a recording, optionally gzipped ('-' for stdin)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument(
         "--verdicts",
@@ -36,7 +36,14 @@ def run(args: argparse.Namespace) -> int:
     from exporter.snapshot import codec
 
     try:
-        fh = sys.stdin if args.file == "-" else open(args.file, encoding="utf-8")
+        if args.file == "-":
+            fh: Any = sys.stdin
+        elif args.file.endswith(".gz"):
+            import gzip
+
+            fh = gzip.open(args.file, "rt", encoding="utf-8")
+        else:
+            fh = open(args.file, encoding="utf-8")
     except OSError as exc:
         print(f"replay: {exc}", file=sys.stderr)
         return 2

@@ -162,6 +162,15 @@ def test_admission_stalled_needs_a_batch_limit() -> None:
     assert got.reasons == ("admission_stalled",)
 
 
+def test_one_descheduled_tick_does_not_hide_a_saturated_api_server() -> None:
+    rec = Recorder()
+    rec.run(Scene(**SEED, api_cpu=0.98), 3.0)
+    rec.tick(Scene(**SEED, api_cpu=0.65))  # a neighbour took the core for a moment
+    rec.tick(Scene(**SEED, api_cpu=0.97))
+    for n in range(len(rec.snaps) - 2, len(rec.snaps) + 1):
+        assert "api_server_saturated" in last_verdict(rec.snaps[:n]).reasons
+
+
 def test_throttling_is_a_delta_not_the_cumulative_count() -> None:
     rec = Recorder()
     rec.run(Scene(busy=0.3, running=100, api_cpu=0.5, quota_cores=1.0, throttled_share=0.9), 5.0)

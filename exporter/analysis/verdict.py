@@ -150,6 +150,15 @@ def _weighted_mean(pairs: Sequence[tuple[float, float]]) -> float | None:
     return sum(v * w for v, w in pairs) / total
 
 
+def _median(pairs: Sequence[tuple[float, float]]) -> float | None:
+    """Return the median of the values of (value, weight) pairs (weights ignored)."""
+    values = sorted(v for v, _ in pairs)
+    if not values:
+        return None
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
 def drives(engine: EngineReading, gpu: int) -> bool:
     """Say whether an engine drives a GPU (an engine that does not say drives all)."""
     return not engine.gpus or gpu in engine.gpus
@@ -283,7 +292,9 @@ def gather(
         f["max_batch"] = max_batch
         f["generation_tokens_per_second"] = _counter_rate(win, gpu, "generation_tokens_total")
         f["prompt_tokens_per_second"] = _counter_rate(win, gpu, "prompt_tokens_total")
-        # API servers: mean busiest-thread CPU per server (by pid), then the busiest server.
+        # API servers: busiest-thread CPU per server (by pid), then the busiest server. The window
+        # takes the median tick, so one tick descheduled by a neighbour does not hide a saturated
+        # thread; over a whole run (`whole`) the mean.
         per_server: dict[int, list[tuple[float, float, float]]] = {}
         for s, es in good:
             for e in es:
@@ -292,10 +303,11 @@ def gather(
                         per_server.setdefault(p.pid, []).append((p.busiest_thread.cpu, p.cpu, s.dt))
         f["api_servers"] = len({p.pid for e in es_last for p in e.api_servers}) or len(per_server)
         if per_server:
+            stat = _weighted_mean if whole else _median
             means = {
                 pid: (
-                    _weighted_mean([(t, w) for t, _, w in rows]) or 0.0,
-                    _weighted_mean([(c, w) for _, c, w in rows]) or 0.0,
+                    stat([(t, w) for t, _, w in rows]) or 0.0,
+                    stat([(c, w) for _, c, w in rows]) or 0.0,
                 )
                 for pid, rows in per_server.items()
             }

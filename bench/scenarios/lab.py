@@ -410,6 +410,11 @@ def main(argv: list[str] | None = None) -> int:
             api.stdin.write("stop\n")
             api.stdin.flush()
         api.wait(20)
+    except Exception as exc:
+        import traceback
+
+        results["error"] = "".join(traceback.format_exception(exc))[-4000:]
+        log(f"failed: {exc!r}")
     finally:
         for proc in reversed(procs):
             if proc.poll() is None:
@@ -424,7 +429,8 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.copy(work / name, out / f"scenarios-{name}")
     (out / "scenarios.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
     print(table(results))
-    return 0 if results["passed"]["every_scenario_right"] and results["passed"]["every_switch_in_time"] else 1
+    ok = results.get("passed", {})
+    return 0 if ok.get("every_scenario_right") and ok.get("every_switch_in_time") else 1
 
 
 def gpu0_verdict(snap: Snapshot) -> str | None:

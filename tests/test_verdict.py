@@ -171,6 +171,15 @@ def test_one_descheduled_tick_does_not_hide_a_saturated_api_server() -> None:
         assert "api_server_saturated" in last_verdict(rec.snaps[:n]).reasons
 
 
+def test_a_process_moved_into_a_throttled_cgroup_shows_on_its_second_tick() -> None:
+    rec = Recorder()
+    rec.run(Scene(**SEED, api_cpu=0.5), 3.0)  # no quota: no cgroup listed
+    rec.tick(Scene(**SEED, api_cpu=0.2, quota_cores=0.2, throttled_share=1.0))
+    assert "cpu_quota_throttled" not in last_verdict(rec.snaps).reasons  # one reading: no delta yet
+    rec.tick(Scene(**SEED, api_cpu=0.2, quota_cores=0.2, throttled_share=1.0))
+    assert last_verdict(rec.snaps).reasons[0] == "cpu_quota_throttled"
+
+
 def test_throttling_is_a_delta_not_the_cumulative_count() -> None:
     rec = Recorder()
     rec.run(Scene(busy=0.3, running=100, api_cpu=0.5, quota_cores=1.0, throttled_share=0.9), 5.0)

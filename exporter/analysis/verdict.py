@@ -7,9 +7,10 @@ Two steps, both pure:
   decision needs is missing. Between the two thresholds the previous verdict stays (a band of
   hysteresis on the busy share itself: a GPU at 78% busy that was GPU-bound stays GPU-bound, one
   that was host-bound stays host-bound); with no previous gpu/host verdict the midpoint decides.
-- `hold(raw, prev, cfg)` reports a changed verdict only once the new one has been the window's
-  classification `hold_ticks` ticks in a row, so one odd tick (a GC pause, a slow scrape) does
-  not flap the gauge.
+- `hold(raw, prev, cfg)` reports a change only once `hold_ticks` ticks in a row disagreed with
+  the reported verdict (the tick that straddles a change counts when its busy share leans to the
+  new side of the band's midpoint), so one odd tick (a GC pause, a slow scrape) does not flap
+  the gauge and a load hovering inside the band never flips.
 
 Timing. The engine's queue is read at the tick, so the busy share must be of the same tick:
 by default (`busy_source = "fresh"`) the verdict takes NVML GPM GRAPHICS_UTIL (else
@@ -17,9 +18,9 @@ utilization.gpu) of the latest tick (`busy_window_seconds`, 0.5 s), and CUPTI on
 is missing. The CUPTI figure is exact but 1-2 s late (an agent window closes once older than its
 flush lag); thresholding it against a live queue would show "host" for the first second of every
 load. CUPTI still feeds the evidence: graph share, idle gaps, step GPU time, host-bound seconds.
-With a 2-tick hold (counting the tick that straddles the change when it leans to the new
-side) a step change in load shows in the reported verdict 0.5-1.4 s after it happens. Reasons are rates and shares over `window_seconds` (1.5 s), so they are steady, and
-right again within 2 s of a change (CUPTI-based ones a little later).
+With a 2-tick hold a step change in load shows in the reported verdict 0.5-1.4 s after it
+happens. Reasons are rates and shares over `window_seconds` (1.5 s), so they are steady, and
+right again within 2 s of a change (CUPTI-based ones take the newest agent window, 1-2 s late).
 
 Engines without an agent, agents without an engine: see `evaluate`. The integrated counters
 (time per verdict, host-bound seconds) are in `accumulate`.
@@ -35,6 +36,7 @@ from exporter.analysis.increments import Increments
 from exporter.config import Config, RooflineConfig, VerdictConfig
 from exporter.snapshot import Snapshot
 from exporter.snapshot.engine import EngineReading
+from exporter.snapshot.host import CgroupCpu
 from exporter.snapshot.verdict import HOST_REASONS, Evidence, Verdict
 
 # Ticks may jitter; a snapshot this share of a tick older than the window edge still counts as inside.
@@ -56,8 +58,8 @@ class Facts:
     running_growth_per_second: float | None = None
     max_batch: int | None = None
     api_servers: int = 0
-    api_server_thread_cpu: float | None = None  # busiest thread of the busiest server, cores (mean)
-    api_server_process_cpu: float | None = None  # that server, all threads, cores (mean)
+    api_server_thread_cpu: float | None = None  # busiest thread of the busiest server, cores (median tick)
+    api_server_process_cpu: float | None = None  # that server, all threads, cores (median tick)
     quota_cores: float | None = None  # smallest quota among the engine's cgroups
     throttled_share: float | None = None  # throttled periods over periods, the most throttled cgroup
     throttled_seconds_per_second: float | None = None
@@ -391,28 +393,36 @@ def gather(
 
 
 def _throttling(win: Sequence[Snapshot], gpu: int) -> dict[str, float]:
-    """Return the quota and the throttled share of the engine's cgroups over the window (the worst)."""
+    """Return the quota and the throttled share of the engine's cgroups over the window (the worst).
+
+    Each cgroup is measured from the first snapshot of the window that lists it, so a process
+    moved into a throttled cgroup shows from its second tick there.
+    """
     out: dict[str, float] = {}
     if len(win) < 2:
         return out
-    first = {c.path: c for e in _engines(win[0], gpu) for c in e.cgroups}
+    first: dict[str, tuple[float, CgroupCpu]] = {}
+    for snap in win:
+        for e in _engines(snap, gpu):
+            for c in e.cgroups:
+                first.setdefault(c.path, (snap.mono, c))
     last_good = next((s for s in reversed(win) if _engines(s, gpu)), win[-1])
-    span = last_good.mono - win[0].mono
     quotas = []
     share = per_second = None
     for e in _engines(last_good, gpu):
         for c in e.cgroups:
             if c.quota_cores is not None:
                 quotas.append(c.quota_cores)
-            c0 = first.get(c.path)
-            if c0 is None:
+            since, c0 = first.get(c.path, (last_good.mono, c))
+            span = last_good.mono - since
+            if span <= 0:
                 continue
             if None not in (c.periods, c0.periods, c.throttled_periods, c0.throttled_periods):
                 periods = c.periods - c0.periods  # type: ignore[operator]
                 throttled = c.throttled_periods - c0.throttled_periods  # type: ignore[operator]
                 if periods > 0 and throttled >= 0:
                     share = max(share or 0.0, throttled / periods)
-            if c.throttled_seconds is not None and c0.throttled_seconds is not None and span > 0:
+            if c.throttled_seconds is not None and c0.throttled_seconds is not None:
                 rate = max(0.0, c.throttled_seconds - c0.throttled_seconds) / span
                 per_second = max(per_second or 0.0, rate)
     if quotas:

@@ -28,7 +28,7 @@ DEFAULTS: dict[str, Any] = {
     "hidden": 2048,
     "ffn": 16384,
     "tiny_ops": 16,  # small kernels per layer (norms, activations, bookkeeping)
-    "views": 80,  # CPU-only framework ops per layer in eager mode (views, slices)
+    "views": 160,  # CPU-only framework ops per layer in eager mode (views, slices)
     "batch": 64,  # max running requests (max_num_seqs), the captured batch
     "vocab": 32000,
     "depth": 2,  # unacknowledged steps allowed

@@ -321,6 +321,7 @@ def test_bound_seconds_follow_the_reported_verdict() -> None:
     out = v.replay(series(Scene(busy=0.97), 3.0), Config())
     inc = v.accumulate(out[-1], Config())
     assert inc.counters[("boundwatch_bound_seconds_total", ("0", "gpu"))] == pytest.approx(0.5)
+    assert inc.counters[("boundwatch_bound_seconds_total", ("0", "host"))] == 0.0  # present from the start
 
 
 def test_host_bound_seconds_use_cupti_idle_time_while_running() -> None:

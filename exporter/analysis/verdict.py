@@ -37,7 +37,7 @@ from exporter.config import Config, RooflineConfig, VerdictConfig
 from exporter.snapshot import Snapshot
 from exporter.snapshot.engine import EngineReading
 from exporter.snapshot.host import CgroupCpu
-from exporter.snapshot.verdict import HOST_REASONS, Evidence, Verdict
+from exporter.snapshot.verdict import HOST_REASONS, VERDICTS, Evidence, Verdict
 
 # Ticks may jitter; a snapshot this share of a tick older than the window edge still counts as inside.
 _JITTER = 0.25
@@ -606,7 +606,10 @@ def accumulate(snap: Snapshot, cfg: Config, prev: Snapshot | None = None) -> Inc
     if snap.dt <= 0:
         return inc
     for v in snap.verdicts:
-        inc.count("boundwatch_bound_seconds_total", (str(v.gpu), v.verdict), snap.dt)
+        for name in VERDICTS:  # every series from the first tick, so rate() sees each start from 0
+            inc.count(
+                "boundwatch_bound_seconds_total", (str(v.gpu), name), snap.dt if name == v.verdict else 0.0
+            )
     for gpu in gpus_of(snap):
         running = _sum([e.running for e in _engines(snap, gpu)])
         if running is None:

@@ -7,7 +7,10 @@ from then on; the trapezoid rule would invent a linear ramp that never happened.
 read is integrated on the next tick, and an interval whose start was not read adds nothing.
 
 API-server saturation uses this tick's reading, since its CPU figure already covers the tick
-that just ended.
+that just ended: a server is saturated while its busiest thread's demand (time running plus
+time waiting to run, from schedstat; its CPU where schedstat is missing) reaches
+`engine.api_server_saturated` of a core. Demand, not CPU: a thread that a crowded host or a CPU
+quota lets run 60% of the time still wanted the whole core.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from exporter.analysis.dedup import counter_delta, step_increments
 from exporter.analysis.increments import Increments
 from exporter.config import Config
 from exporter.snapshot import Snapshot
-from exporter.snapshot.engine import EngineReading
+from exporter.snapshot.engine import EngineReading, demand
 
 RUNNING = "boundwatch_engine_running_request_seconds_total"
 WAITING = "boundwatch_engine_waiting_request_seconds_total"
@@ -66,7 +69,6 @@ def accumulate(snap: Snapshot, cfg: Config, prev: Snapshot | None = None) -> Inc
             for method, steps in step_increments(before, reading, _agent_steps(snap, reading.name)).items():
                 inc.count(STEPS, (reading.name, method), steps)
         for server, proc in reading.servers():
-            busiest = proc.busiest_thread.cpu if proc.busiest_thread is not None else 0.0
-            saturated = busiest >= cfg.engine.api_server_saturated
+            saturated = (demand(proc) or 0.0) >= cfg.engine.api_server_saturated
             inc.count(SATURATED, (reading.name, server), snap.dt if saturated else 0.0)
     return inc

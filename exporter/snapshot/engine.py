@@ -5,12 +5,33 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from exporter.snapshot.host import CgroupCpu, ProcessCpu
+from exporter.snapshot.host import CgroupCpu, ProcessCpu, ThreadCpu
 
 # Step-count methods, the values of the `method` label of boundwatch_engine_steps_total.
 STEP_METHODS: tuple[str, ...] = ("agent", "iteration_count", "lower_bound", "upper_bound", "forward_passes")
 
 _SERVER_INDEX = re.compile(r"APIServer_(\d+)")
+
+
+@dataclass(frozen=True)
+class ThreadLoad(ThreadCpu):
+    """A thread's CPU over the last tick, and its demand: the share of the tick it ran or waited to run.
+
+    `runnable` (from /proc schedstat: run time + run-queue wait) reads ~1.0 for a thread that would
+    take a whole core, even when neighbours or a CPU quota let it run less; None without schedstat.
+    """
+
+    runnable: float | None = None
+
+
+def demand(proc: ProcessCpu) -> float | None:
+    """Return the busiest thread's demand in cores: its runnable share where known, else its CPU."""
+    loads = [
+        t.runnable if isinstance(t, ThreadLoad) and t.runnable is not None else t.cpu for t in proc.threads
+    ]
+    if loads:
+        return max(loads)
+    return proc.busiest_thread.cpu if proc.busiest_thread is not None else None
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from exporter.snapshot.host import ProcessCpu, ThreadCpu
+from exporter.snapshot.engine import ThreadLoad
+from exporter.snapshot.host import ProcessCpu
 
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -176,6 +177,18 @@ def descendants(table: Iterable[ProcInfo], pid: int) -> list[ProcInfo]:
     return out
 
 
+def read_schedstat(proc_root: str, pid: int, tid: int) -> int | None:
+    """Return a thread's time on CPU plus time waiting on a run queue, ns (None without schedstat)."""
+    text = _read_text(Path(proc_root, str(pid), "task", str(tid), "schedstat"))
+    if not text:
+        return None
+    fields = text.split()
+    try:
+        return int(fields[0]) + int(fields[1])
+    except (IndexError, ValueError):
+        return None
+
+
 def thread_ids(proc_root: str, pid: int) -> list[int]:
     """Return the thread ids of a process."""
     try:
@@ -188,15 +201,15 @@ class CpuTracker:
     """Measure CPU of chosen processes and their threads between calls of `sample()`.
 
     The first sample of a process only sets its baseline, so a process is reported from its
-    second sample on; a reused pid (a new start time) starts a new baseline.
+    second sample on; a reused pid (a new start time) starts a new baseline. Call `sample()` once
+    per tick with every process to watch: processes not in a call are forgotten.
     """
 
     def __init__(self, proc_root: str = "/proc", clock: Callable[[], float] = time.monotonic) -> None:
         self.proc_root = proc_root
         self._clock = clock
-        self._last: dict[
-            int, tuple[float, int, int, dict[int, int]]
-        ] = {}  # pid -> (t, start, ticks, tid->ticks)
+        # pid -> (time, start ticks, cpu ticks, tid -> (cpu ticks, run+wait ns))
+        self._last: dict[int, tuple[float, int, int, dict[int, tuple[int, int | None]]]] = {}
 
     def sample(self, procs: Iterable[ProcInfo]) -> dict[int, ProcessCpu]:
         """Return the CPU each process used since its previous sample (absent on its first)."""
@@ -208,12 +221,12 @@ class CpuTracker:
             stat = read_stat(self.proc_root, info.pid)
             if stat is None:
                 continue
-            threads: dict[int, int] = {}
+            threads: dict[int, tuple[int, int | None]] = {}
             names: dict[int, str] = {}
             for tid in thread_ids(self.proc_root, info.pid):
                 tstat = read_stat(self.proc_root, info.pid, tid)
                 if tstat is not None:
-                    threads[tid] = tstat.cpu_ticks
+                    threads[tid] = (tstat.cpu_ticks, read_schedstat(self.proc_root, info.pid, tid))
                     names[tid] = tstat.comm
             prev = self._last.get(info.pid)
             self._last[info.pid] = (now, stat.start_ticks, stat.cpu_ticks, threads)
@@ -221,8 +234,13 @@ class CpuTracker:
                 continue
             wall = now - prev[0]
             per_thread = tuple(
-                ThreadCpu(tid, names[tid], max(0, ticks - prev[3].get(tid, ticks)) / CLK_TCK / wall)
-                for tid, ticks in threads.items()
+                ThreadLoad(
+                    tid,
+                    names[tid],
+                    max(0, ticks - prev[3][tid][0]) / CLK_TCK / wall,
+                    _share(sched, prev[3][tid][1], wall),
+                )
+                for tid, (ticks, sched) in threads.items()
                 if tid in prev[3]
             )
             busiest = max(per_thread, key=lambda t: t.cpu, default=None)
@@ -237,3 +255,9 @@ class CpuTracker:
         for gone in set(self._last) - seen:
             del self._last[gone]
         return out
+
+
+def _share(now_ns: int | None, before_ns: int | None, wall: float) -> float | None:
+    if now_ns is None or before_ns is None:
+        return None
+    return max(0, now_ns - before_ns) / 1e9 / wall

@@ -1,14 +1,13 @@
-"""Shared pieces of the engine tests: fixture paths and the vLLM simulation module."""
+"""Make this directory's helpers (engine_fixtures, vllm_sim, make_fixtures) importable by name.
+
+Spawned processes of the multiprocess simulations import `vllm_sim` by name too.
+"""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-FIXTURES = HERE.parent / "fixtures"
-PAGES = FIXTURES / "engine"
-PROC = FIXTURES / "proc" / "engines"
-
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))  # vllm_sim: spawned processes import it by name
+HERE = str(Path(__file__).resolve().parent)
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)

@@ -10,7 +10,7 @@ from exporter.config import Config
 from exporter.export.engine import render
 from exporter.snapshot import Snapshot
 from exporter.snapshot.agent import AgentReading, EngineSteps
-from exporter.snapshot.engine import EngineReading
+from exporter.snapshot.engine import EngineReading, ThreadLoad
 from exporter.snapshot.host import ProcessCpu, ThreadCpu
 
 CFG = Config()
@@ -92,6 +92,23 @@ def test_a_saturated_api_server_accrues_the_tick_and_an_idle_one_does_not():
     inc = accumulate(cur, CFG, snap(1, 0.5, engine())).counters
     assert inc[("boundwatch_api_server_saturated_seconds_total", ("vllm:8000", "0"))] == 0.5
     assert inc[("boundwatch_api_server_saturated_seconds_total", ("vllm:8000", "1"))] == 0.0
+
+
+def test_a_server_starved_of_cpu_but_always_runnable_counts_as_saturated():
+    starved = ProcessCpu(
+        pid=4101,
+        name="VLLM::APIServer_0",
+        cmdline=("VLLM::APIServer_0",),
+        cpu=0.55,
+        busiest_thread=ThreadLoad(4101, "VLLM::APIServer", 0.55, runnable=0.97),
+        threads=(
+            ThreadLoad(4101, "VLLM::APIServer", 0.55, runnable=0.97),
+            ThreadLoad(4102, "idle", 0.0, 0.0),
+        ),
+    )
+    cur = snap(2, 0.5, engine(api_servers=(starved,), api_server_count=1))
+    inc = accumulate(cur, CFG, snap(1, 0.5, engine())).counters
+    assert inc[("boundwatch_api_server_saturated_seconds_total", ("vllm:8000", "0"))] == 0.5
 
 
 def test_acceptance_is_the_ratio_of_counter_deltas_over_the_window():

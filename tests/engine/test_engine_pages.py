@@ -6,7 +6,7 @@ import json
 from dataclasses import replace
 
 import pytest
-from conftest import PAGES
+from engine_fixtures import PAGES
 
 from exporter.analysis import dedup, engine_page
 from exporter.sources.engine import parse_page, reading_from_page

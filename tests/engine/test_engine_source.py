@@ -13,11 +13,12 @@ import time
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
-from conftest import HERE, PAGES, PROC
+from engine_fixtures import HERE, PAGES, PROC
 
 from exporter.config import Config, EngineConfig, HostConfig
 from exporter.export.web import make_app
 from exporter.sampling import Sampler
+from exporter.snapshot.engine import demand
 from exporter.sources.engine import EngineSource, configured_target, discover, merge_targets
 
 RUNNING = "boundwatch_engine_running_request_seconds_total"
@@ -195,8 +196,9 @@ async def test_a_saturated_api_server_is_reported_within_two_ticks_and_an_idle_o
     assert engine.api_server_count == 2 and engine.api_server_count_source == "processes"
     servers = dict(engine.servers())
     assert set(servers) == {"0", "1"}
-    assert servers["0"].busiest_thread is not None and servers["0"].busiest_thread.cpu >= 0.9
-    assert servers["1"].busiest_thread is not None and servers["1"].busiest_thread.cpu < 0.2
+    # The spinning server wants a whole core (what it gets depends on the neighbours); the idle one nothing.
+    assert (demand(servers["0"]) or 0.0) >= 0.9 and servers["0"].cpu > 0.3
+    assert (demand(servers["1"]) or 0.0) < 0.2
     assert snap.counters[(SATURATED, (name, "0"))] == pytest.approx(snap.dt)
     assert snap.counters.get((SATURATED, (name, "1")), 0.0) == 0.0
     assert engine.running == 23.0  # the page the fake engine serves

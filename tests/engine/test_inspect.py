@@ -8,7 +8,7 @@ import threading
 
 import pytest
 import vllm_sim
-from conftest import PAGES
+from engine_fixtures import PAGES
 
 from exporter.cli import main
 

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
 import time
 
 import pytest
-from conftest import PROC
+from engine_fixtures import PROC
 from make_fixtures import stat_line
 
+from exporter.snapshot.engine import demand
 from exporter.sources import procs
 
 
@@ -71,6 +71,23 @@ def test_cpu_is_the_tick_delta_over_wall_time_per_process_and_thread(tmp_path):
     assert cpu.busiest_thread is not None
     assert (cpu.busiest_thread.name, cpu.busiest_thread.cpu) == ("asyncio (0)", pytest.approx(0.8))
     assert {t.tid for t in cpu.threads} == {4101, 4111}
+    assert all(t.runnable is None for t in cpu.threads)  # no schedstat in this tree: demand is the CPU
+    assert demand(cpu) == pytest.approx(0.8)
+
+
+def test_demand_adds_run_queue_wait_to_time_on_cpu(tmp_path):
+    root = tmp_path / "proc"
+    shutil.copytree(PROC, root)
+    sched = root / "4101" / "task" / "4111" / "schedstat"
+    sched.write_text("1000000000 500000000 10\n")
+    now = [0.0]
+    tracker = procs.CpuTracker(str(root), clock=lambda: now[0])
+    info = procs.proc_info(str(root), 4101)
+    tracker.sample([info])
+    sched.write_text("1300000000 680000000 20\n")  # 0.3 s running, 0.18 s waiting for a CPU
+    now[0] += 0.5
+    thread = next(t for t in tracker.sample([info])[4101].threads if t.tid == 4111)
+    assert thread.runnable == pytest.approx(0.96)
 
 
 def test_a_reused_pid_starts_a_new_baseline(tmp_path):
@@ -109,10 +126,15 @@ def test_a_real_spinning_process_uses_one_core_in_its_busiest_thread():
         time.sleep(0.5)
         cpu = tracker.sample([info])[child.pid]
         assert cpu.busiest_thread is not None and cpu.busiest_thread.name == "spinner"
-        # One thread spins: the busiest thread holds about one core; the idle thread holds none.
-        assert cpu.busiest_thread.cpu > 0.7 * min(1.0, os.cpu_count() or 1)
         assert len(cpu.threads) == 2
-        assert min(t.cpu for t in cpu.threads) < 0.05
+        spinner = next(t for t in cpu.threads if t.tid == child.pid)  # the main thread spins
+        idle = next(t for t in cpu.threads if t.tid != child.pid)
+        # The spinning thread wants a whole core: running or waiting to run all the tick, whatever the
+        # neighbours leave it; it got most of it. The sleeping thread wants nothing.
+        assert spinner.runnable is not None and spinner.runnable > 0.9
+        assert 0.3 < spinner.cpu <= spinner.runnable + 0.05
+        assert demand(cpu) == spinner.runnable
+        assert idle.runnable is not None and idle.runnable < 0.05 and idle.cpu < 0.05
     finally:
         child.kill()
         child.wait()

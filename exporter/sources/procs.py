@@ -189,6 +189,13 @@ def read_schedstat(proc_root: str, pid: int, tid: int) -> int | None:
         return None
 
 
+def cgroup_of(proc_root: str, pid: int) -> str:
+    """Return the CPU cgroup a process runs in ("/" when it cannot be told)."""
+    from exporter.sources.cgroup import cgroup_path_of
+
+    return cgroup_path_of(proc_root, pid)
+
+
 def thread_ids(proc_root: str, pid: int) -> list[int]:
     """Return the thread ids of a process."""
     try:

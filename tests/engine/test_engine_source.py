@@ -240,3 +240,24 @@ async def test_a_local_multiprocess_engine_is_read_from_its_files_with_processes
     assert v.steps is not None and v.steps.lower <= truth.steps_with_output <= v.steps.upper
     # The other engines of the tree have no server behind their ports: read, failed, still listed.
     assert readings["sglang:30001"].error and readings["vllm:8002"].error
+
+
+async def test_spec_decode_acceptance_is_taken_over_the_recent_window(tmp_path):
+    page = tmp_path / "spec.prom"
+
+    def write(drafted: int, accepted: int) -> None:
+        page.write_text(
+            f'vllm:spec_decode_num_draft_tokens_total{{engine="0",model_name="m"}} {drafted}\n'
+            f'vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="m"}} {accepted}\n'
+        )
+
+    source = EngineSource(config(urls=(str(page),), discover=False))
+    try:
+        write(1000, 900)  # a long history at 90%
+        (first,) = await source.read()
+        write(1200, 950)  # the last 200 drafted tokens: 25% accepted
+        (second,) = await source.read()
+    finally:
+        await source.aclose()
+    assert first.spec_acceptance is None
+    assert second.spec_acceptance == pytest.approx(0.25)

@@ -41,6 +41,11 @@ def test_find_by_title_comm_or_command_line_words():
     assert [p.pid for p in procs.find(str(PROC), lambda p: procs.matches(p, comm="systemd"))] == [1]
 
 
+def test_cgroup_of_a_process_comes_from_its_cgroup_file():
+    assert procs.cgroup_of(str(PROC), 4103) == "/kubepods.slice/pod-a/ctr-vllm/engine"
+    assert procs.cgroup_of(str(PROC), 99999) == "/"
+
+
 def test_descendants_walk_the_whole_tree():
     table = list(procs.processes(str(PROC)))
     assert sorted(p.pid for p in procs.descendants(table, 4100)) == [4101, 4102, 4103, 4104, 4105]

@@ -286,7 +286,9 @@ def engine_kind_of(info: procs.ProcInfo) -> str | None:
         base = arg.rsplit("/", 1)[-1]
         if base == "vllm" and i + 1 < len(args) and args[i + 1] == "serve":
             return "vllm"
-        if arg in ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.cli.main") and "-m" in args[:i]:
+        if arg == "vllm.entrypoints.openai.api_server" and "-m" in args[:i]:
+            return "vllm"
+        if arg == "vllm.entrypoints.cli.main" and "-m" in args[:i] and args[i + 1 : i + 2] == ("serve",):
             return "vllm"
         if arg == "sglang.launch_server" or (
             base == "sglang" and i + 1 < len(args) and args[i + 1] == "serve"
@@ -296,7 +298,8 @@ def engine_kind_of(info: procs.ProcInfo) -> str | None:
 
 
 def _url_of(kind: str, cmdline: Sequence[str]) -> tuple[str, int]:
-    port = int(_flag(cmdline, "--port") or DEFAULT_PORTS[kind])
+    flag = _flag(cmdline, "--port")
+    port = int(flag) if flag and flag.isdigit() else DEFAULT_PORTS[kind]
     host = _flag(cmdline, "--host") or "127.0.0.1"
     if host in ("0.0.0.0", "::", "", "localhost"):
         host = "127.0.0.1"
@@ -329,10 +332,12 @@ def discover(proc_root: str) -> list[EngineTarget]:
         )
         asc = _flag(cmdline, "--api-server-count", "-asc")
         mp_dir = cuda = None
-        for pid in [pid for _, pid in servers] + [d.pid for d in desc] + [root]:
+        server_set = {pid for _, pid in servers}
+        for pid in [*server_set, *(d.pid for d in desc), root]:
             env = procs.read_environ(proc_root, pid)
-            mp_dir = mp_dir or env.get(MULTIPROC_ENV)
-            if cuda is None and pid not in dict(servers).values():
+            if mp_dir is None and env.get(MULTIPROC_ENV):
+                mp_dir = resolve_in(proc_root, pid, env[MULTIPROC_ENV])
+            if cuda is None and pid not in server_set:
                 cuda = env.get("CUDA_VISIBLE_DEVICES")
         if not servers and (kind == "sglang" or not asc or asc == "1"):
             server_pids: tuple[int, ...] = (root,)  # the main process serves HTTP itself
@@ -352,6 +357,14 @@ def discover(proc_root: str) -> list[EngineTarget]:
             )
         )
     return targets
+
+
+def resolve_in(proc_root: str, pid: int, path: str) -> str:
+    """Return a path as this process can reach it: as is, or through /proc/<pid>/root (another container)."""
+    if multiproc_dir_usable(path):
+        return path
+    inside = os.path.join(proc_root, str(pid), "root", path.lstrip("/"))
+    return inside if multiproc_dir_usable(inside) else path
 
 
 def _ancestors(by_pid: dict[int, procs.ProcInfo], pid: int) -> list[procs.ProcInfo]:

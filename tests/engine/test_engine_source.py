@@ -261,3 +261,20 @@ async def test_spec_decode_acceptance_is_taken_over_the_recent_window(tmp_path):
         await source.aclose()
     assert first.spec_acceptance is None
     assert second.spec_acceptance == pytest.approx(0.25)
+
+
+def test_a_multiprocess_dir_inside_another_container_is_reached_through_proc_root(tmp_path):
+    import shutil
+
+    import vllm_sim
+
+    proc_root = tmp_path / "proc"
+    shutil.copytree(PROC, proc_root)
+    inside = proc_root / "4101" / "root" / "tmp" / "vllm-mp-a1"  # the engine's /tmp, seen from the host
+    inside.mkdir(parents=True)
+    vllm_sim.run_engine(str(inside), n_servers=1, steps=5, concurrency=2)
+    targets = {t.name: t for t in discover(str(proc_root))}
+    assert targets["vllm:8001"].multiproc_dir == str(inside)
+    assert (
+        targets["sglang:30001"].multiproc_dir == "/tmp/sglang-mp"
+    )  # not reachable: kept as found, HTTP used

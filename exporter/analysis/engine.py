@@ -48,9 +48,13 @@ def _previous(prev: Snapshot | None, name: str) -> EngineReading | None:
 
 
 def _agent_steps(snap: Snapshot, name: str) -> float | None:
+    """Return the agent's step count for an engine: counted under its name, or under its kind
+    ("vllm") when it is the only engine of that kind on the host."""
     if snap.agent is None:
         return None
-    found = [s.steps for s in snap.agent.steps if s.engine == name]
+    kind = name.split(":", 1)[0]
+    only_of_kind = sum(1 for e in snap.engines if e.name.split(":", 1)[0] == kind) == 1
+    found = [s.steps for s in snap.agent.steps if s.engine == name or (only_of_kind and s.engine == kind)]
     return float(sum(found)) if found else None
 
 

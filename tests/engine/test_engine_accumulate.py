@@ -86,6 +86,20 @@ def test_the_agents_exact_step_count_replaces_the_estimate():
     assert steps == {"agent": 7}
 
 
+def test_agent_steps_under_the_kind_go_to_the_only_engine_of_that_kind():
+    agent = AgentReading(steps=(EngineSteps(engine="vllm", steps=5, wall_ns=1, gpu_busy_ns=1),))
+    one = snap(2, 0.5, engine(iteration_count=1), agent=agent)
+    assert (
+        accumulate(one, CFG, snap(1, 0.5, engine(iteration_count=0))).counters[
+            ("boundwatch_engine_steps_total", ("vllm:8000", "agent"))
+        ]
+        == 5
+    )
+    two = snap(2, 0.5, engine(iteration_count=1), engine(name="vllm:8001", iteration_count=1), agent=agent)
+    steps = accumulate(two, CFG, snap(1, 0.5, engine(iteration_count=0))).counters
+    assert not any(k[1][1] == "agent" for k in steps if k[0] == "boundwatch_engine_steps_total")
+
+
 def test_a_saturated_api_server_accrues_the_tick_and_an_idle_one_does_not():
     servers = (server(0, 4101, 0.99), server(1, 4102, 0.12))
     cur = snap(2, 0.5, engine(api_servers=servers, api_server_count=2, api_server_count_source="processes"))

@@ -48,8 +48,7 @@ def _previous(prev: Snapshot | None, name: str) -> EngineReading | None:
 
 
 def _agent_steps(snap: Snapshot, name: str) -> float | None:
-    """Return the agent's step count for an engine: counted under its name, or under its kind
-    ("vllm") when it is the only engine of that kind on the host."""
+    """Return the agent's steps for an engine (under its name, or its kind when it is the only one)."""
     if snap.agent is None:
         return None
     kind = name.split(":", 1)[0]

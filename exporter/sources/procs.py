@@ -244,7 +244,7 @@ class CpuTracker:
                 ThreadLoad(
                     tid,
                     names[tid],
-                    max(0, ticks - prev[3][tid][0]) / CLK_TCK / wall,
+                    min(1.0, max(0, ticks - prev[3][tid][0]) / CLK_TCK / wall),  # a thread: one core at most
                     _share(sched, prev[3][tid][1], wall),
                 )
                 for tid, (ticks, sched) in threads.items()
@@ -267,4 +267,4 @@ class CpuTracker:
 def _share(now_ns: int | None, before_ns: int | None, wall: float) -> float | None:
     if now_ns is None or before_ns is None:
         return None
-    return max(0, now_ns - before_ns) / 1e9 / wall
+    return min(1.0, max(0, now_ns - before_ns) / 1e9 / wall)  # clock-tick jitter can read a hair over 1

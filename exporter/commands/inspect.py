@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import Any
 from urllib.parse import urlparse
 
-from exporter.analysis.dedup import counter_delta, step_increments
+from exporter.analysis.dedup import counter_delta, step_count, step_increments
 from exporter.snapshot.engine import EngineReading
 
 HELP = "read an engine's /metrics (URL, page file or PROMETHEUS_MULTIPROC_DIR) and print what boundwatch makes of it"
@@ -141,6 +141,9 @@ def run(args: argparse.Namespace) -> int:
     procs = _processes(reading, args.proc_root)
     if procs and reading.api_server_count_source not in ("processes", "cmdline"):
         reading = replace(reading, api_server_count=len(procs), api_server_count_source="processes")
+        reading = replace(reading, steps=step_count(reading))
+        if prev is not None:
+            prev = replace(prev, api_server_count=len(procs), api_server_count_source="processes")
     data = describe(reading, prev, seconds)
     data["api_servers"]["processes"] = procs or None
     print(json.dumps(data, indent=2))

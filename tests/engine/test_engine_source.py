@@ -278,3 +278,17 @@ def test_a_multiprocess_dir_inside_another_container_is_reached_through_proc_roo
     assert (
         targets["sglang:30001"].multiproc_dir == "/tmp/sglang-mp"
     )  # not reachable: kept as found, HTTP used
+
+
+def test_inspect_of_a_local_engine_lists_its_api_server_processes(fake_vllm, capsys):
+    import json
+
+    from exporter.cli import main
+
+    port, proc = fake_vllm
+    assert main(["inspect", "engine", f"http://127.0.0.1:{port}/metrics"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    servers = data["api_servers"]
+    assert (servers["count"], servers["count_from"]) == (2, "processes")
+    assert [p["server"] for p in servers["processes"]] == [0, 1]
+    assert data["steps"]["method"] == "bounds" and data["steps"]["total"] == data["steps"]["lower"]

@@ -285,7 +285,7 @@ def test_inspect_of_a_local_engine_lists_its_api_server_processes(fake_vllm, cap
 
     from exporter.cli import main
 
-    port, proc = fake_vllm
+    port, _ = fake_vllm
     assert main(["inspect", "engine", f"http://127.0.0.1:{port}/metrics"]) == 0
     data = json.loads(capsys.readouterr().out)
     servers = data["api_servers"]

@@ -30,6 +30,18 @@ CONFIGS = {
     "no_kernels": {"BOUNDWATCH_AGENT_KERNELS": "off"},  # GRAPH_TRACE + memcpy/memset only
     "no_graph_trace": {"BOUNDWATCH_AGENT_GRAPH_TRACE": "off"},  # graph kernels as kernel records
     "full": {"BOUNDWATCH_AGENT_SAMPLING": "off"},
+    # which kind costs what, and whether switching every kind off gives the speed back
+    "graph_only": {"BOUNDWATCH_AGENT_KINDS": "graph"},
+    "kernel_only": {"BOUNDWATCH_AGENT_KINDS": "kernel"},
+    "copy_only": {"BOUNDWATCH_AGENT_KINDS": "memcpy,memset"},
+    "off_after": {"BOUNDWATCH_AGENT_KINDS": "kernel,memcpy,memset", "BENCH_DISABLE_AFTER": "1"},
+    "duty": {
+        "BOUNDWATCH_AGENT_KINDS": "kernel,memcpy,memset",
+        "BOUNDWATCH_AGENT_SAMPLING": "on",
+        "BOUNDWATCH_AGENT_SAMPLE_KINDS": "all",
+        "BOUNDWATCH_AGENT_SAMPLE_ON_S": "0.5",
+        "BOUNDWATCH_AGENT_SAMPLE_PERIOD_S": "2.0",
+    },
     "sampled": {
         "BOUNDWATCH_AGENT_SAMPLING": "on",
         "BOUNDWATCH_AGENT_SAMPLE_ON_S": "1.0",
@@ -194,9 +206,12 @@ def child(config: str, decode_s: float) -> dict[str, Any]:
 
     run_decode(1.0)  # warm
     run_launch_bound(0.2)
+    if agent is not None and os.environ.get("BENCH_DISABLE_AFTER"):
+        agent._disable_enabled()  # every kind off again: does the speed come back?
+        out["disabled_after_warmup"] = True
     time.sleep(1.5)  # let the agent close its warm-up windows
     out["decode"] = run_decode(decode_s)
-    out["launch_bound"] = run_launch_bound(3.0)
+    out["launch_bound"] = run_launch_bound(float(os.environ.get("BENCH_LAUNCH_S", "3.0")))
     if agent is not None:
         time.sleep(1.6)
         st = agent.stats

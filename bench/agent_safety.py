@@ -72,14 +72,15 @@ def child(kind: str, seconds: float) -> dict[str, Any]:
             1 for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA")
         )
         t_after = time.time_ns()
-        out["state_after"] = a.state if a is not None else None
         out["after"] = workload(torch, 3.0)
+        out["state_after"] = a.state if a is not None else None
         time.sleep(1.6)
         if a is not None:
             later = [w for w in a.windows_sent() if w.t0 > t_after]
             out["windows_after"] = len(later)
             out["records_after"] = sum(w.kernels + w.graphs + w.memcpys for w in later)
             out["busy_after_ratio"] = sum(w.busy for w in later) / max(1, sum(w.t1 - w.t0 for w in later))
+            out["clock_offset_ns"] = a._ts_offset
     else:
         out["work"] = workload(torch, seconds)
         time.sleep(1.6)
@@ -129,6 +130,7 @@ def main() -> int:
     ap.add_argument("--child", default=None)
     ap.add_argument("--seconds", type=float, default=9.0)
     ap.add_argument("--port", type=int, default=19483)
+    ap.add_argument("--only", default=None, help="run one case: profiler")
     args = ap.parse_args()
     if args.child:
         print("RESULT " + json.dumps(child(args.child, args.seconds)), flush=True)
@@ -139,6 +141,11 @@ def main() -> int:
     # 1. torch.profiler in the same process
     results["profiler"] = result_of(run_child("profiler", 0))
     print(json.dumps(results["profiler"]), flush=True)
+    if args.only == "profiler":
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as fh:
+            json.dump(results, fh, indent=2)
+        return 0
     # 2. sidecar killed and restarted while the agent runs
     side = Sidecar(SOCK, args.port, "/tmp/bwbench/safety-sidecar.log")
     started = side.start()

@@ -65,14 +65,14 @@ class Settings:
     max_queued_mib: float = 64.0
     decode: str = "raw"  # raw (ctypes + numpy) | objects (cupti-python record objects) | null (discard)
     kernels: str = "on"  # off: never enable CONCURRENT_KERNEL (graphs, memcpy and memset only)
+    kinds: str = "kernel,memcpy,memset,graph"  # activity kinds to collect
+    sample_kinds: str = "kernel"  # what sampling switches off: kernel, or all (every kind but GRAPH_TRACE)
     graph_trace: str = "auto"  # auto: on only if CUDA is not initialised yet | on | off
     sampling: str = "auto"  # auto | on | off
     sample_above: float = 20000.0  # eager kernel records per second that turn auto sampling on
     sample_on_s: float = 1.0
     sample_period_s: float = 10.0
-    kernel_trim_ns: int = (
-        0  # subtract from each kernel record's length (CUPTI adds ~680 ns per kernel on the H200)
-    )
+    kernel_trim_ns: int = 680  # CUPTI kernel records are ~680 ns longer than the kernel (H200)
     cupti: bool = True  # False: engine steps only (vLLM's EngineCore when the workers are elsewhere)
 
     @classmethod
@@ -87,13 +87,15 @@ class Settings:
             buffer_kib=int(_envf("BUFFER_KIB", 1024)),
             max_buffers=int(_envf("MAX_BUFFERS", 32)),
             kernels=_env("KERNELS", "on"),
+            kinds=_env("KINDS", "kernel,memcpy,memset,graph"),
+            sample_kinds=_env("SAMPLE_KINDS", "kernel"),
             decode=_env("DECODE", "raw"),
             graph_trace=_env("GRAPH_TRACE", "auto"),
             sampling=_env("SAMPLING", "auto"),
             sample_above=_envf("SAMPLE_ABOVE", 20000.0),
             sample_on_s=_envf("SAMPLE_ON_S", 1.0),
             sample_period_s=_envf("SAMPLE_PERIOD_S", 10.0),
-            kernel_trim_ns=int(_envf("KERNEL_TRIM_NS", 0)),
+            kernel_trim_ns=int(_envf("KERNEL_TRIM_NS", 680)),
         )
         for key, value in overrides.items():
             if value is not None:
@@ -200,7 +202,22 @@ class Agent:
         self._last_rate = 0.0
         self._rate_known = False
         self._reattach_due: float | None = None
+        self._ts_offset = 0
+        self._base_kinds: list[int] = []
         self._liveness: list[Any] | None = None
+
+    def _now(self) -> int:
+        """Return CUPTI's time on the wall clock (CLOCK_REALTIME ns).
+
+        Normally the two agree to microseconds. A profiler (kineto) may register its own CUPTI
+        timestamp callback, after which records and cuptiGetTimestamp use its clock: the offset
+        then moves every record back onto the wall clock, so windows stay aligned across processes.
+        """
+        assert self._lib is not None
+        t = self._lib.timestamp()
+        off = time.time_ns() - t
+        self._ts_offset = off if abs(off) > 1_000_000 else 0
+        return t + self._ts_offset
 
     def windows_sent(self) -> list[wire.Window]:
         """Return a copy of the windows sent so far (bounded log, for benchmarks and tests)."""
@@ -259,17 +276,22 @@ class Agent:
         if len(libs) > 1:
             self.lib_text += f"; WARNING {len(libs)} libcupti copies loaded"
         s = self.settings
-        self._graph_trace = s.graph_trace == "on" or (s.graph_trace == "auto" and not cuda_initialized())
+        want = {k.strip() for k in s.kinds.split(",")}
+        if s.kernels == "off":
+            want.discard("kernel")
+        self._graph_trace = "graph" in want and (
+            s.graph_trace == "on" or (s.graph_trace == "auto" and not cuda_initialized())
+        )
         self._register()
-        kinds = [KIND_MEMCPY, KIND_MEMSET]
-        if s.kernels != "off":
-            kinds.insert(0, KIND_CONCURRENT_KERNEL)
+        names = ((KIND_CONCURRENT_KERNEL, "kernel"), (KIND_MEMCPY, "memcpy"), (KIND_MEMSET, "memset"))
+        self._base_kinds = [kind for kind, name in names if name in want]
+        kinds = list(self._base_kinds)
         if self._graph_trace:
             kinds.insert(0, KIND_GRAPH_TRACE)  # before any graph is captured, or never
         for kind in kinds:
             cupti.activity_enable(kind)  # raises cuptiError when another subscriber holds CUPTI
             self._enabled.append(kind)
-        self._start_ns = self._lib.timestamp()
+        self._start_ns = self._now()
         self._spans = [[self._start_ns, None]]
         self._kernel_on = s.kernels != "off"
         self.mode = (
@@ -312,7 +334,7 @@ class Agent:
             try:
                 self._lib.flush(forced=True)
                 self._drain(budget_ns=None)
-                now = self._lib.timestamp()
+                now = self._now()
                 self._send(self._close_windows(now + int(self.settings.lag_s * 1e9)), force=True, final=True)
             except Exception:
                 pass
@@ -342,7 +364,7 @@ class Agent:
                 pass
             self.state = "preempted"
             self.detail = why
-            self._close_span(self._lib.timestamp())
+            self._close_span(self._now())
 
     def reattach(self) -> None:
         """Schedule taking CUPTI back now the other client is done (the agent's thread does it)."""
@@ -356,9 +378,7 @@ class Agent:
     def _register_and_enable(self) -> bool:
         try:
             self._register()
-            kinds = [KIND_MEMCPY, KIND_MEMSET]
-            if self.settings.kernels != "off" and (self._kernel_on or self.state == "preempted"):
-                kinds.insert(0, KIND_CONCURRENT_KERNEL)
+            kinds = list(self._base_kinds) if self._kernel_on or self.state == "preempted" else []
             for kind in kinds:  # never GRAPH_TRACE: graphs captured without it would crash on replay
                 self._cupti.activity_enable(kind)
         except Exception as exc:
@@ -376,7 +396,7 @@ class Agent:
                 self._pool.forget_outstanding()
             if self._register_and_enable():
                 self._reattach_due = None
-                self._open_span(self._lib.timestamp())
+                self._open_span(self._now())
                 self.state, self.detail, self._paused = "running", "", False
                 self._liveness = [mono + 1.0, self.stats.requests, 1]
             else:
@@ -482,7 +502,7 @@ class Agent:
                 self._lib.flush()
                 self.stats.flush_ns_max = max(self.stats.flush_ns_max, time.perf_counter_ns() - t)
                 self._drain(budget_ns=100_000_000)
-                now = self._lib.timestamp()
+                now = self._now()
                 self._sample(now)
                 windows = self._close_windows(now)
             else:
@@ -555,6 +575,9 @@ class Agent:
 
         if not code.size:
             return
+        if self._ts_offset:
+            start = start + self._ts_offset
+            end = end + self._ts_offset
         trim = self.settings.kernel_trim_ns
         if trim:
             kern = (code == 0) | (code == 4)
@@ -596,10 +619,16 @@ class Agent:
                 return True
         return False
 
+    def _sampled_kinds(self) -> list[int]:
+        if self.settings.sample_kinds == "all" and not self._graph_trace:
+            return list(self._base_kinds)  # GRAPH_TRACE is never switched: re-enabling it crashes replays
+        return [k for k in self._base_kinds if k == KIND_CONCURRENT_KERNEL]
+
     def _sample(self, now: int) -> None:
-        """Duty-cycle kernel records when the eager kernel rate is high (GRAPH_TRACE keeps graphs)."""
+        """Duty-cycle records when the eager kernel rate is high (GRAPH_TRACE, if on, keeps graphs)."""
         s = self.settings
-        if s.sampling == "off" or self._cupti is None or s.kernels == "off":
+        kinds = self._sampled_kinds()
+        if s.sampling == "off" or self._cupti is None or not kinds:
             return
         if not self._sampling_active:
             if s.sampling == "on" or self._eager_rate() > s.sample_above:
@@ -611,13 +640,15 @@ class Agent:
             return
         try:
             if self._kernel_on:
-                self._cupti.activity_disable(KIND_CONCURRENT_KERNEL)
+                for kind in kinds:
+                    self._cupti.activity_disable(kind)
                 self._close_span(now)
                 self._next_toggle_ns = now + int((s.sample_period_s - s.sample_on_s) * 1e9)
             else:
                 if s.sampling == "auto" and self._last_rate < s.sample_above / 2 and self._rate_known:
                     self._sampling_active = False
-                self._cupti.activity_enable(KIND_CONCURRENT_KERNEL)
+                for kind in kinds:
+                    self._cupti.activity_enable(kind)
                 self._open_span(now)
                 self._rate_known = False
                 # stay on long enough that whole windows (plus the lag) are covered

@@ -37,7 +37,7 @@ def make_agent(tmp_path: Path) -> tuple[Agent, socket.socket]:
     rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     rx.bind(path)
     rx.settimeout(1.0)
-    a = Agent(Settings(socket=path, sampling="off"))
+    a = Agent(Settings(socket=path, sampling="off", kernel_trim_ns=0))
     a.state = "running"
     a._start_ns = T0
     a._spans = [[T0, None]]
@@ -125,3 +125,35 @@ def test_objects_mode_rows_reach_the_same_windows(tmp_path: Path) -> None:
     rx.close()
     assert (w.busy, w.graph_busy, w.kernels, w.graphs) == (38 * MS, 19 * MS, 1, 1)
     assert a.stats.incomplete == 1
+
+
+class ForeignClockLibrary:
+    """Stands in for libcupti after kineto registered its own timestamp callback (a monotonic clock)."""
+
+    def __init__(self) -> None:
+        import time
+
+        self.shift = time.time_ns() - time.monotonic_ns()
+
+    def timestamp(self) -> int:
+        import time
+
+        return time.time_ns() - self.shift
+
+
+def test_records_on_a_foreign_cupti_clock_are_moved_back_to_the_wall_clock(tmp_path: Path) -> None:
+    import time
+
+    a, rx = make_agent(tmp_path)
+    lib = ForeignClockLibrary()
+    a._lib = lib  # type: ignore[assignment]
+    now = a._now()
+    assert abs(now - time.time_ns()) < 50 * MS
+    assert abs(a._ts_offset - lib.shift) < 50 * MS
+    t = lib.timestamp()  # a kernel stamped on the foreign clock
+    buf = kernel(t, t + 2 * MS)
+    a._enqueue((buf, None), len(buf))
+    a._drain(budget_ns=None)
+    w = a._windows[0]
+    assert w.pending() == 1 and w._late == 0  # not thrown away as decades late
+    rx.close()

@@ -550,7 +550,7 @@ class EngineSource:
                 return EngineReading(
                     name=name or target.url, kind=kind, url=target.url, error=error or "no page"
                 )
-        except (OSError, ValueError, UnicodeDecodeError) as exc:
+        except Exception as exc:  # one engine's bad page must not hide the others
             return EngineReading(
                 name=name or target.url, kind=kind, url=target.url, error=f"{type(exc).__name__}: {exc}"
             )

@@ -548,11 +548,14 @@ class EngineSource:
                 reading = reading_from_page(text, name=name, url=target.url)
             else:
                 return EngineReading(
-                    name=name or target.url, kind=kind, url=target.url, error=error or "no page"
+                    name=name or name_for(target, kind), kind=kind, url=target.url, error=error or "no page"
                 )
         except Exception as exc:  # one engine's bad page must not hide the others
             return EngineReading(
-                name=name or target.url, kind=kind, url=target.url, error=f"{type(exc).__name__}: {exc}"
+                name=name or name_for(target, kind),
+                kind=kind,
+                url=target.url,
+                error=f"{type(exc).__name__}: {exc}",
             )
         if not name:
             name = name_for(target, reading.kind)

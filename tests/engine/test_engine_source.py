@@ -67,7 +67,7 @@ async def test_configured_file_and_dead_url_read_as_one_good_and_one_failed_engi
     finally:
         await source.aclose()
     assert (good.name, good.source, good.api_server_count) == ("vllm:vllm-sim-0.11-asc4", "file", 4)
-    assert bad.error and bad.running is None and bad.name == dead
+    assert bad.error and bad.running is None and bad.name == f"unknown:{dead.split(':')[2].split('/')[0]}"
 
 
 class ChangingPage:

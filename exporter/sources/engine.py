@@ -339,10 +339,12 @@ def discover(proc_root: str) -> list[EngineTarget]:
                 mp_dir = resolve_in(proc_root, pid, env[MULTIPROC_ENV])
             if cuda is None and pid not in server_set:
                 cuda = env.get("CUDA_VISIBLE_DEVICES")
-        if not servers and (kind == "sglang" or not asc or asc == "1"):
-            server_pids: tuple[int, ...] = (root,)  # the main process serves HTTP itself
-        else:
-            server_pids = tuple(pid for _, pid in servers)
+        if servers:
+            server_pids: tuple[int, ...] = tuple(pid for _, pid in servers)
+        elif kind == "sglang" or asc in (None, "1"):
+            server_pids = (root,)  # the main process serves HTTP itself
+        else:  # several API servers without titles (vLLM 0.10): the children holding the listening socket
+            server_pids = _socket_holders(proc_root, root, [d.pid for d in desc], port)
         targets.append(
             EngineTarget(
                 url=url,
@@ -357,6 +359,14 @@ def discover(proc_root: str) -> list[EngineTarget]:
             )
         )
     return targets
+
+
+def _socket_holders(proc_root: str, root: int, children: Sequence[int], port: int) -> tuple[int, ...]:
+    """Return the children that hold the engine's listening socket (its API servers)."""
+    listening = procs.listening_inodes(proc_root, root, port)
+    if not listening:
+        return ()
+    return tuple(pid for pid in sorted(children) if procs.socket_inodes(proc_root, pid) & listening)
 
 
 def resolve_in(proc_root: str, pid: int, path: str) -> str:

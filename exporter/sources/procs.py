@@ -196,6 +196,41 @@ def cgroup_of(proc_root: str, pid: int) -> str:
     return cgroup_path_of(proc_root, pid)
 
 
+def listening_inodes(proc_root: str, pid: int, port: int) -> set[int]:
+    """Return the socket inodes listening on a TCP port, in the network namespace of a process."""
+    inodes: set[int] = set()
+    for name in ("tcp", "tcp6"):
+        text = _read_text(Path(proc_root, str(pid), "net", name))
+        for line in (text or "").splitlines()[1:]:
+            fields = line.split()
+            if len(fields) < 10 or fields[3] != "0A":  # 0A: LISTEN
+                continue
+            try:
+                if int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(int(fields[9]))
+            except (IndexError, ValueError):
+                continue
+    return inodes
+
+
+def socket_inodes(proc_root: str, pid: int) -> set[int]:
+    """Return the inodes of the sockets a process holds open (empty without permission)."""
+    fd_dir = Path(proc_root, str(pid), "fd")
+    try:
+        fds = os.listdir(fd_dir)
+    except OSError:
+        return set()
+    out: set[int] = set()
+    for fd in fds:
+        try:
+            target = os.readlink(fd_dir / fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            out.add(int(target[8:-1]))
+    return out
+
+
 def thread_ids(proc_root: str, pid: int) -> list[int]:
     """Return the thread ids of a process."""
     try:

@@ -11,6 +11,7 @@ The page comes from `vllm_sim.run_engine`: prometheus_client's multiprocess mode
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -24,6 +25,20 @@ PAGE = FIXTURES / "engine" / "vllm-sim-0.11-asc4.prom"
 # pid: (ppid, comm, cmdline, environ, cgroup, threads {tid: (comm, utime, stime)})
 Proc = tuple[int, str, list[str], dict[str, str], str, dict[int, tuple[str, int, int]]]
 VLLM_CG = "/kubepods.slice/pod-a/ctr-vllm"
+SPAWN = [
+    "/usr/bin/python3",
+    "-c",
+    "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5)",
+    "--multiprocessing-fork",
+]
+# pid -> open fds (fd -> link target); pid -> /proc/<pid>/net/tcp LISTEN entries (port, inode)
+FDS: dict[int, dict[int, str]] = {
+    4700: {0: "/dev/null", 7: "socket:[91001]"},
+    4701: {0: "/dev/null", 7: "socket:[91001]", 9: "socket:[91077]"},
+    4702: {0: "/dev/null", 7: "socket:[91001]"},
+    4703: {0: "/dev/null", 5: "pipe:[4242]", 6: "socket:[91078]"},
+}
+LISTEN: dict[int, list[tuple[int, int]]] = {4700: [(8004, 91001), (22, 1234)]}
 PROCS: dict[int, Proc] = {
     1: (0, "systemd", ["/sbin/init"], {}, "/init.scope", {}),
     4100: (
@@ -135,6 +150,18 @@ PROCS: dict[int, Proc] = {
         {},
     ),
     4600: (1, "python3", ["python3", "serve_wrapper.py", "--port", "8003"], {}, "/", {}),
+    # vLLM 0.10 with 2 API servers: no process titles; the API servers hold the listening socket.
+    4700: (
+        1,
+        "vllm",
+        ["/usr/bin/python3", "/usr/local/bin/vllm", "serve", "m", "--port", "8004", "-asc", "2"],
+        {},
+        "/",
+        {},
+    ),
+    4701: (4700, "python3", SPAWN, {"PROMETHEUS_MULTIPROC_DIR": "/tmp/vllm-010"}, "/", {}),
+    4702: (4700, "python3", SPAWN, {"PROMETHEUS_MULTIPROC_DIR": "/tmp/vllm-010"}, "/", {}),
+    4703: (4700, "python3", SPAWN, {"PROMETHEUS_MULTIPROC_DIR": "/tmp/vllm-010"}, "/", {}),
     4601: (4600, "VLLM::APIServer", ["VLLM::APIServer_0"], {}, "/", {}),
     4602: (4600, "VLLM::APIServer", ["VLLM::APIServer_1"], {}, "/", {}),
 }
@@ -159,6 +186,23 @@ def write_proc(root: Path) -> None:
         (d / "cmdline").write_bytes(b"\0".join(a.encode() for a in cmdline) + b"\0")
         (d / "environ").write_bytes(b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items()))
         (d / "cgroup").write_text(f"0::{cgroup}\n")
+        for fd, target in FDS.get(pid, {}).items():
+            (d / "fd").mkdir(exist_ok=True)
+            os.symlink(target, d / "fd" / str(fd))
+        if pid in LISTEN:
+            (d / "net").mkdir()
+            rows = [
+                "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode"
+            ]
+            for i, (port, inode) in enumerate(LISTEN[pid]):
+                rows.append(
+                    f"   {i}: 00000000:{port:04X} 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0"
+                    f"        0 {inode} 1 0000000000000000 100 0 0 10 0"
+                )
+            rows.append(  # a connection to the same port: not a listener
+                "   9: 0100007F:1F44 0100007F:D6A2 01 00000000:00000000 00:00000000 00000000     0        0 91099 1"
+            )
+            (d / "net" / "tcp").write_text("\n".join(rows) + "\n")
         for tid, (tcomm, tu, ts) in {
             pid: (comm, utime - 950 if utime > 950 else 0, stime - 50),
             **threads,
@@ -191,5 +235,6 @@ def write_page(path: Path) -> None:
 
 if __name__ == "__main__":
     write_proc(PROC)
-    write_page(PAGE)
+    if "--proc-only" not in sys.argv:
+        write_page(PAGE)
     print(f"wrote {PROC} and {PAGE}")

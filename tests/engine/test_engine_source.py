@@ -41,7 +41,7 @@ def free_port() -> int:
 
 def test_discovery_finds_every_engine_with_its_api_servers_and_multiprocess_dir():
     targets = {t.name: t for t in discover(str(PROC))}
-    assert sorted(targets) == ["sglang:30001", "vllm:8001", "vllm:8002", "vllm:8003"]
+    assert sorted(targets) == ["sglang:30001", "vllm:8001", "vllm:8002", "vllm:8003", "vllm:8004"]
     v = targets["vllm:8001"]
     assert v.url == "http://127.0.0.1:8001/metrics"
     assert v.api_server_pids == (4101, 4102) and v.api_server_count_cmdline == 2
@@ -50,13 +50,16 @@ def test_discovery_finds_every_engine_with_its_api_servers_and_multiprocess_dir(
     assert targets["vllm:8002"].api_server_pids == (4500,)  # one API server: the main process serves
     assert targets["vllm:8003"].api_server_pids == (4601, 4602)  # launched by a wrapper script
     assert targets["sglang:30001"].multiproc_dir == "/tmp/sglang-mp"
+    # vLLM 0.10 sets no titles: its API servers are the children holding the listening socket.
+    assert targets["vllm:8004"].api_server_pids == (4701, 4702)
+    assert targets["vllm:8004"].api_server_count_cmdline == 2
 
 
 def test_a_configured_url_on_a_discovered_port_joins_that_engine():
     merged = merge_targets([configured_target("http://localhost:8001/metrics")], discover(str(PROC)))
     joined = [t for t in merged if t.url == "http://localhost:8001/metrics"]
     assert len(joined) == 1 and joined[0].root_pid == 4100 and joined[0].name == "vllm:8001"
-    assert len(merged) == 4
+    assert len(merged) == 5
 
 
 async def test_configured_file_and_dead_url_read_as_one_good_and_one_failed_engine():
@@ -211,7 +214,7 @@ async def test_a_local_multiprocess_engine_is_read_from_its_files_with_processes
     import vllm_sim
 
     proc_root = tmp_path / "proc"
-    shutil.copytree(PROC, proc_root)
+    shutil.copytree(PROC, proc_root, symlinks=True)
     mp_dir = tmp_path / "mp"
     mp_dir.mkdir()
     for pid in (4100, 4101, 4102, 4103, 4104, 4105):
@@ -269,7 +272,7 @@ def test_a_multiprocess_dir_inside_another_container_is_reached_through_proc_roo
     import vllm_sim
 
     proc_root = tmp_path / "proc"
-    shutil.copytree(PROC, proc_root)
+    shutil.copytree(PROC, proc_root, symlinks=True)
     inside = proc_root / "4101" / "root" / "tmp" / "vllm-mp-a1"  # the engine's /tmp, seen from the host
     inside.mkdir(parents=True)
     vllm_sim.run_engine(str(inside), n_servers=1, steps=5, concurrency=2)

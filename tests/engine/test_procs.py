@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -37,7 +38,7 @@ def test_find_by_title_comm_or_command_line_words():
     found = procs.find(str(PROC), lambda p: procs.matches(p, title_prefix="VLLM::APIServer"))
     assert [p.pid for p in found] == [4101, 4102, 4601, 4602]
     found = procs.find(str(PROC), lambda p: procs.matches(p, cmdline_has=["vllm", "serve"]))
-    assert [p.pid for p in found] == [4100]  # "train.py --vllm serve" is not vllm
+    assert [p.pid for p in found] == [4100, 4700]  # "train.py --vllm serve" is not vllm
     assert [p.pid for p in procs.find(str(PROC), lambda p: procs.matches(p, comm="systemd"))] == [1]
 
 
@@ -54,7 +55,7 @@ def test_descendants_walk_the_whole_tree():
 
 def test_cpu_is_the_tick_delta_over_wall_time_per_process_and_thread(tmp_path):
     root = tmp_path / "proc"
-    shutil.copytree(PROC, root)
+    shutil.copytree(PROC, root, symlinks=True)
     now = [100.0]
     tracker = procs.CpuTracker(str(root), clock=lambda: now[0])
     info = procs.proc_info(str(root), 4101)
@@ -82,7 +83,7 @@ def test_cpu_is_the_tick_delta_over_wall_time_per_process_and_thread(tmp_path):
 
 def test_demand_adds_run_queue_wait_to_time_on_cpu(tmp_path):
     root = tmp_path / "proc"
-    shutil.copytree(PROC, root)
+    shutil.copytree(PROC, root, symlinks=True)
     sched = root / "4101" / "task" / "4111" / "schedstat"
     sched.write_text("1000000000 500000000 10\n")
     now = [0.0]
@@ -97,7 +98,7 @@ def test_demand_adds_run_queue_wait_to_time_on_cpu(tmp_path):
 
 def test_a_reused_pid_starts_a_new_baseline(tmp_path):
     root = tmp_path / "proc"
-    shutil.copytree(PROC, root)
+    shutil.copytree(PROC, root, symlinks=True)
     now = [0.0]
     tracker = procs.CpuTracker(str(root), clock=lambda: now[0])
     info = procs.proc_info(str(root), 4102)
@@ -143,3 +144,28 @@ def test_a_real_spinning_process_uses_one_core_in_its_busiest_thread():
     finally:
         child.kill()
         child.wait()
+
+
+def test_listening_sockets_and_their_holders_in_a_fixture_tree():
+    assert procs.listening_inodes(str(PROC), 4700, 8004) == {91001}  # the established 8004 connection is not
+    assert procs.socket_inodes(str(PROC), 4701) == {91001, 91077}
+    assert procs.socket_inodes(str(PROC), 4703) == {91078}
+
+
+def test_a_child_that_inherited_a_listening_socket_holds_it():
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        child = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(30)"], pass_fds=[sock.fileno()]
+        )
+        try:
+            listening = procs.listening_inodes("/proc", os.getpid(), port)
+            assert len(listening) == 1
+            assert listening <= procs.socket_inodes("/proc", child.pid)
+        finally:
+            child.kill()
+            child.wait()

@@ -85,6 +85,7 @@ class Steps:
     gpu: int = 0  # ns of GPU busy time inside the steps (0 when CUPTI is elsewhere)
     tokens: int = 0  # scheduled tokens over the steps
     seqs: int = 0  # scheduled sequences summed over the steps (batch size x steps)
+    measured: int = 0  # 1 when this process's CUPTI saw the GPU work (gpu is meaningful), else 0
     hist: tuple[int, ...] = ()  # step wall times per STEP_BUCKETS (non-cumulative, +Inf last)
     t0: int = 0
     t1: int = 0
@@ -136,6 +137,7 @@ def _steps_dict(s: Steps) -> dict[str, Any]:
         "gpu": s.gpu,
         "tokens": s.tokens,
         "seqs": s.seqs,
+        "measured": s.measured,
         "hist": list(s.hist),
         "t0": s.t0,
         "t1": s.t1,
@@ -236,6 +238,7 @@ def _steps(d: Any) -> Steps:
         gpu=_int(d, "gpu", 0),
         tokens=_int(d, "tokens", 0),
         seqs=_int(d, "seqs", 0),
+        measured=1 if _int(d, "measured", 0) else 0,
         hist=_ints(d, "hist", STEP_BUCKET_COUNT),
         t0=_int(d, "t0", 0),
         t1=_int(d, "t1", 0),

@@ -138,6 +138,7 @@ async def test_engine_steps_are_summed_per_engine(feed: AgentFeed) -> None:
         2240,
     )
     assert steps.step_hist[5] == 14
+    assert steps.gpu_measured is False  # this agent saw no GPU work of its own (vLLM EngineCore, mp executor)
 
 
 async def test_latest_ratio_is_kept_between_windows_while_the_agent_lives(feed: AgentFeed) -> None:

@@ -22,6 +22,7 @@ class StepTracker:
         self._steps: collections.deque[list[Any]] = collections.deque(maxlen=MAX_STEPS)
         self._lock = threading.Lock()
         self._ready_until = 0
+        self._gpu_seen = False  # a window of a device closed here: step GPU time is measured
         self.lag_ns = 1_500_000_000  # when no window of this process closes (GPU work elsewhere)
 
     def record(self, engine: str, t0: int, t1: int, tokens: int = 0, seqs: int = 0) -> None:
@@ -30,6 +31,7 @@ class StepTracker:
 
     def attach_gpu(self, summary: WindowSummary, dev: int) -> None:
         """Add the busy time of one closed window to the steps that overlap it."""
+        self._gpu_seen = True
         if summary.t1 > self._ready_until:
             self._ready_until = summary.t1
         if not self._steps or not summary.iv:

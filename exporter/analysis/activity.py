@@ -42,7 +42,8 @@ def accumulate(snap: Snapshot, cfg: Config, prev: Snapshot | None = None) -> Inc
         if s.steps <= 0:
             continue
         inc.count("boundwatch_engine_steps_total", (s.engine, "agent"), s.steps)
-        inc.count("boundwatch_engine_step_gpu_seconds_total", (s.engine,), s.gpu_busy_ns * NS)
+        if s.gpu_measured:  # else CUPTI ran in other processes: no GPU time to add here
+            inc.count("boundwatch_engine_step_gpu_seconds_total", (s.engine,), s.gpu_busy_ns * NS)
         if s.step_hist:
             inc.observe(
                 "boundwatch_engine_step_seconds",

@@ -58,6 +58,7 @@ class EngineSteps:
     step_hist: tuple[int, ...] = field(default=())  # per STEP_BUCKETS_SECONDS (+Inf last), non-cumulative
     tokens: int = 0  # scheduled tokens over the steps
     seqs: int = 0  # scheduled sequences summed over the steps (mean batch = seqs / steps)
+    gpu_measured: bool = True  # False: CUPTI ran in other processes (vLLM mp executor), gpu_busy_ns is 0
 
 
 @dataclass(frozen=True)

@@ -236,7 +236,9 @@ class AgentFeed:
     def _merge_steps(self) -> tuple[EngineSteps, ...]:
         by_engine: dict[str, list[int]] = {}
         hists: dict[str, list[int]] = {}
+        measured: dict[str, bool] = {}
         for s in self._steps:
+            measured[s.engine] = measured.get(s.engine, False) or bool(s.measured)
             tot = by_engine.setdefault(s.engine, [0, 0, 0, 0, 0])
             tot[0] += s.n
             tot[1] += s.wall
@@ -256,6 +258,7 @@ class AgentFeed:
                 step_hist=tuple(hists[e]),
                 tokens=t[3],
                 seqs=t[4],
+                gpu_measured=measured[e],
             )
             for e, t in sorted(by_engine.items())
         )

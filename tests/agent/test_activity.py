@@ -86,3 +86,13 @@ def test_agents_gauge_counts_states_per_nvml_index() -> None:
     values = {(s.labels["gpu"], s.labels["state"]): s.value for s in fam.samples}
     assert values[("3", "running")] == 1 and values[("3", "stale")] == 1
     assert values[("3", "preempted")] == 0 and values[("3", "unavailable")] == 0
+
+
+def test_steps_timed_where_cupti_saw_no_gpu_work_add_no_step_gpu_seconds() -> None:
+    steps = EngineSteps(
+        "vllm", 139, 139 * 72 * MS, 0, step_hist=(0,) * 5 + (139,) + (0,) * 6, gpu_measured=False
+    )
+    snap = Snapshot(seq=1, at=0.0, mono=0.0, interval=0.5, dt=0.5, agent=AgentReading(steps=(steps,)))
+    c = activity.accumulate(snap, Config()).counters
+    assert c[("boundwatch_engine_steps_total", ("vllm", "agent"))] == 139
+    assert ("boundwatch_engine_step_gpu_seconds_total", ("vllm",)) not in c

@@ -130,6 +130,15 @@ def test_agent_steps_counted_as_vllm_belong_to_the_vllm_engine() -> None:
     assert got.get("step_method") == "agent"
 
 
+def test_steps_timed_without_their_gpu_time_do_not_claim_step_overhead() -> None:
+    # vLLM's multiprocess executor: EngineCore times steps, the GPU runs in worker processes.
+    scene = Scene(busy=0.27, running=64, max_num_seqs=64, api_cpu=0.3, step_ms=72, step_gpu_ms=19)
+    got = last_verdict(series(dataclasses.replace(scene, step_gpu_measured=False), 3.0))
+    assert got.get("step_seconds") == pytest.approx(0.072, rel=0.01)
+    assert got.get("step_gpu_seconds") is None
+    assert got.reasons == ("unknown",)
+
+
 def test_seed000_evidence_reads_like_the_report() -> None:
     got = last_verdict(series(Scene(**SEED_000, api_cpu=0.99, step_ms=72, step_gpu_ms=19), 3.0))
     assert got.busy_ratio == pytest.approx(0.27)

@@ -38,6 +38,7 @@ class Scene:
     engine: bool = True
     gpus: tuple[int, ...] = ()
     idle_gap_ms: float = 0.0  # idle gaps over 1 ms per tick, total
+    step_gpu_measured: bool = True  # False: the steps' CUPTI ran in other processes (vLLM mp executor)
     nvml: bool = True  # NVML (and GPM) readings present
     nvml_busy: float | None = None  # what GPM and utilization.gpu say this tick (None: the same as busy)
 
@@ -117,7 +118,12 @@ class Recorder:
             steps = ()
             if s.step_ms is not None and s.step_gpu_ms is not None:
                 n = max(1, round(TICK * 1000 / s.step_ms))
-                steps = (EngineSteps("vllm", n, int(n * s.step_ms * 1e6), int(n * s.step_gpu_ms * 1e6)),)
+                gpu_ns = int(n * s.step_gpu_ms * 1e6) if s.step_gpu_measured else 0
+                steps = (
+                    EngineSteps(
+                        "vllm", n, int(n * s.step_ms * 1e6), gpu_ns, gpu_measured=s.step_gpu_measured
+                    ),
+                )
             agent = AgentReading(activity=(act,), steps=steps)
         device = s.busy if s.nvml_busy is None else s.nvml_busy
         gpu = GpuReading(

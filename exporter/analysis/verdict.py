@@ -344,7 +344,9 @@ def gather(
         if cb > 0:
             f["graph_share"] = min(1.0, cg / cb)
     engine_names = {e.name for _, es in good for e in es}
-    steps = wall_ns = step_gpu_ns = 0
+    # Steps timed by the agent; their GPU time only where CUPTI ran in the engine's own process
+    # (vLLM's multiprocess executor times steps in EngineCore and runs the GPU in workers).
+    steps = wall_ns = measured = step_gpu_ns = 0
     for s in inside:
         if s.agent is None:
             continue
@@ -353,12 +355,15 @@ def gather(
                 continue
             steps += st.steps
             wall_ns += st.wall_ns
-            step_gpu_ns += st.gpu_busy_ns
+            if st.gpu_measured:
+                measured += st.steps
+                step_gpu_ns += st.gpu_busy_ns
     span = float(f["span_seconds"])  # type: ignore[arg-type]
     if steps > 0:
         f["step_method"] = "agent"
         f["step_seconds"] = wall_ns / steps / 1e9
-        f["step_gpu_seconds"] = step_gpu_ns / steps / 1e9
+        if measured:
+            f["step_gpu_seconds"] = step_gpu_ns / measured / 1e9
         if span > 0:
             f["steps_per_second"] = steps / span
     elif good and len(win) > 1 and span > 0:

@@ -51,7 +51,7 @@ class EngineConfig:
     urls: tuple[str, ...] = ()  # explicit /metrics URLs; discovered engines are added
     discover: bool = True
     read_multiproc_files: bool = True  # read PROMETHEUS_MULTIPROC_DIR directly instead of HTTP when local
-    timeout_seconds: float = 0.4
+    timeout_seconds: float = 2.0  # a saturated API server answers late; the tick does not wait for it
     api_server_saturated: float = 0.9  # busiest-thread CPU share that counts as saturated
 
 

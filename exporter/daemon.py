@@ -127,4 +127,9 @@ async def serve(
         with contextlib.suppress(asyncio.CancelledError):
             await ticking
         await runner.cleanup()
+        for source in sources:
+            aclose = getattr(source, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
         sampler.close()

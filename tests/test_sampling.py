@@ -7,6 +7,7 @@ import pytest
 
 from exporter.config import Config, NvmlConfig
 from exporter.sampling import Sampler
+from exporter.snapshot.engine import EngineReading
 from exporter.sources.base import BlockingReader, SourceUnavailable
 from exporter.sources.nvml import NvmlSource
 from tests.nvml_standin import FakeGpu, FakeNvml
@@ -128,3 +129,54 @@ async def test_run_ticks_on_schedule_until_stopped():
     stop.set()
     await asyncio.wait_for(task, 1)
     assert 5 <= sampler.latest().seq <= 8
+
+
+class Slow:
+    """An engine that answers in `delay` seconds, like a saturated API server."""
+
+    name = "engine"
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.reads = 0
+
+    async def read(self):
+        self.reads += 1
+        await asyncio.sleep(self.delay)
+        return (EngineReading(name="vllm:8000", kind="vllm", running=float(self.reads)),)
+
+    def close(self) -> None:
+        pass
+
+
+async def test_a_slow_read_does_not_hold_the_tick_and_its_last_reading_is_reused():
+    cfg = Config(tick_seconds=0.1, history_seconds=10)
+    slow = Slow(0.0)
+    sampler = Sampler(cfg, [slow])
+    first = await sampler.tick()
+    assert first.engines[0].running == 1
+    slow.delay = 0.25  # 2.5 ticks
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    second = await sampler.tick()
+    assert loop.time() - t0 < 0.2  # the tick waited its budget (80 ms), not the read
+    status = second.source("engine")
+    assert status.up and status.late and second.engines[0].running == 1
+    for _ in range(4):
+        snap = await sampler.tick()
+    assert slow.reads == 3  # the slow read was awaited again, never started twice
+    assert snap.engines[0].running >= 2
+
+
+async def test_a_read_that_stays_late_past_the_stale_limit_marks_the_source_down():
+    cfg = Config(tick_seconds=0.05, history_seconds=10)
+    slow = Slow(0.0)
+    clock = Clock()
+    sampler = Sampler(cfg, [slow], clock=clock)
+    await sampler.tick()
+    slow.delay = 10
+    clock.t += 3.0  # past the 2 s stale limit
+    snap = await sampler.tick()
+    assert snap.source("engine").up is False and "still running" in snap.source("engine").last_error
+    assert snap.engines == ()
+    sampler.close()

@@ -30,7 +30,7 @@ class SourceStatus:
     errors_total: int = 0
     last_error: str = ""
     duration_seconds: float = 0.0
-    enabled: bool = True
+    late: bool = False  # the read outlasted the tick: its last reading was reused
 
 
 @dataclass(frozen=True)

@@ -23,15 +23,15 @@ class NVMLError(Exception):
     """Base of the stand-in's errors."""
 
 
-class NVMLError_NotSupported(NVMLError):  # noqa: N801 - pynvml's naming
+class NVMLError_NotSupported(NVMLError):
     """A field the GPU does not have."""
 
 
-class NVMLError_LibraryNotFound(NVMLError):  # noqa: N801
+class NVMLError_LibraryNotFound(NVMLError):
     """No driver on this machine."""
 
 
-class NVMLError_GpuIsLost(NVMLError):  # noqa: N801
+class NVMLError_GpuIsLost(NVMLError):
     """The GPU fell off the bus."""
 
 
@@ -39,7 +39,7 @@ class _Metric(ctypes.Structure):
     _fields_ = [("metricId", ctypes.c_uint), ("nvmlReturn", ctypes.c_uint), ("value", ctypes.c_double)]
 
 
-class c_nvmlGpmMetricsGet_t(ctypes.Structure):  # noqa: N801
+class c_nvmlGpmMetricsGet_t(ctypes.Structure):
     _fields_ = [
         ("version", ctypes.c_uint),
         ("numMetrics", ctypes.c_uint),
@@ -62,9 +62,8 @@ class FakeGpu:
     mem_used: int = 80 * 2**30
     mem_total: int = 143_771 * 2**20
     energy_mj: int = 123_456_789
-    gpm: dict[int, float] = field(
-        default_factory=lambda: {1: 98.7, 2: 95.2, 3: 14.1, 5: 92.4, 10: 17.1}
-    )
+    gpm: dict[int, float] = field(default_factory=lambda: {1: 98.7, 2: 95.2, 3: 14.1, 5: 92.4, 10: 17.1})
+    pids: tuple[int, ...] = ()
     no_power: bool = False
     lost: bool = False
 
@@ -81,7 +80,9 @@ class FakeNvml:
     NVML_GPM_METRIC_DRAM_BW_UTIL = NVML_GPM_METRIC_DRAM_BW_UTIL
     c_nvmlGpmMetricsGet_t = c_nvmlGpmMetricsGet_t
 
-    def __init__(self, gpus: list[FakeGpu] | None = None, driver_present: bool = True, gpm: bool = True) -> None:
+    def __init__(
+        self, gpus: list[FakeGpu] | None = None, driver_present: bool = True, gpm: bool = True
+    ) -> None:
         self.gpus = gpus if gpus is not None else [FakeGpu()]
         self.driver_present = driver_present
         self.gpm_supported = gpm
@@ -148,6 +149,9 @@ class FakeNvml:
     def nvmlDeviceGetMemoryInfo(self, h: int) -> Any:
         g = self._gpu(h)
         return SimpleNamespace(used=g.mem_used, total=g.mem_total, free=g.mem_total - g.mem_used)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[Any]:
+        return [SimpleNamespace(pid=pid, usedGpuMemory=2**30) for pid in self._gpu(h).pids]
 
     def nvmlDeviceGetTotalEnergyConsumption(self, h: int) -> int:
         self._count("energy")

@@ -17,6 +17,7 @@ from exporter.analysis.increments import Increments, apply
 from exporter.config import Config
 from exporter.snapshot import Snapshot
 from exporter.snapshot.agent import AgentReading
+from exporter.snapshot.gpu import GpuReading
 
 
 def _area(name: str) -> ModuleType | None:
@@ -53,6 +54,33 @@ def resolve_agent_gpus(snap: Snapshot) -> Snapshot:
     )
     agent: AgentReading = dataclasses.replace(snap.agent, activity=activity_, agents=agents)
     return dataclasses.replace(snap, agent=agent)
+
+
+def _visible(spec: str, gpus: Sequence[GpuReading]) -> tuple[int, ...]:
+    """Map a CUDA_VISIBLE_DEVICES value (indices or UUIDs) to NVML indices."""
+    out = []
+    for item in (part.strip() for part in spec.split(",")):
+        if item.isdigit():
+            out.append(int(item))
+        else:
+            out.extend(g.index for g in gpus if item and g.uuid.startswith(item))
+    return tuple(sorted(set(out)))
+
+
+def resolve_engine_gpus(snap: Snapshot) -> Snapshot:
+    """Tell which GPUs each engine drives: its processes on NVML's process lists, else CUDA_VISIBLE_DEVICES."""
+    if not snap.engines or not snap.gpus:
+        return snap
+    engines = []
+    for e in snap.engines:
+        gpus = e.gpus
+        if not gpus and e.pids:
+            own = set(e.pids)
+            gpus = tuple(g.index for g in snap.gpus if own & set(g.pids))
+        if not gpus and e.cuda_visible_devices:
+            gpus = _visible(e.cuda_visible_devices, snap.gpus)
+        engines.append(dataclasses.replace(e, gpus=gpus) if gpus != e.gpus else e)
+    return dataclasses.replace(snap, engines=tuple(engines))
 
 
 def pick_busy(snap: Snapshot) -> dict[int, tuple[float, str]]:
@@ -95,7 +123,7 @@ ACCUMULATORS: tuple[Callable[..., Increments], ...] = tuple(
 def advance(history: Sequence[Snapshot], raw: Snapshot, cfg: Config) -> Snapshot:
     """Return the next Snapshot from this tick's raw readings and the snapshots before it."""
     prev = history[-1] if history else None
-    snap = resolve_agent_gpus(raw)
+    snap = resolve_engine_gpus(resolve_agent_gpus(raw))
     if prev is not None:
         snap = dataclasses.replace(snap, counters=prev.counters, histograms=prev.histograms, probe=prev.probe)
     snap = dataclasses.replace(snap, busy=MappingProxyType(pick_busy(snap)))

@@ -48,6 +48,7 @@ class GpuReading:
     memory_used_bytes: int | None = None
     memory_total_bytes: int | None = None
     gpm: GpmRatios | None = None
+    pids: tuple[int, ...] = field(default=())  # compute processes on this GPU (never a label)
     errors: tuple[str, ...] = field(default=())
 
     def clock_events(self) -> dict[str, bool]:

@@ -174,6 +174,7 @@ class NvmlSource:
                 dev.energy_joules = float(energy_mj) / 1e3
                 dev.energy_read_at = now
         gpm = get("gpm", lambda: self._gpm_ratios(dev)) if dev.gpm_sample is not None else None
+        procs = get("processes", lambda: nvml.nvmlDeviceGetComputeRunningProcesses(h))
         return GpuReading(
             index=dev.index,
             uuid=dev.uuid,
@@ -190,6 +191,7 @@ class NvmlSource:
             memory_used_bytes=int(mem.used) if mem is not None else None,
             memory_total_bytes=int(mem.total) if mem is not None else None,
             gpm=gpm,
+            pids=tuple(sorted({int(p.pid) for p in procs or ()})),
             errors=tuple(errors),
         )
 

@@ -1,0 +1,42 @@
+"""The pipeline's own steps: which GPUs an engine drives, and the busy source it prefers."""
+
+from exporter.analysis.pipeline import pick_busy, resolve_engine_gpus
+from exporter.snapshot import Snapshot
+from exporter.snapshot.engine import EngineReading
+from exporter.snapshot.gpu import GpmRatios, GpuReading
+
+
+def _gpu(i, pids=(), util=None, gpm=None):
+    return GpuReading(
+        index=i, uuid=f"GPU-{i}aaa", name="NVIDIA H200", driver="580", pids=pids, utilization=util, gpm=gpm
+    )
+
+
+def _snap(gpus, engines):
+    return Snapshot(seq=1, at=0.0, mono=0.0, interval=0.5, dt=0.5, gpus=tuple(gpus), engines=tuple(engines))
+
+
+def test_engine_drives_the_gpus_its_processes_run_on():
+    snap = _snap(
+        [_gpu(0, pids=(4701,)), _gpu(1, pids=(4702,)), _gpu(2, pids=(999,))],
+        [EngineReading(name="vllm:8000", kind="vllm", pids=(4700, 4701, 4702))],
+    )
+    assert resolve_engine_gpus(snap).engines[0].gpus == (0, 1)
+
+
+def test_cuda_visible_devices_is_the_fallback_by_index_or_uuid():
+    gpus = [_gpu(0), _gpu(1), _gpu(2)]
+    by_index = _snap(gpus, [EngineReading(name="a", kind="vllm", cuda_visible_devices="2,1")])
+    by_uuid = _snap(gpus, [EngineReading(name="b", kind="sglang", cuda_visible_devices="GPU-1")])
+    assert resolve_engine_gpus(by_index).engines[0].gpus == (1, 2)
+    assert resolve_engine_gpus(by_uuid).engines[0].gpus == (1,)
+
+
+def test_engine_that_cannot_be_placed_drives_all_gpus():
+    snap = _snap([_gpu(0), _gpu(1)], [EngineReading(name="vllm:8000", kind="vllm")])
+    assert resolve_engine_gpus(snap).engines[0].gpus == ()
+
+
+def test_busy_prefers_gpm_over_nvml_utilization():
+    snap = _snap([_gpu(0, util=1.0, gpm=GpmRatios(graphics=0.27, sm=0.26)), _gpu(1, util=0.5)], [])
+    assert pick_busy(snap) == {0: (0.27, "gpm"), 1: (0.5, "nvml")}

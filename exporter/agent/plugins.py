@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 _patched: set[str] = set()
+_steps_started: list[bool] = []
 
 
 def _enabled() -> bool:
@@ -93,6 +94,10 @@ def wrap_step(step: Any, engine: str, batch_of: Any) -> Any:
                 from exporter import agent
 
                 a = agent.current()
+                if a is None and not _steps_started:
+                    _steps_started.append(True)  # once: only a process that really steps gets an agent
+                    _start(f"{engine}_engine", cupti=False)
+                    a = agent.current()
                 if a is not None:
                     a.steps.record(engine, t0, t1, tokens, seqs)
         except Exception:
@@ -141,8 +146,7 @@ def _patch_vllm_engine_core() -> None:
     if patched_any:
         schedule_wrapped.__boundwatch__ = True  # type: ignore[attr-defined]
         sched_cls.schedule = schedule_wrapped
-        _patched.add("vllm_engine")
-        _start("vllm_engine", cupti=False)  # steps only; a uni-executor worker here adds CUPTI later
+        _patched.add("vllm_engine")  # the steps-only agent starts at the first step (EngineCore only)
 
 
 # --- SGLang -------------------------------------------------------------------------------
@@ -152,11 +156,12 @@ def sglang_plugin() -> None:
     """Entry point `sglang.srt.plugins`: start the agent in the scheduler process (SGLang's GPU worker)."""
     if not _enabled():
         return
-    import multiprocessing
-
-    name = multiprocessing.current_process().name
-    if "sglang.srt.managers.scheduler" in sys.modules or "scheduler" in name.lower():
-        _start("sglang_scheduler")
+    frame = sys._getframe(1)
+    while frame is not None:  # loaded from run_scheduler_process: the scheduler, SGLang's GPU worker
+        if frame.f_code.co_name == "run_scheduler_process":
+            _start("sglang_scheduler")
+            return
+        frame = frame.f_back  # type: ignore[assignment]
 
 
 # --- any Python process --------------------------------------------------------------------

@@ -53,3 +53,27 @@ def test_vllm_plugin_does_nothing_without_vllm() -> None:
     plugins.vllm_plugin()
     plugins.sglang_plugin()
     assert "vllm" not in sys.modules
+
+
+def test_sglang_plugin_starts_the_agent_only_inside_the_scheduler_process(
+    monkeypatch, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    import pytest
+
+    pytest.importorskip("numpy")
+    from exporter import agent
+    from exporter.agent import plugins
+
+    monkeypatch.setenv("BOUNDWATCH_AGENT_SOCKET", str(tmp_path / "agent.sock"))
+    plugins.sglang_plugin()  # the launcher, a detokenizer: nothing starts
+    assert agent.current() is None
+
+    def run_scheduler_process() -> None:
+        plugins.sglang_plugin()
+
+    try:
+        run_scheduler_process()
+        a = agent.current()
+        assert a is not None and a.settings.role == "sglang_scheduler"
+    finally:
+        agent.stop()

@@ -199,6 +199,13 @@ METRICS: tuple[MetricSpec, ...] = (
         "boundwatch_engine_info", "gauge", "Engine identity; always 1.", ["engine", "kind", "model"], "engine"
     ),
     _m(
+        "boundwatch_engine_up",
+        "gauge",
+        "Whether the last read of an engine's metrics succeeded (1) or not (0); its figures are dropped while 0.",
+        ["engine"],
+        "engine",
+    ),
+    _m(
         "boundwatch_engine_requests_running",
         "gauge",
         "Requests the engine scheduler is running.",

@@ -13,6 +13,7 @@ from exporter.snapshot import Snapshot
 def render(snap: Snapshot) -> Iterator[Metric]:
     """Yield the engine gauges and pass-through counters of the latest snapshot."""
     info = gauge("boundwatch_engine_info")
+    up = gauge("boundwatch_engine_up")
     running = gauge("boundwatch_engine_requests_running")
     waiting = gauge("boundwatch_engine_requests_waiting")
     kv = gauge("boundwatch_engine_kv_cache_usage_ratio")
@@ -27,6 +28,7 @@ def render(snap: Snapshot) -> Iterator[Metric]:
     for e in snap.engines:
         labels = [e.name]
         info.add_metric([e.name, e.kind, e.model], 1.0)
+        up.add_metric(labels, 0.0 if e.error else 1.0)
         if e.scrape_seconds is not None:
             scrape.add_metric(labels, e.scrape_seconds)
         if e.api_server_count is not None:
@@ -49,5 +51,5 @@ def render(snap: Snapshot) -> Iterator[Metric]:
                 fam.add_metric(labels, value)
         if e.spec_acceptance is not None:
             spec.add_metric(labels, e.spec_acceptance)
-    yield from (info, running, waiting, kv, servers, spec, thread_cpu, process_cpu, scrape)
+    yield from (info, up, running, waiting, kv, servers, spec, thread_cpu, process_cpu, scrape)
     yield from (prompt, generation, preemptions)

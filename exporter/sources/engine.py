@@ -24,6 +24,7 @@ from typing import NamedTuple
 from urllib.parse import urlparse
 
 import aiohttp
+import structlog
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.analysis import dedup, engine_page
@@ -34,6 +35,8 @@ from exporter.snapshot.host import CgroupCpu, ProcessCpu
 from exporter.sources import procs
 from exporter.sources.base import BlockingReader, SourceUnavailable
 from exporter.sources.cgroup import cgroup_path_of, read_cgroup_cpu
+
+log = structlog.get_logger("boundwatch.engine")
 
 DISCOVER_EVERY_SECONDS = 5.0
 SPEC_WINDOW_SECONDS = 10.0
@@ -467,6 +470,7 @@ class EngineSource:
         self._closing: asyncio.Task[None] | None = None
         self._readers: dict[str, MultiprocReader] = {}  # multiprocess dir -> its reader (and file index)
         self._spec: dict[str, deque[tuple[float, float | None, float | None]]] = {}
+        self._said_none = False
 
     @property
     def targets(self) -> tuple[EngineTarget, ...]:
@@ -485,7 +489,11 @@ class EngineSource:
             self._targets = merge_targets(self._configured, found)
             self._discovered_at = now
         if not self._targets:
-            raise SourceUnavailable("no engine found on this host and none configured")
+            if not self._said_none:
+                log.info("no_engine", detail="no vLLM or SGLang engine found on this host and none configured")
+                self._said_none = True
+            return ()  # nothing to read is not a failure: the source stays up
+        self._said_none = False
         pages = await asyncio.gather(*(self._fetch(t) for t in self._targets))
         return await self._blocking.run(lambda: self._build(pages))
 

@@ -36,12 +36,9 @@ def build_sources(cfg: Config) -> list[Source]:
 
         sources.append(EngineSource(cfg))
     if cfg.agent.enabled:
-        try:
-            from exporter.sources.agent_feed import AgentFeed
-        except ImportError:  # TODO(lead): remove once the agent feed lands
-            log.warning("agent_feed_missing")
-        else:
-            sources.append(AgentFeed(cfg.agent))
+        from exporter.sources.agent_feed import AgentFeed
+
+        sources.append(AgentFeed(cfg.agent))
     return sources
 
 

@@ -8,29 +8,16 @@ area's counter increments, then classify.
 from __future__ import annotations
 
 import dataclasses
-import importlib
-from collections.abc import Callable, Sequence
-from types import MappingProxyType, ModuleType
+from collections.abc import Sequence
+from types import MappingProxyType
 from typing import Protocol
 
+from exporter.analysis import activity, engine, verdict
 from exporter.analysis.increments import Increments, apply
 from exporter.config import Config
 from exporter.snapshot import Snapshot
 from exporter.snapshot.agent import AgentReading
 from exporter.snapshot.gpu import GpuReading
-
-
-def _area(name: str) -> ModuleType | None:
-    # Areas land one by one; an absent area contributes nothing.
-    try:
-        return importlib.import_module(f"exporter.analysis.{name}")
-    except ModuleNotFoundError:
-        return None
-
-
-activity = _area("activity")
-engine = _area("engine")
-verdict = _area("verdict")
 
 
 class Accumulate(Protocol):
@@ -91,9 +78,8 @@ def pick_busy(snap: Snapshot) -> dict[int, tuple[float, str]]:
             busy[g.index] = (g.utilization, "nvml")
         if g.gpm is not None and g.gpm.graphics is not None:
             busy[g.index] = (g.gpm.graphics, "gpm")
-    if activity is not None:
-        for gpu, ratio in activity.cupti_busy_ratio(snap).items():
-            busy[gpu] = (ratio, "cupti")
+    for gpu, ratio in activity.cupti_busy_ratio(snap).items():
+        busy[gpu] = (ratio, "cupti")
     return busy
 
 
@@ -115,9 +101,7 @@ def device_busy_increments(snap: Snapshot) -> Increments:
     return inc
 
 
-ACCUMULATORS: tuple[Callable[..., Increments], ...] = tuple(
-    m.accumulate for m in (activity, engine, verdict) if m is not None and hasattr(m, "accumulate")
-)
+ACCUMULATORS: tuple[Accumulate, ...] = (activity.accumulate, engine.accumulate, verdict.accumulate)
 
 
 def advance(history: Sequence[Snapshot], raw: Snapshot, cfg: Config) -> Snapshot:
@@ -127,8 +111,7 @@ def advance(history: Sequence[Snapshot], raw: Snapshot, cfg: Config) -> Snapshot
     if prev is not None:
         snap = dataclasses.replace(snap, counters=prev.counters, histograms=prev.histograms, probe=prev.probe)
     snap = dataclasses.replace(snap, busy=MappingProxyType(pick_busy(snap)))
-    if verdict is not None and hasattr(verdict, "classify_tick"):
-        snap = verdict.classify_tick(history, snap, cfg)
+    snap = verdict.classify_tick(history, snap, cfg)
     inc = device_busy_increments(snap)
     for acc in ACCUMULATORS:
         inc.merge(acc(snap, cfg, prev))

@@ -6,7 +6,6 @@ served as if fresh: only the exporter's own families are rendered then, with its
 
 from __future__ import annotations
 
-import importlib
 import platform
 import time
 from collections.abc import Callable, Iterator
@@ -17,7 +16,7 @@ from prometheus_client.metrics_core import Metric
 
 from exporter import __version__
 from exporter import catalogue as c
-from exporter.export import busy, gpu, host, totals
+from exporter.export import activity, busy, engine, gpu, host, probe, totals, verdict
 from exporter.snapshot import Snapshot
 
 log = structlog.get_logger("boundwatch.export")
@@ -25,18 +24,7 @@ log = structlog.get_logger("boundwatch.export")
 RenderFn = Callable[[Snapshot], Iterator[Metric]]
 
 
-def _area(name: str) -> ModuleType | None:
-    try:
-        return importlib.import_module(f"exporter.export.{name}")
-    except ModuleNotFoundError:
-        return None
-
-
-AREAS: tuple[ModuleType, ...] = tuple(
-    m
-    for m in (gpu, busy, host, *(_area(n) for n in ("activity", "engine", "verdict", "probe")))
-    if m is not None
-)
+AREAS: tuple[ModuleType, ...] = (gpu, busy, host, activity, engine, verdict, probe)
 
 
 def render_self(snap: Snapshot | None, age: float | None, interval: float) -> Iterator[Metric]:

@@ -45,6 +45,16 @@ def wait_for(url: str, seconds: float = 20.0) -> bytes:
     raise TimeoutError(f"{url} did not answer in {seconds}s: {last}")
 
 
+def stop(proc: subprocess.Popen[Any]) -> None:
+    """Terminate a process, killing it if it has not exited within 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
 @contextmanager
 def daemon(tmp: Path, extra: Sequence[str] = (), env: dict[str, str] | None = None) -> Iterator[str]:
     """Run `python -m exporter` on a free loopback port; yield its base URL."""
@@ -70,11 +80,7 @@ def daemon(tmp: Path, extra: Sequence[str] = (), env: dict[str, str] | None = No
         wait_for(base + "/healthz")
         yield base
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
         log.close()
 
 
@@ -110,11 +116,7 @@ def prometheus(tmp: Path, targets: Sequence[str], interval: str = "1s") -> Itera
         wait_for(base + "/-/ready", seconds=30)
         yield base
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
         log.close()
 
 

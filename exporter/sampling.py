@@ -94,13 +94,21 @@ class Sampler:
         if not done:
             age = None if state.last_ok is None else self._clock() - state.last_ok
             if age is not None and age <= self._stale:
-                return state.last_reading, SourceStatus(source.name, True, state.errors_total, "", duration, late=True)
-            return None, self._down(source.name, state, f"read still running after {duration:.1f}s", duration, False)
+                return state.last_reading, SourceStatus(
+                    source.name, True, state.errors_total, "", duration, late=True
+                )
+            return None, self._down(
+                source.name, state, f"read still running after {duration:.1f}s", duration, False
+            )
         future, state.pending = state.pending, None
         exc = future.exception()
         if exc is not None:
-            counted = not isinstance(exc, SourceUnavailable)  # an absent GPU or engine is a state, not an error
-            return None, self._down(source.name, state, str(exc) or type(exc).__name__, duration, counted, exc)
+            counted = not isinstance(
+                exc, SourceUnavailable
+            )  # an absent GPU or engine is a state, not an error
+            return None, self._down(
+                source.name, state, str(exc) or type(exc).__name__, duration, counted, exc
+            )
         reading = future.result()
         if state.up is False:
             log.info("source_up", source=source.name)

@@ -17,8 +17,14 @@ def test_defaults_run_anywhere():
 
 def test_toml_then_environment_then_flags_win_in_order(tmp_path):
     toml = tmp_path / "bw.toml"
-    toml.write_text('tick_seconds = 0.25\n[web]\nport = 9100\naddress = "127.0.0.1"\n[engine]\nurls = ["http://127.0.0.1:8000/metrics"]\n')
-    env = {"BOUNDWATCH_WEB__PORT": "9200", "BOUNDWATCH_VERDICT__BUSY_LOW": "0.5", "BOUNDWATCH_NVML__ENABLED": "false"}
+    toml.write_text(
+        'tick_seconds = 0.25\n[web]\nport = 9100\naddress = "127.0.0.1"\n[engine]\nurls = ["http://127.0.0.1:8000/metrics"]\n'
+    )
+    env = {
+        "BOUNDWATCH_WEB__PORT": "9200",
+        "BOUNDWATCH_VERDICT__BUSY_LOW": "0.5",
+        "BOUNDWATCH_NVML__ENABLED": "false",
+    }
     cfg = load(str(toml), environ=env, overrides={"web.port": 9300})
     assert cfg.tick_seconds == 0.25
     assert cfg.web.address == "127.0.0.1"
@@ -29,7 +35,9 @@ def test_toml_then_environment_then_flags_win_in_order(tmp_path):
 
 
 def test_env_list_is_comma_separated():
-    cfg = load(environ={"BOUNDWATCH_ENGINE__URLS": "http://127.0.0.1:8000/metrics, http://127.0.0.1:30000/metrics"})
+    cfg = load(
+        environ={"BOUNDWATCH_ENGINE__URLS": "http://127.0.0.1:8000/metrics, http://127.0.0.1:30000/metrics"}
+    )
     assert cfg.engine.urls == ("http://127.0.0.1:8000/metrics", "http://127.0.0.1:30000/metrics")
 
 
@@ -67,6 +75,10 @@ def test_check_config_exits_2_on_a_bad_value(capsys):
 
 
 def test_agent_section_is_read_from_the_environment_but_the_agents_own_variables_are_not():
-    env = {"BOUNDWATCH_AGENT__SOCKET": "/run/x/agent.sock", "BOUNDWATCH_AGENT_SAMPLING": "auto", "BOUNDWATCH_AGENT": "1"}
+    env = {
+        "BOUNDWATCH_AGENT__SOCKET": "/run/x/agent.sock",
+        "BOUNDWATCH_AGENT_SAMPLING": "auto",
+        "BOUNDWATCH_AGENT": "1",
+    }
     cfg = load(environ=env)
     assert cfg.agent.socket == "/run/x/agent.sock"

@@ -24,7 +24,9 @@ def test_cpu_busy_is_the_share_of_jiffies_between_two_ticks(tmp_path):
     first = src.read_blocking()
     assert first.cpus == 2 and first.cpu_busy is None  # no previous tick yet
     # one second later on 2 CPUs (200 jiffies): 150 busy, 50 idle
-    (proc / "stat").write_text("cpu  1100 0 550 8050 500 0 0 0 0 0\ncpu0 0 0 0 0 0 0 0 0\ncpu1 0 0 0 0 0 0 0 0\n")
+    (proc / "stat").write_text(
+        "cpu  1100 0 550 8050 500 0 0 0 0 0\ncpu0 0 0 0 0 0 0 0 0\ncpu1 0 0 0 0 0 0 0 0\n"
+    )
     second = src.read_blocking()
     assert second.cpu_busy == pytest.approx(0.75)
     assert second.own_cgroup is not None and second.own_cgroup.path == "/"

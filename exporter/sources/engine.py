@@ -490,7 +490,9 @@ class EngineSource:
             self._discovered_at = now
         if not self._targets:
             if not self._said_none:
-                log.info("no_engine", detail="no vLLM or SGLang engine found on this host and none configured")
+                log.info(
+                    "no_engine", detail="no vLLM or SGLang engine found on this host and none configured"
+                )
                 self._said_none = True
             return ()  # nothing to read is not a failure: the source stays up
         self._said_none = False

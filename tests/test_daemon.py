@@ -1,53 +1,39 @@
 """The daemon process: clean shutdown on SIGTERM and SIGINT, systemd notifications, no GPU needed."""
 
 import json
-import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 
 import pytest
 
-from tests.live import free_port, wait_for
+from tests.promserver import http_get, running_daemon
 
 pytestmark = pytest.mark.timeout(60)
 
 
-def _start(tmp_path, env=None):
-    port = free_port()
-    cmd = [
-        sys.executable, "-m", "exporter", "--address", "127.0.0.1", "--port", str(port),
-        "--agent-socket", str(tmp_path / "agent.sock"), "--log-format", "json",
-    ]  # fmt: skip
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env, text=True)
-    wait_for(f"http://127.0.0.1:{port}/healthz")
-    return proc, port
+def _events(log):
+    return [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_stops_the_daemon_cleanly(tmp_path, sig):
-    proc, port = _start(tmp_path)
-    proc.send_signal(sig)
-    assert proc.wait(10) == 0
-    events = [json.loads(line)["event"] for line in proc.stderr.read().splitlines() if line.startswith("{")]
+    with running_daemon(tmp_path, engine_pages=()) as daemon:
+        daemon.proc.send_signal(sig)
+        assert daemon.proc.wait(10) == 0
+    events = [e["event"] for e in _events(daemon.log)]
     assert "listening" in events and events[-1] == "stopping"
     with pytest.raises(OSError):
-        socket.create_connection(("127.0.0.1", port), timeout=1)
+        socket.create_connection(("127.0.0.1", daemon.port), timeout=1)
 
 
 def test_without_gpu_the_daemon_says_so_once_and_keeps_serving(tmp_path):
-    proc, port = _start(tmp_path)
-    try:
+    with running_daemon(tmp_path, engine_pages=()) as daemon:
         time.sleep(2)  # four ticks
-        page = wait_for(f"http://127.0.0.1:{port}/metrics").decode()
-        assert 'boundwatch_source_up{source="host"} 1.0' in page
-    finally:
-        proc.terminate()
-        proc.wait(10)
-    lines = [json.loads(line) for line in proc.stderr.read().splitlines() if line.startswith("{")]
-    nvml_down = [e for e in lines if e["event"] == "source_down" and e.get("source") == "nvml"]
+        _, body = http_get(daemon.metrics_url)
+    page = body.decode()
+    assert 'boundwatch_source_up{source="host"} 1.0' in page
+    nvml_down = [e for e in _events(daemon.log) if e["event"] == "source_down" and e.get("source") == "nvml"]
     if 'source_up{source="nvml"} 0.0' in page:
         assert len(nvml_down) == 1  # one clear line, not one per tick
         assert "NVML" in nvml_down[0]["error"]
@@ -58,14 +44,13 @@ def test_ready_and_watchdog_are_sent_to_systemd(tmp_path):
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(path)
     sock.settimeout(10)
-    env = dict(os.environ, NOTIFY_SOCKET=path, WATCHDOG_USEC="30000000")
-    proc, _ = _start(tmp_path, env=env)
+    got = set()
     try:
-        got = set()
-        while not {"READY=1", "WATCHDOG=1"} <= got:
-            got.add(sock.recv(256).decode())
+        with running_daemon(
+            tmp_path, engine_pages=(), extra_env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "30000000"}
+        ):
+            while not {"READY=1", "WATCHDOG=1"} <= got:
+                got.add(sock.recv(256).decode())
     finally:
-        proc.terminate()
-        proc.wait(10)
         sock.close()
     assert {"READY=1", "WATCHDOG=1"} <= got

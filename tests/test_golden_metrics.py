@@ -9,6 +9,7 @@ rewrites it) and must pass `promtool check metrics`.
 import dataclasses
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -24,11 +25,11 @@ from exporter.snapshot.engine import ThreadLoad
 from exporter.snapshot.host import CgroupCpu, HostReading, ProcessCpu
 from exporter.sources.engine import reading_from_page
 from exporter.sources.nvml import NvmlSource
-from tests.live import PROMTOOL
 from tests.nvml_standin import FakeGpu, FakeNvml
 
 HERE = Path(__file__).parent
 GOLDEN = HERE / "fixtures" / "golden" / "metrics.txt"
+PROMTOOL = shutil.which("promtool")
 UUID = "GPU-8f3c0d5e-0000-0000-0000-000000000001"
 
 

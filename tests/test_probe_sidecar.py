@@ -18,7 +18,7 @@ import pytest
 
 from exporter import wire
 from exporter.probe import check, logic
-from tests.live import daemon
+from tests.promserver import running_daemon
 
 UUID = "GPU-5e6b0c1d-0000-4000-8000-000000000001"
 MS = 1_000_000
@@ -64,11 +64,11 @@ class FakeAgent(threading.Thread):
 
 @pytest.fixture
 def sidecar(tmp_path: Path) -> Iterator[tuple[str, FakeAgent]]:
-    with daemon(tmp_path) as base:
+    with running_daemon(tmp_path, engine_pages=()) as daemon:
         agent = FakeAgent(str(tmp_path / "agent.sock"))
         agent.start()
         try:
-            yield base + "/metrics", agent
+            yield daemon.metrics_url, agent
         finally:
             agent.stop.set()
             agent.join(5)

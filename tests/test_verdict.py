@@ -371,6 +371,15 @@ def test_roofline_uses_the_probe_bandwidth() -> None:
     assert got.get("roofline_achieved_ratio") == pytest.approx(0.8, rel=0.02)
 
 
+def test_roofline_counts_the_time_between_steps() -> None:
+    # Steps of 1.3 ms each, but only 42 a tick (84/s) because the engine waits on its API server.
+    cfg = Config(roofline=RooflineConfig(weight_bytes_per_step=4.4e9, hbm_bandwidth_bytes_per_second=4.28e12))
+    scene = Scene(**SEED, api_cpu=0.99, step_ms=1.3, step_gpu_ms=1.1, steps_per_tick=42)
+    got = last_verdict(series(scene, 3.0), cfg)
+    assert got.get("step_seconds") == pytest.approx(0.0013)
+    assert got.get("roofline_achieved_ratio") == pytest.approx(4.4e9 / 4.28e12 * 84, rel=0.01)
+
+
 def test_engine_steps_over_time_give_a_step_time_without_an_agent() -> None:
     got = last_verdict(series(Scene(busy=0.97, running=64, graph_share=None, step_ms=None), 3.0))
     assert got.get("step_method") == "engine"

@@ -38,6 +38,7 @@ class Scene:
     engine: bool = True
     gpus: tuple[int, ...] = ()
     idle_gap_ms: float = 0.0  # idle gaps over 1 ms per tick, total
+    steps_per_tick: int | None = None  # agent steps per tick (None: back to back, 0.5 s / step_ms)
     step_gpu_measured: bool = True  # False: the steps' CUPTI ran in other processes (vLLM mp executor)
     nvml: bool = True  # NVML (and GPM) readings present
     nvml_busy: float | None = None  # what GPM and utilization.gpu say this tick (None: the same as busy)
@@ -117,7 +118,7 @@ class Recorder:
             )
             steps = ()
             if s.step_ms is not None and s.step_gpu_ms is not None:
-                n = max(1, round(TICK * 1000 / s.step_ms))
+                n = s.steps_per_tick or max(1, round(TICK * 1000 / s.step_ms))
                 gpu_ns = int(n * s.step_gpu_ms * 1e6) if s.step_gpu_measured else 0
                 steps = (
                     EngineSteps(

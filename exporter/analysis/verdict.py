@@ -394,9 +394,9 @@ def gather(
             f["roofline_floor_seconds"] = floor
             # Achieved: steps per second while requests ran all window (the seed's "14 steps/s where
             # the floor allows 48"), so time between steps counts; a step's own wall time would not.
-            rate = f.get("steps_per_second")
-            if isinstance(rate, float) and rate > 0 and ran_all:
-                f["roofline_achieved_ratio"] = floor * rate
+            achieved = f.get("steps_per_second")
+            if isinstance(achieved, float) and achieved > 0 and ran_all:
+                f["roofline_achieved_ratio"] = floor * achieved
     return Facts(**f)  # type: ignore[arg-type]
 
 

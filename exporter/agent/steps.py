@@ -87,6 +87,7 @@ class StepTracker:
                 hist=tuple(t[4]),
                 t0=t[5],
                 t1=t[6],
+                measured=1 if self._gpu_seen else 0,
             )
             for e, t in totals.items()
         ]

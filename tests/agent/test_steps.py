@@ -18,10 +18,19 @@ def test_step_gpu_time_is_the_busy_time_inside_the_step() -> None:
     tracker.attach_gpu(WindowSummary(t0=T0, t1=T0 + 500 * MS, busy_ns=0, iv=packed), dev=0)
     (steps,) = tracker.take()  # only the first step's window has closed
     assert (steps.n, steps.wall, steps.gpu, steps.tokens) == (1, 72 * MS, 19 * MS, 160)
+    assert steps.measured == 1  # this process's CUPTI saw the GPU work
     packed2, _ = wire.pack_intervals([(T0 + 500 * MS, T0 + 600 * MS)], T0 + 500 * MS)
     tracker.attach_gpu(WindowSummary(t0=T0 + 500 * MS, t1=T0 + 1000 * MS, busy_ns=0, iv=packed2), dev=0)
     (steps,) = tracker.take()
     assert steps.gpu == 10 * MS + 52 * MS
+
+
+def test_steps_of_a_process_that_saw_no_gpu_window_are_marked_unmeasured() -> None:
+    tracker = StepTracker()  # vLLM's mp executor: EngineCore steps, CUPTI runs in the workers
+    tracker.lag_ns = 0
+    tracker.record("vllm", T0, T0 + 72 * MS)
+    (steps,) = tracker.take()
+    assert (steps.n, steps.gpu, steps.measured) == (1, 0, 0)
 
 
 class FakeEngineCore:

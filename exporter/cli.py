@@ -20,9 +20,22 @@ from exporter.config import DEFAULT_PORT, Config, ConfigError, load
 from exporter.logs import configure
 
 
+class _Group:
+    """An argument group whose flags leave no attribute when not given (so `run` keeps earlier flags)."""
+
+    def __init__(self, group: argparse._ArgumentGroup) -> None:
+        self._group = group
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("default", argparse.SUPPRESS)
+        self._group.add_argument(*args, **kwargs)
+
+
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
     """Add the flags that override configuration keys."""
-    g = parser.add_argument_group("configuration (flags override BOUNDWATCH_* variables and the TOML file)")
+    g = _Group(
+        parser.add_argument_group("configuration (flags override BOUNDWATCH_* variables and the TOML file)")
+    )
     g.add_argument("--config", metavar="FILE", help="TOML configuration file (also BOUNDWATCH_CONFIG)")
     g.add_argument("--address", dest="web.address", metavar="ADDR", help="listen address (default 0.0.0.0)")
     g.add_argument(

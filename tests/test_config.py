@@ -82,3 +82,9 @@ def test_agent_section_is_read_from_the_environment_but_the_agents_own_variables
     }
     cfg = load(environ=env)
     assert cfg.agent.socket == "/run/x/agent.sock"
+
+
+def test_flags_before_and_after_the_run_command_both_count(capsys):
+    assert main(["--port", "9111", "run", "--tick", "0.25", "--check-config"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["web"]["port"] == 9111 and out["tick_seconds"] == 0.25

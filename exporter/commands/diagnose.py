@@ -22,27 +22,14 @@ def add_sampling_flags(p: argparse.ArgumentParser, seconds: float) -> None:
     p.add_argument("--local", action="store_true", help="sample in this process even if a daemon answers")
 
 
-def add_config_flags_after(p: argparse.ArgumentParser) -> None:
-    """Add the configuration flags to a sub-command without hiding the same flags given before it.
-
-    argparse lets a sub-parser's defaults overwrite what the main parser parsed, so these default
-    to SUPPRESS: `boundwatch --port 9 diagnose` and `boundwatch diagnose --port 9` both work.
-    """
-    from exporter.cli import add_config_flags
-
-    before = {a.dest for a in p._actions}
-    add_config_flags(p)
-    for action in p._actions:
-        if action.dest not in before:
-            action.default = argparse.SUPPRESS
-
-
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the `diagnose` sub-command."""
+    from exporter.cli import add_config_flags
+
     p = subparsers.add_parser("diagnose", help=HELP, description=__doc__)
     add_sampling_flags(p, 10.0)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    add_config_flags_after(p)
+    add_config_flags(p)
     return p
 
 

@@ -14,12 +14,13 @@ HELP = "record N seconds of Snapshots to a JSON-lines file (analyse it with `bou
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the `record` sub-command."""
-    from exporter.commands.diagnose import add_config_flags_after, add_sampling_flags
+    from exporter.cli import add_config_flags
+    from exporter.commands.diagnose import add_sampling_flags
 
     p = subparsers.add_parser("record", help=HELP, description=__doc__)
     p.add_argument("file", metavar="FILE", help="where to write the recording ('-' for stdout)")
     add_sampling_flags(p, 60.0)
-    add_config_flags_after(p)
+    add_config_flags(p)
     return p
 
 

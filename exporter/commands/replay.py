@@ -12,7 +12,7 @@ HELP = "print the diagnose report of a recording, with this host's thresholds (-
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the `replay` sub-command."""
 
-    from exporter.commands.diagnose import add_config_flags_after
+    from exporter.cli import add_config_flags
 
     p = subparsers.add_parser("replay", help=HELP, description=__doc__)
     p.add_argument("file", metavar="FILE", help="a recording, optionally gzipped ('-' for stdin)")
@@ -22,7 +22,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="also print each tick's verdict per GPU (JSON lines on stderr)",
     )
-    add_config_flags_after(p)
+    add_config_flags(p)
     return p
 
 

@@ -392,3 +392,13 @@ def test_graph_fallback_shows_with_the_newest_cupti_window() -> None:
     rec.run(Scene(busy=0.3, running=64, max_num_seqs=64, api_cpu=0.3, graph_share=0.95), 3.0)
     rec.tick(Scene(busy=0.3, running=64, max_num_seqs=64, api_cpu=0.3, graph_share=0.0))
     assert "cuda_graph_fallback" in last_verdict(rec.snaps).reasons
+
+
+@pytest.mark.parametrize(("runnable", "saturated"), [(0.99, True), (0.47, False)])
+def test_api_server_starved_by_a_quota_reads_saturated_from_its_thread_demand(runnable, saturated) -> None:
+    # the main thread ran 0.45 of a core; runnable the whole tick means a 0.5-core quota starved it
+    rec = Recorder()
+    rec.run(Scene(**{**SEED_000, "api_cpu": 0.45, "api_runnable": runnable}), 3.0)
+    last = v.replay(rec.snaps, Config())[-1].verdicts[0]
+    assert last.verdict == "host"
+    assert ("api_server_saturated" in last.reasons) is saturated

@@ -7,9 +7,9 @@ from types import MappingProxyType
 
 from exporter.snapshot import Snapshot
 from exporter.snapshot.agent import AgentReading, EngineSteps, GpuActivity
-from exporter.snapshot.engine import EngineReading, StepCount
+from exporter.snapshot.engine import EngineReading, StepCount, ThreadLoad
 from exporter.snapshot.gpu import GpmRatios, GpuReading
-from exporter.snapshot.host import CgroupCpu, HostReading, ProcessCpu, ThreadCpu
+from exporter.snapshot.host import CgroupCpu, HostReading, ProcessCpu
 
 TICK = 0.5
 NS = 1_000_000_000
@@ -26,6 +26,7 @@ class Scene:
     running: float | None = 64
     waiting: float | None = 0
     api_cpu: float | None = 0.3  # busiest API-server thread, cores
+    api_runnable: float | None = None  # its demand (ran + waited to run), when schedstat is known
     quota_cores: float | None = None
     throttled_share: float = 0.0  # share of 100 ms quota periods throttled
     graph_share: float | None = 0.95  # share of busy time in CUDA graphs (None: no agent)
@@ -69,9 +70,14 @@ class Recorder:
         busy = {} if s.busy is None else {0: (s.busy, s.busy_source)}
         engines: tuple[EngineReading, ...] = ()
         if s.engine:
-            thread = None if s.api_cpu is None else ThreadCpu(11, "python", s.api_cpu)
+            thread = None if s.api_cpu is None else ThreadLoad(11, "python", s.api_cpu, s.api_runnable)
             server = ProcessCpu(
-                10, "VLLM::APIServer_0", ("VLLM::APIServer_0",), (s.api_cpu or 0) + 0.1, thread
+                10,
+                "VLLM::APIServer_0",
+                ("VLLM::APIServer_0",),
+                (s.api_cpu or 0) + 0.1,
+                thread,
+                threads=() if thread is None else (thread,),
             )
             cgroups = ()
             if s.quota_cores is not None or s.throttled_share:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from exporter.analysis.increments import Increments
 from exporter.config import Config, RooflineConfig, VerdictConfig
 from exporter.snapshot import Snapshot
-from exporter.snapshot.engine import EngineReading
+from exporter.snapshot.engine import EngineReading, demand
 from exporter.snapshot.host import CgroupCpu
 from exporter.snapshot.verdict import HOST_REASONS, VERDICTS, Evidence, Verdict
 
@@ -294,15 +294,16 @@ def gather(
         f["max_batch"] = max_batch
         f["generation_tokens_per_second"] = _counter_rate(win, gpu, "generation_tokens_total")
         f["prompt_tokens_per_second"] = _counter_rate(win, gpu, "prompt_tokens_total")
-        # API servers: busiest-thread CPU per server (by pid), then the busiest server. The window
-        # takes the median tick, so one tick descheduled by a neighbour does not hide a saturated
-        # thread; over a whole run (`whole`) the mean.
+        # API servers: the busiest thread's demand per server (by pid: CPU it ran plus run-queue
+        # wait, so a thread starved by a quota or by neighbours still reads saturated), then the
+        # busiest server. The window takes the median tick; over a whole run (`whole`) the mean.
         per_server: dict[int, list[tuple[float, float, float]]] = {}
         for s, es in good:
             for e in es:
                 for p in e.api_servers:
-                    if p.busiest_thread is not None:
-                        per_server.setdefault(p.pid, []).append((p.busiest_thread.cpu, p.cpu, s.dt))
+                    want = demand(p)
+                    if want is not None:
+                        per_server.setdefault(p.pid, []).append((want, p.cpu, s.dt))
         f["api_servers"] = len({p.pid for e in es_last for p in e.api_servers}) or len(per_server)
         if per_server:
             stat = _weighted_mean if whole else _median

@@ -129,4 +129,4 @@ async def serve(
             if aclose is not None:
                 with contextlib.suppress(Exception):
                     await aclose()
-        sampler.close()
+        await sampler.aclose()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -16,6 +17,7 @@ import structlog
 
 from exporter.analysis.pipeline import advance
 from exporter.config import Config
+from exporter.probe.scheduled import ProbeScheduler
 from exporter.snapshot import Snapshot, SourceStatus
 from exporter.sources.base import Source, SourceUnavailable
 
@@ -46,6 +48,7 @@ class Sampler:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         on_tick: Callable[[Snapshot], None] | None = None,
+        probes: ProbeScheduler | None = None,
     ) -> None:
         self.cfg = cfg
         self.sources = list(sources)
@@ -56,6 +59,7 @@ class Sampler:
         self._history: collections.deque[Snapshot] = collections.deque(maxlen=size)
         self._seq = 0
         self._on_tick = on_tick
+        self.probes = probes or (ProbeScheduler(cfg) if cfg.probe.enabled else None)
         self._budget = 0.8 * cfg.tick_seconds
         self._stale = max(2.0, 4 * cfg.tick_seconds)
         self.tick_cpu_seconds = 0.0
@@ -157,6 +161,8 @@ class Sampler:
             **fields,
         )
         snap = advance(tuple(self._history), raw, self.cfg)
+        if self.probes is not None:  # the self-test runs in a subprocess, only while all is idle
+            snap = dataclasses.replace(snap, probe=self.probes.tick((*self._history, snap)))
         self._history.append(snap)
         self.tick_cpu_seconds += time.process_time() - cpu0
         if self._on_tick is not None:
@@ -180,6 +186,12 @@ class Sampler:
                 await asyncio.wait_for(stop.wait(), timeout=max(0.0, next_at - now))
             except TimeoutError:
                 pass
+
+    async def aclose(self) -> None:
+        """Stop a probe still running, then close every source."""
+        if self.probes is not None:
+            await self.probes.close()
+        self.close()
 
     def close(self) -> None:
         """Close every source and drop reads still in flight."""

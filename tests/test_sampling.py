@@ -180,3 +180,36 @@ async def test_a_read_that_stays_late_past_the_stale_limit_marks_the_source_down
     assert snap.source("engine").up is False and "still running" in snap.source("engine").last_error
     assert snap.engines == ()
     sampler.close()
+
+
+async def test_scheduled_probe_runs_while_idle_and_its_result_reaches_the_snapshot_and_metrics():
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from exporter.config import ProbeConfig
+    from exporter.export.collectors import SnapshotCollector
+    from exporter.probe import logic
+    from exporter.probe.scheduled import ProbeScheduler
+
+    calls = []
+
+    async def probe_process(uuid, cfg, url):  # stands in for `python -m exporter probe --json` on the GPU
+        calls.append(uuid)
+        phase = logic.evaluate_duty_phase(0.5, 0.5, {"cupti": 0.501})
+        return logic.finish({"schema": 1, "finished_at": 1.0, "duty": {"phases": [phase]}})
+
+    cfg = Config(probe=ProbeConfig(enabled=True, interval_seconds=600, idle_seconds=2, idle_busy_max=0.02))
+    clock, wall = Clock(), Clock()
+    idle = FakeGpu(util=0, gpm={1: 0.0, 2: 0.0})
+    nvml = NvmlSource(NvmlConfig(), nvml=FakeNvml([idle]))  # type: ignore[arg-type]
+    sampler = Sampler(cfg, [nvml], clock=clock, wall=wall, probes=ProbeScheduler(cfg, runner=probe_process))
+    for _ in range(12):  # 6 s of idle ticks
+        snap = await sampler.tick()
+        clock.t += 0.5
+        wall.t += 0.5
+        await asyncio.sleep(0)
+    assert calls == [idle.uuid]  # once: the interval holds the next run back
+    assert snap.probe["0"]["success"] is True
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(sampler.latest, 0.5, 5.0, clock=clock))  # type: ignore[arg-type]
+    assert 'boundwatch_probe_success{gpu="0"} 1.0' in generate_latest(registry).decode()
+    await sampler.aclose()

@@ -104,8 +104,21 @@ def decode(tp: Any, value: Any) -> Any:
     return value
 
 
+def _specialise(cls: type, data: Mapping[str, Any]) -> type:
+    """Return the dataclass subclass whose extra fields the data carries (ThreadLoad for a ThreadCpu)."""
+    own = {f.name for f in dataclasses.fields(cls)}
+    subclasses: list[type] = cls.__subclasses__()
+    for sub in subclasses:
+        if dataclasses.is_dataclass(sub):
+            extra = {f.name for f in dataclasses.fields(sub)} - own
+            if extra and extra <= data.keys():
+                return _specialise(sub, data)
+    return cls
+
+
 def from_data(cls: type[T], data: Mapping[str, Any]) -> T:
     """Return a dataclass instance from plain data (unknown keys ignored, missing ones defaulted)."""
+    cls = typing.cast(type[T], _specialise(typing.cast(type, cls), data))
     hints = _hints(typing.cast(type, cls))
     kwargs = {
         f.name: decode(hints[f.name], data[f.name])

@@ -9,6 +9,8 @@ import gzip
 import json
 from pathlib import Path
 
+import pytest
+
 from bench.scenarios.score import Segment, Tick, passed, score
 from exporter.analysis.verdict import replay
 from exporter.config import Config
@@ -17,10 +19,17 @@ from exporter.snapshot.codec import read_lines
 RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
 
 
-def test_h200_lab_recording_replayed_still_passes():
-    lab = json.loads((RESULTS / "scenarios.json").read_text())
+@pytest.mark.parametrize(
+    ("results", "recording"),
+    [
+        ("scenarios.json", "scenarios-recording.jsonl.gz"),
+        ("scenarios-run2.json", "scenarios-run2-recording.jsonl.gz"),
+    ],
+)
+def test_h200_lab_recording_replayed_still_passes(results, recording):
+    lab = json.loads((RESULTS / results).read_text())
     segments = [Segment(**s) for s in lab["schedule"]]
-    with gzip.open(RESULTS / "scenarios-recording.jsonl.gz", "rt") as fh:
+    with gzip.open(RESULTS / recording, "rt") as fh:
         _, snaps = read_lines(fh)
         replayed = replay(list(snaps), Config())
     ticks = [

@@ -1,7 +1,7 @@
 """The verdict: is each GPU idle, GPU-bound or host-bound (and why), from a sliding window of Snapshots.
 
 Two steps, both pure:
-- `evaluate(window, gpu, cfg, prev)` classifies one window: `idle` when no request is running or
+- `decide(facts, cfg, prev)` classifies one window (`gather` collects its facts): `idle` when no request is running or
   waiting, `gpu` when the busy share is at or above `busy_high` while work is pending, `host`
   below `busy_low`, with reasons from the evidence in the window; `unknown` when a source the
   decision needs is missing. Between the two thresholds the previous verdict stays (a band of
@@ -536,19 +536,6 @@ def hold(
         return dataclasses.replace(raw, raw=raw.verdict, streak=0)
     reasons = host_now if prev.verdict == "host" else prev.reasons
     return dataclasses.replace(raw, verdict=prev.verdict, reasons=reasons, raw=raw.verdict, streak=streak)
-
-
-def evaluate(
-    win: Sequence[Snapshot],
-    gpu: int,
-    cfg: VerdictConfig,
-    prev: Verdict | None = None,
-    roofline: RooflineConfig | None = None,
-) -> Verdict:
-    """Return the window's own verdict for one GPU, before the hold."""
-    f = gather(win, gpu, cfg, roofline)
-    verdict, reasons = decide(f, cfg, prev)
-    return Verdict(gpu, verdict, reasons, f.busy, f.busy_source, f.evidence())
 
 
 def classify(

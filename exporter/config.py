@@ -74,7 +74,9 @@ class VerdictConfig:
 
     window_seconds: float = 1.5  # evidence for reasons (CPU, throttling, graph share, steps, rates)
     busy_window_seconds: float = 0.5  # busy share averaged for the thresholds (the latest tick)
-    busy_source: str = "fresh"  # fresh: GPM/NVML of the same tick as the engine queue; best: CUPTI first (late)
+    busy_source: str = (
+        "fresh"  # fresh: GPM/NVML of the same tick as the engine queue; best: CUPTI first (late)
+    )
     busy_high: float = 0.85  # at or above: GPU-bound when work is pending
     busy_low: float = 0.70  # below: host-bound when work is pending; between: the previous verdict
     idle_busy: float = 0.02  # with no engine source: below this busy share the GPU counts as idle
@@ -85,7 +87,9 @@ class VerdictConfig:
     waiting_empty: float = 0.5  # mean waiting requests at or below: the engine's queue is empty
     admission_fill: float = 0.9  # running below this share of the batch limit, queue empty: admission stalls
     hold_ticks: int = 2  # a new verdict must be the raw verdict this many ticks in a row before it shows
-    max_batch: int | None = None  # configured max_num_seqs (else the engine's own figure), for admission_stalled
+    max_batch: int | None = (
+        None  # configured max_num_seqs (else the engine's own figure), for admission_stalled
+    )
 
 
 @dataclass(frozen=True)

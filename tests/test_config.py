@@ -88,3 +88,8 @@ def test_flags_before_and_after_the_run_command_both_count(capsys):
     assert main(["--port", "9111", "run", "--tick", "0.25", "--check-config"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["web"]["port"] == 9111 and out["tick_seconds"] == 0.25
+
+
+def test_a_slower_tick_needs_no_other_change():
+    cfg = load(environ={}, overrides={"tick_seconds": 1.0})
+    assert cfg.tick_seconds == 1.0 and cfg.verdict.busy_window_seconds < cfg.tick_seconds  # one tick then

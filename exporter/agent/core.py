@@ -441,9 +441,12 @@ class Agent:
         except Exception:
             pass
         finally:
-            dt = time.perf_counter_ns() - t
-            self.stats.callback_ns_total += dt
-            self.stats.callback_ns_max = max(self.stats.callback_ns_max, dt)
+            self._count_callback(time.perf_counter_ns() - t)
+
+    def _count_callback(self, dt: int) -> None:
+        """Add one buffer callback's time to the stats (its total and its longest)."""
+        self.stats.callback_ns_total += dt
+        self.stats.callback_ns_max = max(self.stats.callback_ns_max, dt)
 
     def _objects_requested(self) -> tuple[int, int]:
         return self.settings.buffer_kib * 1024, 0
@@ -465,9 +468,7 @@ class Agent:
         except Exception:
             pass
         finally:
-            dt = time.perf_counter_ns() - t
-            self.stats.callback_ns_total += dt
-            self.stats.callback_ns_max = max(self.stats.callback_ns_max, dt)
+            self._count_callback(time.perf_counter_ns() - t)
 
     def _enqueue(self, item: Any, nbytes: int) -> None:
         if self._paused:

@@ -21,18 +21,10 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.agent_common import Sidecar, busy_ratios, clock_offset_ns, kernels
+from exporter.probe.gpu import sleep_until
 
 SOCK = "/tmp/bwbench/agent.sock"
 LAG_S = 1.25  # agent lag 1.0 s + half a flush period: windows reach the sidecar this much later
-
-
-def _sleep_until(t: float) -> None:
-    while True:
-        rem = t - time.perf_counter()
-        if rem <= 0:
-            return
-        if rem > 0.0006:
-            time.sleep(rem - 0.0004)
 
 
 def union_ratio(np: Any, s: Any, e: Any, lo: int, hi: int) -> float:
@@ -55,7 +47,7 @@ class Observer(threading.Thread):
     def run(self) -> None:
         try:
             for t in self.at:
-                _sleep_until(t)
+                sleep_until(t)
                 wall = time.time_ns()
                 page = self.sidecar.scrape() if self.sidecar is not None else {}
                 self.marks.append((wall, page))
@@ -151,7 +143,7 @@ def eager_duty(torch: Any, duty: float, ctas: int, kernel_ms: float = 2.0) -> An
         b = 0
         nxt = time.perf_counter()
         while not done.is_set() and b < n_max:
-            _sleep_until(nxt)
+            sleep_until(nxt)
             k[(ctas,)](stamps, b * ctas * 2, int(kernel_ms * 1e6), num_warps=1)
             torch.cuda.synchronize()
             b += 1
@@ -195,7 +187,7 @@ def graph_duty(torch: Any, duty: float, ctas: int, nodes: int = 20, node_us: int
         r = 0
         nxt = time.perf_counter()
         while not done.is_set() and r < max_rep:
-            _sleep_until(nxt)
+            sleep_until(nxt)
             g.replay()
             torch.cuda.synchronize()
             r += 1

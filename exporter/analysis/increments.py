@@ -61,16 +61,3 @@ def apply(
         prev = new_hist.get(key)
         new_hist[key] = hist if prev is None else prev.add(hist.counts, hist.total)
     return new_counters, new_hist
-
-
-def bucket_counts(values: Sequence[float], bounds: Sequence[float]) -> list[int]:
-    """Return non-cumulative counts of values per bucket (le bounds, +Inf last)."""
-    counts = [0] * (len(bounds) + 1)
-    for v in values:
-        for i, b in enumerate(bounds):
-            if v <= b:
-                counts[i] += 1
-                break
-        else:
-            counts[-1] += 1
-    return counts

@@ -321,7 +321,8 @@ class _Nvml:
 # --- the duty-cycle load ----------------------------------------------------------------------
 
 
-def _sleep_until(t: float) -> None:
+def sleep_until(t: float) -> None:
+    """Wait until perf_counter reaches t: sleep most of the way, spin the last 0.4 ms."""
     while True:
         rem = t - time.perf_counter()
         if rem <= 0:
@@ -342,7 +343,7 @@ class _Observer(threading.Thread):
     def run(self) -> None:
         try:
             for t in self.at:
-                _sleep_until(t)
+                sleep_until(t)
                 mark: dict[str, Any] = {"wall_ns": time.time_ns(), "gpm": self.nvml.gpm_sample()}
                 if self.url:
                     try:
@@ -384,7 +385,7 @@ def run_duty_phase(
         launch = t_start
         b = 0
         while not obs.done.is_set() and b < n_max:
-            _sleep_until(launch)
+            sleep_until(launch)
             k["spin"][grid](stamps, b * stride, duration_ns, num_warps=1)
             torch.cuda.synchronize()
             host_after.append(time.time_ns())

@@ -42,6 +42,34 @@ CONFIGS = {
         "BOUNDWATCH_AGENT_SAMPLE_ON_S": "0.5",
         "BOUNDWATCH_AGENT_SAMPLE_PERIOD_S": "2.0",
     },
+    # CUPTI's own knobs, graph-level tracing only: where its device buffers live, how big, preallocated
+    "graph_device": {
+        "BOUNDWATCH_AGENT_KINDS": "graph",
+        "BOUNDWATCH_AGENT_CUPTI_ATTRS": "mem_allocation_type_host_pinned=0",
+    },
+    "graph_pinned": {
+        "BOUNDWATCH_AGENT_KINDS": "graph",
+        "BOUNDWATCH_AGENT_CUPTI_ATTRS": "mem_allocation_type_host_pinned=1",
+    },
+    "graph_bigbuf": {
+        "BOUNDWATCH_AGENT_KINDS": "graph",
+        "BOUNDWATCH_AGENT_CUPTI_ATTRS": "device_buffer_size=32m,device_buffer_pre_allocate_value=4",
+    },
+    "graph_sema": {
+        "BOUNDWATCH_AGENT_KINDS": "graph",
+        "BOUNDWATCH_AGENT_CUPTI_ATTRS": "profiling_semaphore_pool_size=262144,profiling_semaphore_pre_allocate_value=4",
+    },
+    "graph_hw": {"BOUNDWATCH_AGENT_KINDS": "graph", "BOUNDWATCH_AGENT_HW_TRACE": "on"},
+    "nokinds": {"BOUNDWATCH_AGENT_KINDS": ""},
+    # kernel, memcpy, memset records switched on only after the graph was captured and warmed up
+    "late_kinds": {
+        "BOUNDWATCH_AGENT_KINDS": "",
+        "BENCH_ENABLE_AFTER": "1",
+    },  # CUPTI subscribed, callbacks registered, nothing enabled
+    # attach late (graphs already captured: node-level records), detach with cuptiFinalize, repeat,
+    # from a side thread while the decode loop runs: failed the next launch on the H200 (README)
+    "cycle": {"BENCH_CYCLE": "0.5/5"},
+    "default_pinned": {"BOUNDWATCH_AGENT_CUPTI_ATTRS": "mem_allocation_type_host_pinned=1"},
     "sampled": {
         "BOUNDWATCH_AGENT_SAMPLING": "on",
         "BOUNDWATCH_AGENT_SAMPLE_ON_S": "1.0",
@@ -66,17 +94,23 @@ def child(config: str, decode_s: float) -> dict[str, Any]:
     sys.path.insert(0, ROOT)
     out: dict[str, Any] = {"config": config}
     agent = None
-    if CONFIGS[config] is not None:
+    cfg = CONFIGS[config]
+    if cfg is not None and "BENCH_CYCLE" not in cfg:
         from exporter import agent as agent_mod
 
         out["agent_state"] = agent_mod.start(role="generic")
         agent = agent_mod.current()
+        out["agent_detail"] = agent.detail if agent is not None else None
     import torch
     import torch.nn.functional as F
 
     torch.manual_seed(0)
     dev = "cuda"
-    L, d, h, B, T = 8, 1024, 16, 32, 1024
+    # small: the defined decode loop; 8b: the shapes of an 8B model (32 layers, d 4096), ~3 ms steps
+    L, d, h, B, T = {"small": (8, 1024, 16, 32, 1024), "8b": (32, 4096, 32, 32, 1024)}[
+        os.environ.get("BENCH_MODEL", "small")
+    ]
+    out["model"] = os.environ.get("BENCH_MODEL", "small")
     dh = d // h
     dt = torch.bfloat16
     W = [
@@ -204,20 +238,95 @@ def child(config: str, decode_s: float) -> dict[str, Any]:
         ok = float(x[0].item()) == float(n)
         return {"launches": n, "launches_per_s": n / el, "seconds": el, "result_ok": ok, "iter": pauses(it)}
 
+    def graph_split(n: int = 200) -> dict[str, float]:
+        """Split a replay into host time in the launch call and GPU time of the graph itself.
+
+        A GPU sleep queued first keeps the GPU busy while the host submits, so the events around the
+        replay time only the graph's execution, not the launch call's latency."""
+        host, gpu = [], []
+        for _ in range(n):
+            torch.cuda._sleep(400_000)  # ~0.2 ms of GPU time
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            t = time.perf_counter_ns()
+            g.replay()
+            host.append(time.perf_counter_ns() - t)
+            e1.record()
+            torch.cuda.synchronize()
+            gpu.append(e0.elapsed_time(e1))
+        host.sort()
+        gpu.sort()
+        return {"replay_call_us_median": host[n // 2] / 1e3, "graph_exec_ms_median": gpu[n // 2]}
+
     run_decode(1.0)  # warm
     run_launch_bound(0.2)
     if agent is not None and os.environ.get("BENCH_DISABLE_AFTER"):
         agent._disable_enabled()  # every kind off again: does the speed come back?
         out["disabled_after_warmup"] = True
+    if agent is not None and os.environ.get("BENCH_ENABLE_AFTER"):
+        from exporter.agent.cuptilib import KIND_CONCURRENT_KERNEL, KIND_MEMCPY, KIND_MEMSET
+
+        for kind in (KIND_CONCURRENT_KERNEL, KIND_MEMCPY, KIND_MEMSET):
+            agent._cupti.activity_enable(kind)
+            agent._enabled.append(kind)
+        out["enabled_after_warmup"] = True
+    out["graph_split"] = graph_split()
+    cycler = None
+    if "BENCH_CYCLE" in os.environ:
+        import threading
+
+        from exporter import agent as agent_mod
+
+        on_s, period_s = (float(v) for v in os.environ["BENCH_CYCLE"].split("/"))
+        done = threading.Event()
+        cyc: dict[str, Any] = {
+            "cycles": 0,
+            "states": [],
+            "start_ms_max": 0.0,
+            "stop_ms_max": 0.0,
+            "records": 0,
+        }
+
+        def cycle() -> None:
+            while not done.is_set():
+                t = time.perf_counter()
+                cyc["states"].append(agent_mod.start(role="generic"))
+                cyc["start_ms_max"] = max(cyc["start_ms_max"], (time.perf_counter() - t) * 1e3)
+                done.wait(on_s)
+                a = agent_mod.current()
+                cyc["records"] += a.stats.records if a is not None else 0
+                t = time.perf_counter()
+                agent_mod.stop()
+                if a is not None:
+                    a._cupti.finalize()  # detach for real (the agent itself never finalizes)
+                cyc["stop_ms_max"] = max(cyc["stop_ms_max"], (time.perf_counter() - t) * 1e3)
+                cyc["cycles"] += 1
+                done.wait(period_s - on_s)
+
+        cycler = threading.Thread(target=cycle, daemon=True)
+        cycler.start()
+        out["cycle"] = cyc
     time.sleep(1.5)  # let the agent close its warm-up windows
     out["decode"] = run_decode(decode_s)
     out["launch_bound"] = run_launch_bound(float(os.environ.get("BENCH_LAUNCH_S", "3.0")))
+    if cycler is not None:
+        done.set()
+        cycler.join(10)
+        cyc["states"] = sorted(set(cyc["states"]))
+    pos.fill_(7)  # the graph still computes what the eager step does, after everything above
+    g.replay()
+    torch.cuda.synchronize()
+    out["graph_matches_eager_after"] = bool(
+        torch.allclose(out_static.float(), decode_step().float(), atol=2e-2, rtol=2e-2)
+    )
     if agent is not None:
         time.sleep(1.6)
         st = agent.stats
         out["agent"] = {
             "mode": agent.mode,
             "lib": agent.lib_text,
+            "cupti_attributes": agent.cupti_attributes,
+            "hw_trace": agent.hw_trace,
             "records": st.records,
             "buffers": st.buffers,
             "callback_max_us": st.callback_ns_max / 1e3,
@@ -288,11 +397,14 @@ def main() -> int:
             summary[cfg] = {
                 "decode_tokens_per_s": d,
                 "decode_ratio": d / bd,
+                "decode_ratio_runs": [round(r["decode"]["tokens_per_s"] / bd, 4) for r in rs],
                 "launch_bound_per_s": lb,
                 "launch_bound_ratio": lb / bl,
                 "added_us_per_launch": (1 / lb - 1 / bl) * 1e6,
                 "graph_gpu_ms": sum(r["decode"].get("graph_gpu_ms_median") or 0 for r in rs) / len(rs),
                 "decode_step_median_us": sum(r["decode"]["iter"]["median_us"] for r in rs) / len(rs),
+                "replay_call_us": sum(r["graph_split"]["replay_call_us_median"] for r in rs) / len(rs),
+                "graph_exec_ms": sum(r["graph_split"]["graph_exec_ms_median"] for r in rs) / len(rs),
                 "max_pause_ms": max(
                     max(r["decode"]["iter"]["max_ms"], r["launch_bound"]["iter"]["max_ms"]) for r in rs
                 ),
@@ -306,12 +418,14 @@ def main() -> int:
         json.dump(result, fh, indent=2)
     print(
         "\nconfig          decode tok/s ratio step-us graph-gpu-ms  launch/s ratio +us/launch max-pause-ms >1ms"
+        " replay-call-us graph-exec-ms"
     )
     for cfg, s in summary.items():
         print(
             f"{cfg:15s} {s['decode_tokens_per_s']:11.0f} {s['decode_ratio']:5.3f} {s['decode_step_median_us']:7.1f}"
             f" {s['graph_gpu_ms']:12.4f} {s['launch_bound_per_s']:9.0f} {s['launch_bound_ratio']:5.3f}"
             f" {s['added_us_per_launch']:10.2f} {s['max_pause_ms']:12.2f} {s['iterations_over_1ms']:4d}"
+            f" {s['replay_call_us']:14.1f} {s['graph_exec_ms']:13.4f}"
         )
     return 0
 

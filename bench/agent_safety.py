@@ -25,8 +25,8 @@ sys.path.insert(0, ROOT)
 SOCK = "/tmp/bwbench/safety.sock"
 
 
-def workload(torch: Any, seconds: float) -> dict[str, Any]:
-    """Graph replays plus eager matmuls; returns whether the results are right."""
+def make_graph(torch: Any) -> tuple[Any, ...]:
+    """A captured graph of matmul+relu, with its inputs, output and the eager reference."""
     a = torch.randn(2048, 2048, device="cuda")
     b = torch.randn(2048, 2048, device="cuda")
     c = torch.zeros_like(a)
@@ -38,7 +38,13 @@ def workload(torch: Any, seconds: float) -> dict[str, Any]:
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         c.copy_(torch.relu(a @ b))
-    ref = torch.relu(a @ b)
+    return g, a, b, c, torch.relu(a @ b)
+
+
+def workload(torch: Any, seconds: float, graph: tuple[Any, ...] | None = None) -> dict[str, Any]:
+    """Graph replays plus eager kernels; returns whether the results are right."""
+    g, a, _b, c, ref = graph or make_graph(torch)
+    c.zero_()
     n = 0
     ok = True
     t_end = time.perf_counter() + seconds
@@ -47,7 +53,7 @@ def workload(torch: Any, seconds: float) -> dict[str, Any]:
         d = (a + 1.0) * 0.5  # eager kernels
         torch.cuda.synchronize()
         n += 1
-        if n % 50 == 0:
+        if n % 50 == 1:
             ok = ok and bool(torch.allclose(c, ref)) and bool(torch.allclose(d, (a + 1.0) * 0.5))
         time.sleep(0.002)
     return {"iterations": n, "results_ok": ok}
@@ -81,6 +87,24 @@ def child(kind: str, seconds: float) -> dict[str, Any]:
             out["records_after"] = sum(w.kernels + w.graphs + w.memcpys for w in later)
             out["busy_after_ratio"] = sum(w.busy for w in later) / max(1, sum(w.t1 - w.t0 for w in later))
             out["clock_offset_ns"] = a._ts_offset
+    elif kind == "profiler_graph":
+        # vLLM's /start_profile: graphs captured at start-up, torch.profiler later, the same graphs after
+        if os.environ.get("BENCH_FORCE_TEARDOWN"):
+            os.environ["TEARDOWN_CUPTI"] = "1"  # what kineto would do without the agent's guard
+        out["teardown_cupti"] = os.environ.get("TEARDOWN_CUPTI")
+        graph = make_graph(torch)
+        out["before"] = workload(torch, 1.0, graph)
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            out["during"] = workload(torch, 1.0, graph)
+        out["profiler_cuda_events"] = sum(
+            1 for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA")
+        )
+        out["after"] = workload(torch, 2.0, graph)
+        out["state_after"] = a.state if a is not None else None
+        agent_mod.stop()  # the agent's own stop must not break the graphs either
+        out["after_agent_stop"] = workload(torch, 0.5, graph)
     else:
         out["work"] = workload(torch, seconds)
         time.sleep(1.6)
@@ -130,7 +154,11 @@ def main() -> int:
     ap.add_argument("--child", default=None)
     ap.add_argument("--seconds", type=float, default=9.0)
     ap.add_argument("--port", type=int, default=19483)
-    ap.add_argument("--only", default=None, help="run one case: profiler")
+    ap.add_argument(
+        "--only",
+        default=None,
+        help="run these cases only: profiler, profiler_graph, profiler_graph_teardown, profiler_graph_nocupti",
+    )
     args = ap.parse_args()
     if args.child:
         print("RESULT " + json.dumps(child(args.child, args.seconds)), flush=True)
@@ -138,14 +166,30 @@ def main() -> int:
     from bench.agent_common import Sidecar
 
     results: dict[str, Any] = {}
-    # 1. torch.profiler in the same process
-    results["profiler"] = result_of(run_child("profiler", 0))
-    print(json.dumps(results["profiler"]), flush=True)
-    if args.only == "profiler":
+    graph_cases = {
+        "profiler_graph": ({}, False),
+        "profiler_graph_teardown": ({"BENCH_FORCE_TEARDOWN": "1"}, False),
+        "profiler_graph_nocupti": ({}, True),
+    }
+    if args.only:
+        for case in args.only.split(","):
+            if case == "profiler":
+                results[case] = result_of(run_child("profiler", 0))
+            else:
+                extra, no_cupti = graph_cases[case]
+                r = result_of(run_child("profiler_graph", 0, extra, no_cupti))
+                r["ok"] = r.get("rc") == 0 and all(
+                    r.get(k, {}).get("results_ok") for k in ("before", "during", "after", "after_agent_stop")
+                )
+                results[case] = r
+            print(case, json.dumps(results[case]), flush=True)
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as fh:
             json.dump(results, fh, indent=2)
         return 0
+    # 1. torch.profiler in the same process
+    results["profiler"] = result_of(run_child("profiler", 0))
+    print(json.dumps(results["profiler"]), flush=True)
     # 2. sidecar killed and restarted while the agent runs
     side = Sidecar(SOCK, args.port, "/tmp/bwbench/safety-sidecar.log")
     started = side.start()

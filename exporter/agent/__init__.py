@@ -39,7 +39,7 @@ def start(role: str | None = None, **settings: Any) -> str:
 
 
 def stop() -> None:
-    """Flush, send what is left, and release CUPTI (cupti.finalize)."""
+    """Flush, send what is left and disable collection; CUPTI stays attached until the process exits."""
     global _agent
     with _lock:
         agent, _agent = _agent, None

@@ -20,10 +20,12 @@ from typing import Any
 
 from exporter import wire
 from exporter.agent.cuptilib import (
+    ATTRIBUTES,
     KIND_CONCURRENT_KERNEL,
     KIND_GRAPH_TRACE,
     KIND_MEMCPY,
     KIND_MEMSET,
+    YIELD_S,
     BufferCompleted,
     BufferPool,
     BufferRequested,
@@ -32,6 +34,7 @@ from exporter.agent.cuptilib import (
     cupti_python_version,
     decode,
     loaded_libcupti,
+    parse_attributes,
     walk,
 )
 from exporter.agent.steps import StepTracker
@@ -61,7 +64,7 @@ class Settings:
     lag_s: float = 1.0
     buffer_kib: int = 1024  # raw mode copies a buffer in ~0.1 ms; object mode needs <= 256 KiB
     max_buffers: int = 32  # 32 MiB of host buffers at most
-    batch_mib: int = 4  # buffers decoded together (one numpy pass)
+    batch_mib: int = 1  # buffers decoded together (joining larger batches held the GIL for ms)
     max_queued_mib: float = 64.0
     decode: str = "raw"  # raw (ctypes + numpy) | objects (cupti-python record objects) | null (discard)
     kernels: str = "on"  # off: never enable CONCURRENT_KERNEL (graphs, memcpy and memset only)
@@ -74,6 +77,8 @@ class Settings:
     sample_period_s: float = 10.0
     kernel_trim_ns: int = 680  # CUPTI kernel records are ~680 ns longer than the kernel (H200)
     cupti: bool = True  # False: engine steps only (vLLM's EngineCore when the workers are elsewhere)
+    cupti_attrs: str = ""  # CUPTI activity attributes, 'name=value,...' (device buffer size, pinned memory)
+    hw_trace: str = "off"  # on: ask CUPTI for hardware event tracing (Blackwell and later; refused elsewhere)
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Settings:
@@ -96,6 +101,8 @@ class Settings:
             sample_on_s=_envf("SAMPLE_ON_S", 1.0),
             sample_period_s=_envf("SAMPLE_PERIOD_S", 10.0),
             kernel_trim_ns=int(_envf("KERNEL_TRIM_NS", 680)),
+            cupti_attrs=_env("CUPTI_ATTRS", ""),
+            hw_trace=_env("HW_TRACE", "off"),
         )
         for key, value in overrides.items():
             if value is not None:
@@ -129,6 +136,22 @@ class Stats:
     null_bytes: int = 0
     reattaches: int = 0
     per_kind: dict[str, int] = field(default_factory=dict)
+
+
+def guard_kineto_teardown() -> str | None:
+    """Keep torch.profiler (kineto) from finalizing CUPTI after a profiling session; return the
+    value of TEARDOWN_CUPTI this replaced (None if it was unset or already 0).
+
+    Graphs captured while GRAPH_TRACE is on hold CUPTI's instrumentation; once CUPTI is finalized,
+    their next replay hits an illegal memory access (measured on the H200, CUDA 13.0). Kineto reads
+    TEARDOWN_CUPTI when a session ends and keeps CUPTI alive when it is 0; torch sets the same
+    variable for the same reason when torch.compile uses CUDA graphs. The profiler still works.
+    """
+    old = os.environ.get("TEARDOWN_CUPTI")
+    if old == "0":
+        return None
+    os.environ["TEARDOWN_CUPTI"] = "0"
+    return old
 
 
 def cuda_initialized() -> bool:
@@ -168,6 +191,8 @@ class Agent:
         self.detail = ""
         self.lib_text = ""
         self.mode = ""
+        self.cupti_attributes: dict[str, int | None] = {}  # read back from CUPTI after start
+        self.hw_trace = "off"
         self.stats = Stats()
         self.steps = StepTracker()
         self.sent_log: collections.deque[wire.Window] = collections.deque(maxlen=20_000)  # for benchmarks
@@ -276,6 +301,7 @@ class Agent:
         if len(libs) > 1:
             self.lib_text += f"; WARNING {len(libs)} libcupti copies loaded"
         s = self.settings
+        self._apply_attributes(parse_attributes(s.cupti_attrs))  # ValueError -> unavailable, with the reason
         want = {k.strip() for k in s.kinds.split(",")}
         if s.kernels == "off":
             want.discard("kernel")
@@ -283,11 +309,20 @@ class Agent:
             s.graph_trace == "on" or (s.graph_trace == "auto" and not cuda_initialized())
         )
         self._register()
+        if s.hw_trace == "on":
+            try:
+                cupti.activity_enable_hw_trace(1)  # before any context; Blackwell and later
+                self.hw_trace = "on"
+            except Exception as exc:  # refused (pre-Blackwell GPU, no counter permission): trace as usual
+                self.hw_trace = f"refused: {type(exc).__name__}: {exc}"[:200]
         names = ((KIND_CONCURRENT_KERNEL, "kernel"), (KIND_MEMCPY, "memcpy"), (KIND_MEMSET, "memset"))
         self._base_kinds = [kind for kind, name in names if name in want]
         kinds = list(self._base_kinds)
         if self._graph_trace:
             kinds.insert(0, KIND_GRAPH_TRACE)  # before any graph is captured, or never
+            replaced = guard_kineto_teardown()
+            if replaced:
+                self.lib_text += f"; TEARDOWN_CUPTI={replaced} set to 0 (graphs under GRAPH_TRACE)"
         for kind in kinds:
             cupti.activity_enable(kind)  # raises cuptiError when another subscriber holds CUPTI
             self._enabled.append(kind)
@@ -297,6 +332,24 @@ class Agent:
         self.mode = s.decode + ("+graph_trace" if self._graph_trace else "")
         if KIND_CONCURRENT_KERNEL not in self._base_kinds:
             self.mode += "+no_kernels"  # busy time then misses eager kernels
+        if self.hw_trace == "on":
+            self.mode += "+hw_trace"
+
+    def _apply_attributes(self, wanted: dict[str, int]) -> None:
+        """Set the CUPTI activity attributes asked for, then read all of them back."""
+        assert self._lib is not None
+        members = self._cupti.ActivityAttribute.__members__
+        for name, value in wanted.items():
+            if "ATTR_" + name not in members:
+                raise ValueError(f"this CUPTI has no activity attribute {name}")
+            status = self._lib.set_attribute(int(members["ATTR_" + name]), name, value)
+            if status != 0:
+                raise RuntimeError(f"cuptiActivitySetAttribute({name}={value}) returned {status}")
+        self.cupti_attributes = {
+            name: self._lib.attribute(int(members["ATTR_" + name]), name)
+            for name in ATTRIBUTES
+            if "ATTR_" + name in members
+        }
 
     def _register(self) -> None:
         s = self.settings
@@ -321,8 +374,14 @@ class Agent:
                 pass
         self._enabled.clear()
 
-    def stop(self, finalize: bool = True) -> None:
-        """Flush what is left, send it, disable CUPTI and finalize it; safe to call twice."""
+    def stop(self) -> None:
+        """Flush what is left, send it and disable the activity kinds; safe to call twice.
+
+        CUPTI itself stays attached until the process exits (no cuptiFinalize): on the H200,
+        replaying a graph captured under GRAPH_TRACE after a finalize hit an illegal memory access,
+        and finalizing while another thread launched work failed the next launch
+        (bench/README.md, "Finalizing CUPTI").
+        """
         if self._thread is None:
             return
         self._stop.set()
@@ -337,11 +396,6 @@ class Agent:
             except Exception:
                 pass
         self._disable_enabled()
-        if finalize and self._lib is not None and self.state in ("running", "preempted"):
-            try:
-                self._cupti.finalize()
-            except Exception:
-                pass
         self.state = "stopped"
         self._send([], force=True, final=True)
         if self._sock is not None:
@@ -509,11 +563,11 @@ class Agent:
         self._send(windows)
 
     def _drain(self, budget_ns: int | None) -> None:
-        """Decode queued buffers in batches of up to `batch_mib`: few numpy calls, few GIL hand-overs."""
+        """Decode queued buffers in batches of up to `batch_mib`, handing the GIL over between them."""
         t_slice = time.perf_counter_ns()
         while self._queue:
             self._drain_batch()
-            time.sleep(0)  # let the application thread take the GIL between batches
+            time.sleep(YIELD_S)  # let the application thread take the GIL between batches
             if budget_ns is not None and time.perf_counter_ns() - t_slice > budget_ns:
                 break
 
@@ -526,7 +580,7 @@ class Agent:
         rows: list[tuple[int, ...]] = []
         size = 0
         limit = self.settings.batch_mib * 1024 * 1024
-        while self._queue and size < limit:
+        while self._queue and (size == 0 or size + self._item_bytes(self._queue[0]) <= limit):
             item = self._queue.popleft()
             self.stats.buffers += 1
             if isinstance(item, list):
@@ -566,6 +620,10 @@ class Agent:
         dt = time.perf_counter_ns() - t
         self.stats.decode_ns_total += dt
         self.stats.decode_ns_max = max(self.stats.decode_ns_max, dt)
+
+    @staticmethod
+    def _item_bytes(item: Any) -> int:
+        return 32 * len(item) if isinstance(item, list) else len(item[0])
 
     def _add(self, code: Any, dev: Any, start: Any, end: Any) -> None:
         import numpy as np
@@ -664,7 +722,12 @@ class Agent:
         out: list[wire.Window] = []
         dropped_all = self._dropped_pending.pop(-1, 0)
         for dv, w in sorted(self._windows.items()):
-            for summ in w.close(now):
+            while True:  # one window at a time, handing the GIL over between them
+                closed = w.close(now, max_windows=1)
+                if not closed:
+                    break
+                summ = closed[0]
+                time.sleep(YIELD_S)
                 self.steps.attach_gpu(summ, dv)
                 if not self._covered(summ.t0, summ.t1):
                     continue

@@ -42,6 +42,57 @@ GRAPH_NODE_KERNEL = 4
 CUPTI_SUCCESS = 0
 CUPTI_ERROR_MAX_LIMIT_REACHED = 12
 
+# CUpti_ActivityAttribute values that are uint8_t flags; the others are size_t (cupti_activity.h).
+ATTRIBUTE_CTYPE: dict[str, type[ctypes.c_uint8] | type[ctypes.c_size_t]] = {
+    "MEM_ALLOCATION_TYPE_HOST_PINNED": ctypes.c_uint8,
+    "ZEROED_OUT_BUFFER": ctypes.c_uint8,
+    "PER_THREAD_BUFFER": ctypes.c_uint8,
+}
+# the attributes an operator may set (BOUNDWATCH_AGENT_CUPTI_ATTRS) and agent-check reports
+ATTRIBUTES = (
+    "DEVICE_BUFFER_SIZE",
+    "DEVICE_BUFFER_SIZE_CDP",
+    "DEVICE_BUFFER_SIZE_DEVICE_GRAPHS",
+    "DEVICE_BUFFER_POOL_LIMIT",
+    "DEVICE_BUFFER_PRE_ALLOCATE_VALUE",
+    "PROFILING_SEMAPHORE_POOL_SIZE",
+    "PROFILING_SEMAPHORE_POOL_LIMIT",
+    "PROFILING_SEMAPHORE_PRE_ALLOCATE_VALUE",
+    "MEM_ALLOCATION_TYPE_HOST_PINNED",
+    "ZEROED_OUT_BUFFER",
+    "PER_THREAD_BUFFER",
+)
+
+
+def parse_attributes(spec: str) -> dict[str, int]:
+    """Parse 'name=value,...' (CUPTI activity attribute names, with or without ATTR_; sizes may end in
+    k/m/g for KiB/MiB/GiB) into {NAME: value}; raise ValueError naming what is wrong."""
+    out: dict[str, int] = {}
+    for item in spec.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        name, sep, raw = item.partition("=")
+        key = name.strip().upper()
+        key = key[5:] if key.startswith("ATTR_") else key
+        if not sep or key not in ATTRIBUTES:
+            raise ValueError(
+                f"unknown CUPTI activity attribute {name.strip()!r} (known: {', '.join(ATTRIBUTES)})"
+            )
+        text = raw.strip().lower()
+        scale = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(text[-1:], 1)
+        try:
+            value = int(text[:-1] if scale > 1 else text, 0) * scale
+        except ValueError:
+            raise ValueError(
+                f"CUPTI activity attribute {key}: {raw.strip()!r} is not a whole number"
+            ) from None
+        if value < 0 or (ATTRIBUTE_CTYPE.get(key) is ctypes.c_uint8 and value > 1):
+            raise ValueError(f"CUPTI activity attribute {key}: {value} is out of range")
+        out[key] = value
+    return out
+
+
 BufferRequested = ctypes.CFUNCTYPE(
     None, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)
 )
@@ -128,7 +179,30 @@ class Library:
         handle.cuptiActivityGetNumDroppedRecords.restype = ctypes.c_int
         handle.cuptiGetTimestamp.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
         handle.cuptiGetTimestamp.restype = ctypes.c_int
+        for name in ("cuptiActivitySetAttribute", "cuptiActivityGetAttribute"):
+            fn = getattr(handle, name)
+            fn.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_size_t), ctypes.c_void_p]
+            fn.restype = ctypes.c_int
         return cls(path, handle, int(v.value))
+
+    def attribute(self, attr: int, name: str) -> int | None:
+        """Return an activity attribute's current value, or None when CUPTI refuses the query."""
+        ctype = ATTRIBUTE_CTYPE.get(name, ctypes.c_size_t)
+        value = ctype(0)
+        size = ctypes.c_size_t(ctypes.sizeof(value))
+        if (
+            self.handle.cuptiActivityGetAttribute(attr, ctypes.byref(size), ctypes.byref(value))
+            != CUPTI_SUCCESS
+        ):
+            return None
+        return int(value.value)
+
+    def set_attribute(self, attr: int, name: str, value: int) -> int:
+        """Set an activity attribute; return the CUPTI status (0 on success)."""
+        ctype = ATTRIBUTE_CTYPE.get(name, ctypes.c_size_t)
+        v = ctype(value)
+        size = ctypes.c_size_t(ctypes.sizeof(v))
+        return int(self.handle.cuptiActivitySetAttribute(attr, ctypes.byref(size), ctypes.byref(v)))
 
     def timestamp(self) -> int:
         """Return CUPTI's current timestamp, ns (CLOCK_REALTIME)."""
@@ -158,11 +232,18 @@ class Library:
             out.append(rec.value - ptr)
 
 
-def walk(buf: bytes, pause_every: int = 4096) -> np.ndarray | None:
+# How the agent's thread hands the GIL to the application's: a real sleep, not sleep(0). After
+# sleep(0) the running thread usually takes the GIL straight back and a waiting thread gets it only
+# when it forces a switch (sys.getswitchinterval(), 5 ms); bench/agent_gil.py measured both.
+YIELD_S = 50e-6
+
+
+def walk(buf: bytes, pause_every: int = 512) -> np.ndarray | None:
     """Return the record offsets of a raw buffer from the known record sizes, or None on an unknown kind.
 
-    A buffer of kernel records only is walked with numpy; a mixed one in Python, pausing (releasing
-    the GIL) every `pause_every` records so the application's thread never waits long.
+    A buffer of kernel records only is walked with numpy; a mixed one in Python, sleeping briefly
+    (releasing the GIL) every `pause_every` records (~0.1 ms of work) so the application's thread
+    never waits long for it.
     """
     n = len(buf)
     size = RECORD_SIZE[KIND_CONCURRENT_KERNEL]
@@ -184,7 +265,7 @@ def walk(buf: bytes, pause_every: int = 4096) -> np.ndarray | None:
         count += 1
         if count == pause_every:
             count = 0
-            time.sleep(0)
+            time.sleep(YIELD_S)
     return np.asarray(offsets, dtype=np.int64) if off == n else None
 
 

@@ -131,8 +131,8 @@ class DeviceWindows:
         """Return the number of records held."""
         return self._n
 
-    def close(self, now: int) -> list[WindowSummary]:
-        """Return every window that ended at least lag_ns before now, oldest first."""
+    def close(self, now: int, max_windows: int | None = None) -> list[WindowSummary]:
+        """Return the windows that ended at least lag_ns before now, oldest first (at most max_windows)."""
         if self._next_t0 is None:
             if self.start_ns is None:
                 return []
@@ -148,7 +148,9 @@ class DeviceWindows:
         else:
             s_all, e_all, k_all = _EMPTY_I64, _EMPTY_I64, _EMPTY_I8
         out: list[WindowSummary] = []
-        while self._next_t0 + self.window_ns <= now - self.lag_ns:
+        while self._next_t0 + self.window_ns <= now - self.lag_ns and (
+            max_windows is None or len(out) < max_windows
+        ):
             t0 = self._next_t0
             t1 = t0 + self.window_ns
             inside = s_all < t1

@@ -79,6 +79,8 @@ def check(import_torch: bool = True, socket_path: str | None = None) -> dict[str
     out["detail"] = agent.detail
     out["lib"] = agent.lib_text
     out["mode"] = agent.mode
+    out["cupti_attributes"] = agent.cupti_attributes
+    out["hw_trace"] = agent.hw_trace
     lib = agent._lib
     if lib is not None:
         from exporter.agent.cuptilib import api_version_text

@@ -32,8 +32,12 @@ ws = [w for w in a.windows_sent()]
 print("RESULT " + json.dumps({"state": state, "detail": a.detail, "mode": a.mode, "lib": a.lib_text,
     "windows": len(ws), "kernels": sum(w.kernels for w in ws), "graphs": sum(w.graphs for w in ws),
     "busy": sum(w.busy for w in ws) / max(1, sum(w.t1 - w.t0 for w in ws)),
-    "layout_mismatch": a.stats.layout_mismatch, "layout_checked": a.stats.layout_checked}))
+    "layout_mismatch": a.stats.layout_mismatch, "layout_checked": a.stats.layout_checked,
+    "teardown_cupti": os.environ.get("TEARDOWN_CUPTI")}))
 agent.stop()
+# the graph captured under GRAPH_TRACE still replays, and right, after the agent stopped
+g.replay(); torch.cuda.synchronize()
+print("AFTER " + json.dumps({"graph_ok": bool(torch.allclose(y, x @ x, rtol=1e-3, atol=1e-2))}))
 """
 
 
@@ -68,3 +72,6 @@ def test_agent_measures_kernels_and_graph_launches_on_a_gpu(tmp_path: Path) -> N
     assert r["windows"] >= 4 and r["kernels"] > 0 and r["graphs"] > 0
     assert 0.05 < r["busy"] < 1.0
     assert r["layout_checked"] > 0 and r["layout_mismatch"] == 0
+    assert r["teardown_cupti"] == "0"  # torch.profiler will not finalize CUPTI under our graphs
+    after = [x for x in p.stdout.splitlines() if x.startswith("AFTER ")]
+    assert after and json.loads(after[0][6:])["graph_ok"], p.stderr[-2000:]

@@ -1,5 +1,6 @@
 """The agent's own thread path on synthetic raw CUPTI buffers: decode, windows, sampling spans, datagrams."""
 
+import os
 import socket
 import struct
 from pathlib import Path
@@ -157,3 +158,57 @@ def test_records_on_a_foreign_cupti_clock_are_moved_back_to_the_wall_clock(tmp_p
     w = a._windows[0]
     assert w.pending() == 1 and w._late == 0  # not thrown away as decades late
     rx.close()
+
+
+class FakeCupti:
+    """Stands in for cupti-python (the outside party): records what the agent asks of it."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+
+    def activity_disable(self, kind: int) -> None:
+        self.calls.append(("disable", kind))
+
+    def finalize(self) -> None:
+        self.calls.append(("finalize", 0))
+
+
+def test_stop_disables_every_kind_and_never_finalizes_cupti(tmp_path: Path) -> None:
+    import threading
+
+    a, rx = make_agent(tmp_path)
+    fake = FakeCupti()
+    a._cupti = fake
+    a._enabled = [cl.KIND_GRAPH_TRACE, cl.KIND_CONCURRENT_KERNEL, cl.KIND_MEMCPY]
+    a._thread = threading.Thread(target=lambda: None)
+    a._thread.start()
+    a.stop()
+    assert fake.calls == [
+        ("disable", cl.KIND_GRAPH_TRACE),
+        ("disable", cl.KIND_CONCURRENT_KERNEL),
+        ("disable", cl.KIND_MEMCPY),
+    ]
+    assert a.state == "stopped"
+    rx.close()
+
+
+def test_kineto_teardown_guard_keeps_cupti_alive_and_says_what_it_replaced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from exporter.agent.core import guard_kineto_teardown
+
+    monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
+    assert guard_kineto_teardown() is None
+    assert os.environ["TEARDOWN_CUPTI"] == "0"
+    monkeypatch.setenv("TEARDOWN_CUPTI", "1")
+    assert guard_kineto_teardown() == "1"
+    assert os.environ["TEARDOWN_CUPTI"] == "0"
+    assert guard_kineto_teardown() is None
+
+
+def test_cupti_attributes_and_hw_trace_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BOUNDWATCH_AGENT_CUPTI_ATTRS", "device_buffer_size=8m")
+    monkeypatch.setenv("BOUNDWATCH_AGENT_HW_TRACE", "on")
+    s = Settings.from_env()
+    assert s.cupti_attrs == "device_buffer_size=8m" and s.hw_trace == "on"
+    assert Settings().cupti_attrs == "" and Settings().hw_trace == "off"

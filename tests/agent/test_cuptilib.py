@@ -59,3 +59,31 @@ def test_walk_gives_up_on_an_unknown_kind() -> None:
 def test_api_version_reads_as_major_minor() -> None:
     assert cl.api_version_text(130001) == "13.0"
     assert cl.api_version_text(120800) == "12.8"
+
+
+def test_cupti_attributes_parse_names_sizes_and_flags() -> None:
+    got = cl.parse_attributes(
+        "device_buffer_size=32m, ATTR_DEVICE_BUFFER_POOL_LIMIT=16,mem_allocation_type_host_pinned=1"
+    )
+    assert got == {
+        "DEVICE_BUFFER_SIZE": 32 << 20,
+        "DEVICE_BUFFER_POOL_LIMIT": 16,
+        "MEM_ALLOCATION_TYPE_HOST_PINNED": 1,
+    }
+    assert cl.parse_attributes("") == {}
+    assert cl.parse_attributes("device_buffer_size=0x1000") == {"DEVICE_BUFFER_SIZE": 4096}
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ("device_buffer=1m", "unknown CUPTI activity attribute 'device_buffer'"),
+        ("device_buffer_size", "unknown CUPTI activity attribute"),
+        ("device_buffer_size=lots", "is not a whole number"),
+        ("mem_allocation_type_host_pinned=2", "out of range"),
+        ("device_buffer_size=-1", "out of range"),
+    ],
+)
+def test_bad_cupti_attributes_say_what_is_wrong(spec: str, says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        cl.parse_attributes(spec)

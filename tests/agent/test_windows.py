@@ -73,3 +73,21 @@ def test_pending_records_are_bounded_and_the_excess_counted() -> None:
         w.add(s, s + 500, np.zeros(600, dtype=np.int8))
     assert w.pending() <= 1000
     assert w.dropped == 3000 - w.pending()
+
+
+def test_closing_one_window_at_a_time_gives_the_same_windows() -> None:
+    records = sorted(random_records(7, 3000, 4 * S))
+    arr = np.asarray(records, dtype=np.int64)
+    whole = aw.DeviceWindows(window_ns=S // 2, lag_ns=S, start_ns=0)
+    single = aw.DeviceWindows(window_ns=S // 2, lag_ns=S, start_ns=0)
+    for w in (whole, single):
+        w.add(arr[:, 0], arr[:, 1], arr[:, 2].astype(np.int8))
+    all_at_once = whole.close(6 * S)
+    one_by_one = []
+    while closed := single.close(6 * S, max_windows=1):
+        assert len(closed) == 1
+        one_by_one += closed
+    assert len(all_at_once) == len(one_by_one) == 10
+    assert [(w.t0, w.busy_ns, w.graph_busy_ns, w.counts, w.gap_counts, w.iv) for w in one_by_one] == [
+        (w.t0, w.busy_ns, w.graph_busy_ns, w.counts, w.gap_counts, w.iv) for w in all_at_once
+    ]

@@ -4,7 +4,8 @@ No GPU: synthetic raw CUPTI buffers with the record mix of the decode benchmark 
 launches, memcpy, memset) go through the agent's real path (`_enqueue`, then `_drain` on its own
 thread, as `_tick` does) while an "application" thread loops like an engine: it waits 0.7 ms with the
 GIL released (a CUDA synchronize does that), then needs the GIL back for a little Python work. The
-pause is how much longer than that an iteration took. The same loop without the agent is the floor.
+pause is how much longer than that an iteration took. The same loop without the agent is the floor. Then, with no application thread, the longest
+stretches the agent's thread runs between two of its GIL hand-overs.
 
     python3 bench/agent_gil.py --out bench/results/agent_gil.json
 """
@@ -132,6 +133,55 @@ def run(
     return res
 
 
+def segments(bufs: list[tuple[bytes, int]], per_tick: int) -> dict[str, Any]:
+    """The longest stretches the agent's thread runs between two of its GIL hand-overs (its sleeps),
+    found by timing each `time.sleep` the agent's modules call; no application thread runs."""
+    from exporter.agent import core, cuptilib
+
+    marks: list[tuple[str, int, str]] = []
+    real = time
+
+    class Timed:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+        @staticmethod
+        def sleep(seconds: float) -> None:
+            marks.append(("s", real.perf_counter_ns(), sys._getframe(1).f_code.co_name))
+            real.sleep(seconds)
+            marks.append(("e", real.perf_counter_ns(), ""))
+
+    core.time, cuptilib.time = Timed(), Timed()  # type: ignore[assignment]
+    try:
+        agent = Agent(Settings(socket="/tmp/bw-gil-none.sock", sampling="off"))
+        agent.state = "running"
+        agent._start_ns = T0
+        agent._spans = [[T0, None]]
+        for i in range(0, len(bufs) - per_tick + 1, per_tick):
+            for b, _ in bufs[i : i + per_tick]:
+                agent._enqueue((b, None), len(b))
+            marks.append(("e", real.perf_counter_ns(), "tick"))
+            agent._drain(budget_ns=100_000_000)
+            agent._close_windows(bufs[i + per_tick - 1][1] + 2_000_000_000)
+            marks.append(("s", real.perf_counter_ns(), "tick end"))
+    finally:
+        core.time, cuptilib.time = real, real  # type: ignore[assignment]
+    holds: list[tuple[float, str]] = []
+    since = None
+    for kind, t, where in marks:
+        if kind == "e":
+            since = t
+        elif since is not None:
+            holds.append(((t - since) / 1e3, where))
+            since = None
+    holds.sort(reverse=True)
+    return {
+        "stretches": len(holds),
+        "longest_us": [(round(us, 1), where) for us, where in holds[:8]],
+        "p99_us": holds[len(holds) // 100][0] if holds else 0.0,
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench/results/agent_gil.json")
@@ -153,11 +203,13 @@ def main() -> int:
             run(False, args.seconds, bufs, args.per_tick, args.batch_mib),
             run(True, args.seconds, bufs, args.per_tick, args.batch_mib),
         ],
+        "agent_stretches": segments(bufs, args.per_tick),
     }
     with open(args.out, "w") as fh:
         json.dump(results, fh, indent=2)
     for r in results["runs"]:
         print(json.dumps(r))
+    print(json.dumps(results["agent_stretches"]))
     return 0
 
 

@@ -606,9 +606,11 @@ class Agent:
             size += len(data)
         parts = []
         if bufs:
+            time.sleep(YIELD_S)  # hand the GIL over between walking, decoding and windowing
             d = decode(bufs[0] if len(bufs) == 1 else b"".join(bufs), np.concatenate(offs))
             self.stats.incomplete += d.incomplete
             parts.append((d.code, d.dev, d.start, d.end))
+            time.sleep(YIELD_S)
         if rows:
             arr = np.asarray(rows, dtype=np.int64)
             code, dev, start, end = arr[:, 0].astype(np.int8), arr[:, 1], arr[:, 2], arr[:, 3]

@@ -135,7 +135,7 @@ class WebConfig:
     port: int = DEFAULT_PORT
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
-    basic_auth_file: str | None = None  # lines of "user:sha256-hex-of-password"
+    basic_auth_file: str | None = None  # lines of "user:bcrypt-hash" (htpasswd -nB) or "user:sha256-hex"
 
 
 @dataclass(frozen=True)

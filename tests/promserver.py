@@ -15,6 +15,7 @@ then SIGKILL) when the context exits; every wait is bounded. Use from a fixture:
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import http.server
 import itertools
@@ -23,6 +24,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -58,10 +60,21 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
-    """GET a loopback URL and return (status, body); HTTP errors return their status too."""
+def http_get(
+    url: str,
+    timeout: float = 5.0,
+    context: ssl.SSLContext | None = None,
+    auth: tuple[str, str] | None = None,
+) -> tuple[int, bytes]:
+    """GET a loopback URL and return (status, body); HTTP errors return their status too.
+
+    `context` verifies an https URL (e.g. against a test CA); `auth` sends basic-auth credentials."""
+    request = urllib.request.Request(url)
+    if auth is not None:
+        token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as resp:
             return resp.status, resp.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
@@ -77,13 +90,20 @@ def _stop(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
             proc.wait(timeout=timeout)
 
 
-def _wait_http(proc: subprocess.Popen[bytes], url: str, log: Path, timeout: float) -> None:
+def _wait_http(
+    proc: subprocess.Popen[bytes],
+    url: str,
+    log: Path,
+    timeout: float,
+    context: ssl.SSLContext | None = None,
+    auth: tuple[str, str] | None = None,
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
         with contextlib.suppress(OSError):
-            status, _ = http_get(url, timeout=1.0)
+            status, _ = http_get(url, timeout=1.0, context=context, auth=auth)
             if status == 200:
                 return
         time.sleep(0.1)
@@ -97,6 +117,7 @@ class Daemon:
     port: int
     log: Path
     proc: subprocess.Popen[bytes]
+    scheme: str = "http"
 
     @property
     def target(self) -> str:
@@ -106,7 +127,7 @@ class Daemon:
     @property
     def metrics_url(self) -> str:
         """Return the daemon's /metrics URL."""
-        return f"http://{self.target}/metrics"
+        return f"{self.scheme}://{self.target}/metrics"
 
 
 @contextlib.contextmanager
@@ -115,8 +136,13 @@ def running_daemon(
     engine_pages: Sequence[Path] = (ENGINE_FIXTURE,),
     timeout: float = 60.0,
     extra_env: dict[str, str] | None = None,
+    context: ssl.SSLContext | None = None,
+    auth: tuple[str, str] | None = None,
 ) -> Iterator[Daemon]:
-    """Run the real daemon on a free loopback port, reading engine pages from files, until the block exits."""
+    """Run the real daemon on a free loopback port, reading engine pages from files, until the block exits.
+
+    With `context` (the daemon configured for TLS through `extra_env`) it is reached over https,
+    verified by that context; `auth` is what the readiness check sends when basic auth is on."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     log = workdir / "boundwatch.log"
@@ -129,9 +155,9 @@ def running_daemon(
     env.update(extra_env or {})
     with open(log, "wb") as out:
         proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    daemon = Daemon(port, log, proc)
+    daemon = Daemon(port, log, proc, "https" if context is not None else "http")
     try:
-        _wait_http(proc, daemon.metrics_url, log, timeout)
+        _wait_http(proc, daemon.metrics_url, log, timeout, context, auth)
         yield daemon
     finally:
         _stop(proc)
@@ -263,8 +289,11 @@ def running_prometheus(
     rule_files: Sequence[Path] = (),
     interval: str = "1s",
     timeout: float = 30.0,
+    job_options: dict[str, dict[str, Any]] | None = None,
 ) -> Iterator[Prometheus]:
-    """Run a real Prometheus scraping each job's targets every `interval`, with rule files, until the block exits."""
+    """Run a real Prometheus scraping each job's targets every `interval`, with rule files, until the block exits.
+
+    `job_options` adds scrape settings per job (scheme, tls_config, basic_auth...)."""
     if PROMETHEUS is None:
         raise FileNotFoundError("prometheus is not installed")
     workdir.mkdir(parents=True, exist_ok=True)
@@ -272,7 +301,12 @@ def running_prometheus(
         "global": {"scrape_interval": interval, "evaluation_interval": interval, "scrape_timeout": interval},
         "rule_files": [str(Path(f).resolve()) for f in rule_files],
         "scrape_configs": [
-            {"job_name": job, "static_configs": [{"targets": list(targets)}]} for job, targets in jobs.items()
+            {
+                "job_name": job,
+                "static_configs": [{"targets": list(targets)}],
+                **(job_options or {}).get(job, {}),
+            }
+            for job, targets in jobs.items()
         ],
     }
     config_path = workdir / "prometheus.yml"

@@ -85,3 +85,34 @@ async def test_basic_auth_guards_everything_but_healthz(aiohttp_client, tmp_path
     good = base64.b64encode(b"prom:s3cret").decode()
     assert (await client.get("/metrics", headers={"Authorization": f"Basic {good}"})).status == 200
     assert (await client.get("/healthz")).status == 200
+
+
+async def test_bcrypt_basic_auth_as_htpasswd_writes_it(aiohttp_client, tmp_path):
+    import bcrypt
+
+    users = tmp_path / "users"
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
+    users.write_text(f"prom:{hashed}\nops:{hashlib.sha256(b'other').hexdigest()}\n")
+    cfg = Config(web=WebConfig(basic_auth_file=str(users)))
+    client, _ = await _client(aiohttp_client, cfg=cfg)
+
+    def basic(creds: bytes) -> dict[str, str]:
+        return {"Authorization": "Basic " + base64.b64encode(creds).decode()}
+
+    assert (await client.get("/metrics", headers=basic(b"prom:wrong"))).status == 401
+    for _ in range(2):  # checked once with bcrypt, then remembered: both answers must be the same
+        assert (await client.get("/metrics", headers=basic(b"prom:s3cret"))).status == 200
+    assert (await client.get("/metrics", headers=basic(b"prom:wrong"))).status == 401  # not remembered
+    assert (await client.get("/metrics", headers=basic(b"ops:other"))).status == 200
+    assert (await client.get("/metrics", headers=basic(b"ops:s3cret"))).status == 401
+
+
+def test_basic_auth_file_names_the_formats_it_takes(tmp_path):
+    import pytest
+
+    from exporter.export.web import load_basic_auth
+
+    bad = tmp_path / "users"
+    bad.write_text("prom:plaintext-password\n")
+    with pytest.raises(ValueError, match="user:bcrypt-hash or user:sha256-hex"):
+        load_basic_auth(str(bad))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import dataclasses
 import hashlib
@@ -39,22 +40,57 @@ def make_registry(sampler: Sampler, cfg: Config) -> CollectorRegistry:
     return registry
 
 
+BCRYPT_PREFIXES = ("$2a$", "$2b$", "$2y$")
+
+
 def load_basic_auth(path: str) -> dict[str, str]:
-    """Read `user:sha256-hex` lines (blank lines and # comments ignored)."""
+    """Read `user:hash` lines (blank lines and # comments ignored).
+
+    A hash is bcrypt (`$2b$...`, what `htpasswd -nB user` and Prometheus' exporter-toolkit web
+    config use) or 64 hex digits of the password's SHA-256.
+    """
     users: dict[str, str] = {}
     for raw in Path(path).read_text().splitlines():
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
-        user, sep, digest = line.partition(":")
-        if not sep or len(digest) != 64:
-            raise ValueError(f"{path}: expected user:sha256-hex, got {line!r}")
-        users[user] = digest.lower()
+        user, sep, stored = line.partition(":")
+        stored = stored.strip()
+        if sep and stored.startswith(BCRYPT_PREFIXES) and len(stored) == 60:
+            try:
+                import bcrypt  # noqa: F401
+            except ImportError:
+                raise ValueError(
+                    f"{path}: bcrypt hashes need the bcrypt package (pip install bcrypt)"
+                ) from None
+            users[user] = stored
+        elif sep and len(stored) == 64 and all(c in "0123456789abcdefABCDEF" for c in stored):
+            users[user] = stored.lower()
+        else:
+            raise ValueError(f"{path}: expected user:bcrypt-hash or user:sha256-hex, got {line!r}")
     return users
 
 
-def basic_auth_middleware(users: dict[str, str]) -> Callable[..., Any]:
-    """Return a middleware that demands HTTP basic auth for every path but /healthz."""
+def password_matches(stored: str, password: str) -> bool:
+    """Return whether a password matches a stored bcrypt or SHA-256 hash (slow for bcrypt, by design)."""
+    if stored.startswith(BCRYPT_PREFIXES):
+        import bcrypt
+
+        try:
+            return bool(bcrypt.checkpw(password.encode(), stored.encode()))
+        except ValueError:  # a malformed hash matches nothing
+            return False
+    return hmac.compare_digest(stored, hashlib.sha256(password.encode()).hexdigest())
+
+
+def basic_auth_middleware(users: dict[str, str], remember: int = 64) -> Callable[..., Any]:
+    """Return a middleware that demands HTTP basic auth for every path but /healthz.
+
+    bcrypt takes ~0.1-0.3 s a check: it runs in a worker thread, so the event loop (and the 0.5 s
+    ticks) never wait, and a scraper's credentials are checked once, then remembered (a SHA-256 of
+    user, hash and password, at most `remember` of them). Failures are never remembered.
+    """
+    accepted: dict[bytes, None] = {}
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -66,9 +102,16 @@ def basic_auth_middleware(users: dict[str, str]) -> Callable[..., Any]:
                 user, _, password = base64.b64decode(header[6:]).decode().partition(":")
             except (ValueError, UnicodeDecodeError):
                 user, password = "", ""
-            digest = hashlib.sha256(password.encode()).hexdigest()
-            if user in users and hmac.compare_digest(users[user], digest):
-                return await handler(request)
+            stored = users.get(user)
+            if stored is not None:
+                key = hashlib.sha256(f"{user}\0{stored}\0{password}".encode()).digest()
+                if key in accepted:
+                    return await handler(request)
+                if await asyncio.to_thread(password_matches, stored, password):
+                    if len(accepted) >= remember:
+                        accepted.pop(next(iter(accepted)))
+                    accepted[key] = None
+                    return await handler(request)
         return web.Response(status=401, headers={"WWW-Authenticate": 'Basic realm="boundwatch"'})
 
     return middleware

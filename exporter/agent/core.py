@@ -309,6 +309,8 @@ class Agent:
             s.graph_trace == "on" or (s.graph_trace == "auto" and not cuda_initialized())
         )
         self._register()
+        import exporter.agent.windows  # noqa: F401  (here, not on the agent's thread at its first buffer)
+
         if s.hw_trace == "on":
             try:
                 cupti.activity_enable_hw_trace(1)  # before any context; Blackwell and later

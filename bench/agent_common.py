@@ -3,6 +3,7 @@ kernels that stamp %globaltimer (device-side ground truth), and the device clock
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -167,3 +168,26 @@ def union_fraction(intervals: list[tuple[int, int]], lo: int, hi: int) -> float:
     if cur_e is not None:
         busy += cur_e - cur_s
     return busy / (hi - lo)
+
+
+def run_fresh(
+    script: str, key: str, name: str, args: list[str], env_extra: dict[str, str] | None, sock: str
+) -> dict[str, Any]:
+    """Run `script --child name *args` in a fresh process (CUPTI cannot be unloaded), with no inherited
+    BOUNDWATCH_AGENT_* but a socket nobody listens on (every message dropped and counted); return its
+    RESULT line, or {key: name, "error", "rc"} when it printed none."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BOUNDWATCH_AGENT")}
+    env["BOUNDWATCH_AGENT_SOCKET"] = sock
+    env.update(env_extra or {})
+    p = subprocess.run(
+        [sys.executable, script, "--child", name, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+    if not line:
+        print(name, "FAILED", p.stderr[-800:], flush=True)
+        return {key: name, "error": p.stderr[-2000:], "rc": p.returncode}
+    return dict(json.loads(line[0][7:]))

@@ -31,7 +31,6 @@ import argparse
 import ctypes
 import json
 import os
-import subprocess
 import sys
 import time
 from typing import Any
@@ -169,24 +168,20 @@ def main() -> int:
     if args.child:
         print("RESULT " + json.dumps(child(args.child, args.replays)), flush=True)
         return 0
-    runs = []
-    for mode in args.order.split(","):
-        env = {k: v for k, v in os.environ.items() if not k.startswith("BOUNDWATCH_AGENT")}
-        env["BOUNDWATCH_AGENT_SOCKET"] = "/tmp/bwbench/graph-launch-nobody.sock"
-        env.update(MODES[mode] or {})
-        p = subprocess.run(
-            [sys.executable, __file__, "--child", mode, "--replays", str(args.replays)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=240,
+    sys.path.insert(0, ROOT)
+    from bench.agent_common import run_fresh
+
+    runs = [
+        run_fresh(
+            __file__,
+            "mode",
+            mode,
+            ["--replays", str(args.replays)],
+            MODES[mode],
+            "/tmp/bwbench/graph-launch-nobody.sock",
         )
-        line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
-        if not line:
-            runs.append({"mode": mode, "error": p.stderr[-2000:], "rc": p.returncode})
-            print(mode, "FAILED", p.stderr[-800:], flush=True)
-            continue
-        runs.append(json.loads(line[0][7:]))
+        for mode in args.order.split(",")
+    ]
     with open(args.out, "w") as fh:
         json.dump({"runs": runs, "nodes": NODES}, fh, indent=2)
     print("mode          " + "".join(f"  call-us/gpu-us @{n:<5d}" for n in NODES))

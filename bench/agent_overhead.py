@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from array import array
@@ -360,28 +359,24 @@ def main() -> int:
     if args.child:
         print("RESULT " + json.dumps(child(args.child, args.decode_seconds)), flush=True)
         return 0
+    sys.path.insert(0, ROOT)
+    from bench.agent_common import run_fresh
+
     runs = []
     for cfg in args.order.split(","):
-        env = {k: v for k, v in os.environ.items() if not k.startswith("BOUNDWATCH_AGENT")}
-        env["BOUNDWATCH_AGENT_SOCKET"] = "/tmp/bwbench/overhead-nobody.sock"  # no sidecar: drops are counted
-        env.update(CONFIGS[cfg] or {})
         t = time.time()
-        p = subprocess.run(
-            [sys.executable, __file__, "--child", cfg, "--decode-seconds", str(args.decode_seconds)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=240,
+        r = run_fresh(
+            __file__,
+            "config",
+            cfg,
+            ["--decode-seconds", str(args.decode_seconds)],
+            CONFIGS[cfg],
+            "/tmp/bwbench/overhead-nobody.sock",  # no sidecar: drops are counted
         )
-        line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
-        if not line:
-            runs.append({"config": cfg, "error": p.stderr[-2000:], "rc": p.returncode})
-            print(cfg, "FAILED", p.stderr[-800:], flush=True)
-            continue
-        r = json.loads(line[0][7:])
-        r["wall_s"] = time.time() - t
+        if "error" not in r:
+            r["wall_s"] = time.time() - t
+            print(json.dumps(r), flush=True)
         runs.append(r)
-        print(json.dumps(r), flush=True)
     ok = [r for r in runs if "decode" in r]
     base = [r for r in ok if r["config"] == "none"]
     summary: dict[str, Any] = {}

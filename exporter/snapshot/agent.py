@@ -59,6 +59,27 @@ class EngineSteps:
     tokens: int = 0  # scheduled tokens over the steps
     seqs: int = 0  # scheduled sequences summed over the steps (mean batch = seqs / steps)
     gpu_measured: bool = True  # False: CUPTI ran in other processes (vLLM mp executor), gpu_busy_ns is 0
+    # Light-agent figures (no CUPTI needed), counted in the engine's own process:
+    pid: int = 0  # the agent process that counted them (joins to EngineReading.pids; never a label)
+    graph_steps: int = 0  # steps that ran in a CUDA graph (vLLM FULL/PIECEWISE, SGLang can_run_graph, replays seen)
+    eager_steps: int = 0  # steps that ran without a CUDA graph
+    running: float | None = None  # the scheduler's running requests after the newest step
+    waiting: float | None = None  # the scheduler's waiting requests after the newest step
+    running_seconds: float = 0.0  # running requests integrated over the steps' span (request-seconds)
+    waiting_seconds: float = 0.0  # waiting requests integrated likewise
+    max_num_seqs: int | None = None  # the engine's batch limit (vLLM max_num_seqs, SGLang max running requests)
+    dp_rank: int | None = None  # data-parallel rank of the engine core, where it has one
+
+
+@dataclass(frozen=True)
+class GraphUse:
+    """CUDA-graph use seen by the light agent (Python hooks, no CUPTI) in one process since the last tick."""
+
+    pid: int  # the agent process (never a label)
+    gpu: int  # NVML index of the process's device, -1 when unknown
+    observed_ns: int  # wall time these counts cover
+    replays: int = 0  # torch.cuda.CUDAGraph.replay calls (pieces, not steps, under vLLM PIECEWISE)
+    captures: int = 0  # graphs captured in the process so far (cumulative)
 
 
 @dataclass(frozen=True)
@@ -68,5 +89,6 @@ class AgentReading:
     activity: tuple[GpuActivity, ...] = field(default=())
     agents: tuple[AgentState, ...] = field(default=())
     steps: tuple[EngineSteps, ...] = field(default=())
+    graphs: tuple[GraphUse, ...] = field(default=())
     messages: int = 0
     bad_messages: int = 0

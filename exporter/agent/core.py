@@ -640,9 +640,8 @@ class Agent:
             start = start + self._ts_offset
             end = end + self._ts_offset
         trim = self.settings.kernel_trim_ns
-        if trim:
-            kern = (code == 0) | (code == 4)
-            end = np.where(kern, np.maximum(start, end - trim), end)
+        if trim:  # eager kernels only: graph nodes carry no such excess (bench/agent_graph_truth.py)
+            end = np.where(code == 0, np.maximum(start, end - trim), end)
         self.stats.records += int(code.size)
         first = int(dev[0])
         devs = [first] if bool((dev == first).all()) else np.unique(dev).tolist()

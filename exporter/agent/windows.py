@@ -13,6 +13,7 @@ import numpy as np
 
 from exporter.analysis.intervals import (
     GAP_MIN_NS,
+    GRAPH_GAP_FILL_NS,
     IDLE_GAP_BUCKETS_NS,
     WindowSummary,
     window_start,
@@ -74,6 +75,20 @@ def merge_np(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return s[idx], cm[last]
 
 
+def bridge_np(bs: np.ndarray, be: np.ndarray, fill_ns: int) -> tuple[np.ndarray, np.ndarray]:
+    """Return merged intervals with the gaps of at most fill_ns between neighbours filled."""
+    if bs.size < 2:
+        return bs, be
+    brk = np.empty(bs.size, dtype=bool)
+    brk[0] = True
+    np.greater(bs[1:] - be[:-1], fill_ns, out=brk[1:])
+    idx = np.flatnonzero(brk)
+    last = np.empty(idx.size, dtype=np.intp)
+    last[:-1] = idx[1:] - 1
+    last[-1] = bs.size - 1
+    return bs[idx], be[last]
+
+
 @dataclass
 class DeviceWindows:
     """Collect one device's records as arrays and close aligned windows once they are final."""
@@ -83,6 +98,7 @@ class DeviceWindows:
     start_ns: int | None = None
     iv_limit: int = 600  # busy intervals kept per window for the wire
     max_pending: int = 2_000_000  # records held at most; beyond, the oldest chunk is dropped and counted
+    graph_gap_fill_ns: int = GRAPH_GAP_FILL_NS  # in-graph launch gaps between kernel nodes count as busy
     _chunks: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list)
     _n: int = 0
     _next_t0: int | None = None
@@ -157,9 +173,17 @@ class DeviceWindows:
             s = np.maximum(s_all[inside], t0)
             e = np.minimum(e_all[inside], t1)
             k = k_all[inside]
-            bs, be = merge_np(s, e)
-            g = k >= GRAPH
-            gs, ge = merge_np(s[g], e[g]) if g.any() else (_EMPTY_I64, _EMPTY_I64)
+            nodes = k == GRAPH_KERNEL
+            if nodes.any():
+                ns, ne = bridge_np(*merge_np(s[nodes], e[nodes]), self.graph_gap_fill_ns)
+                rest = ~nodes
+                tr = k == GRAPH
+                bs, be = merge_np(np.concatenate((s[rest], ns)), np.concatenate((e[rest], ne)))
+                gs, ge = merge_np(np.concatenate((s[tr], ns)), np.concatenate((e[tr], ne)))
+            else:
+                bs, be = merge_np(s, e)
+                g = k == GRAPH
+                gs, ge = merge_np(s[g], e[g]) if g.any() else (_EMPTY_I64, _EMPTY_I64)
             starting = k[s_all[inside] >= t0]
             counts = np.bincount(starting, minlength=5) if starting.size else np.zeros(5, dtype=np.int64)
             counts[KERNEL] += counts[GRAPH_KERNEL]

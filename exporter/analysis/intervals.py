@@ -24,6 +24,11 @@ Interval = tuple[int, int]
 # record kinds: kernel, memcpy, memset, graph (one launch of a whole graph, GRAPH_TRACE) and
 # graph_kernel (a kernel node inside a graph, when GRAPH_TRACE is off); both graph kinds add to graph busy
 GRAPH_KINDS = ("graph", "graph_kernel")
+# Kernel nodes of a graph run back to back on the device, with launch gaps of 0.1-0.4 us between them
+# (measured on the H200, ~760-node decode graphs: bench/agent_graph_truth.py). Those gaps are part of
+# the graph's execution, as a GRAPH_TRACE span or CUDA events around the replay count them, so gaps
+# between kernel nodes up to this length are filled; host gaps between replays are far longer.
+GRAPH_GAP_FILL_NS = 10_000
 
 
 def merge(intervals: Iterable[Interval]) -> list[Interval]:
@@ -33,6 +38,17 @@ def merge(intervals: Iterable[Interval]) -> list[Interval]:
         if out and s <= out[-1][1]:
             if e > out[-1][1]:
                 out[-1] = (out[-1][0], e)
+        else:
+            out.append((s, e))
+    return out
+
+
+def bridge(merged: Sequence[Interval], fill_ns: int) -> list[Interval]:
+    """Return merged intervals with the gaps of at most fill_ns between neighbours filled."""
+    out: list[Interval] = []
+    for s, e in merged:
+        if out and s - out[-1][1] <= fill_ns:
+            out[-1] = (out[-1][0], e)
         else:
             out.append((s, e))
     return out
@@ -116,6 +132,7 @@ class WindowAccumulator:
     window_ns: int = 500_000_000
     lag_ns: int = 1_000_000_000
     start_ns: int | None = None  # first window opens here (agent start); None: at the first record
+    graph_gap_fill_ns: int = GRAPH_GAP_FILL_NS
     _pending: list[tuple[int, int, str]] = field(default_factory=list)
     _next_t0: int | None = None
     _last_end: int | None = None
@@ -144,8 +161,13 @@ class WindowAccumulator:
             t0 = self._next_t0
             t1 = t0 + self.window_ns
             inside = [r for r in self._pending if r[0] < t1]
-            busy = merge(clip(((s, e) for s, e, _ in inside), t0, t1))
-            graph = merge(clip(((s, e) for s, e, k in inside if k in GRAPH_KINDS), t0, t1))
+            nodes = bridge(
+                merge(clip(((s, e) for s, e, k in inside if k == "graph_kernel"), t0, t1)),
+                self.graph_gap_fill_ns,
+            )
+            rest = clip(((s, e) for s, e, k in inside if k != "graph_kernel"), t0, t1)
+            busy = merge([*rest, *nodes])
+            graph = merge([*clip(((s, e) for s, e, k in inside if k == "graph"), t0, t1), *nodes])
             counts: dict[str, int] = {}
             for s, _, k in inside:
                 if s >= t0:

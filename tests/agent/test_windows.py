@@ -91,3 +91,28 @@ def test_closing_one_window_at_a_time_gives_the_same_windows() -> None:
     assert [(w.t0, w.busy_ns, w.graph_busy_ns, w.counts, w.gap_counts, w.iv) for w in one_by_one] == [
         (w.t0, w.busy_ns, w.graph_busy_ns, w.counts, w.gap_counts, w.iv) for w in all_at_once
     ]
+
+
+def test_launch_gaps_between_graph_kernel_nodes_count_as_busy_and_host_gaps_do_not() -> None:
+    # one replay: 760 kernel nodes of 1.5 us with 0.3 us launch gaps; then 3 ms on the host; again
+    records = []
+    for replay_start in (100 * MS, 100 * MS + 4 * MS):
+        t = replay_start
+        for _ in range(760):
+            records.append((t, t + 1_500, 4))
+            t += 1_800
+    ref = iv.WindowAccumulator(window_ns=S // 2, lag_ns=S, start_ns=0)
+    fast = aw.DeviceWindows(window_ns=S // 2, lag_ns=S, start_ns=0, iv_limit=10_000)
+    for s, e, k in records:
+        ref.add(s, e, NAMES[k])
+    arr = np.asarray(records, dtype=np.int64)
+    fast.add(arr[:, 0], arr[:, 1], arr[:, 2].astype(np.int8))
+    r, f = ref.close(2 * S)[0], fast.close(2 * S)[0]
+    span = 760 * 1_800 - 300  # first node's start to last node's end
+    assert r.busy_ns == f.busy_ns == 2 * span
+    assert r.graph_busy_ns == f.graph_busy_ns == 2 * span
+    assert len(r.intervals) == 2  # the host gap between the replays stays idle
+    # eager kernels with the same 0.3 us gaps are not bridged: they are not one device-side launch
+    eager = aw.DeviceWindows(window_ns=S // 2, lag_ns=S, start_ns=0)
+    eager.add(arr[:, 0], arr[:, 1], np.zeros(len(records), dtype=np.int8))
+    assert eager.close(2 * S)[0].busy_ns == 2 * 760 * 1_500

@@ -1,0 +1,50 @@
+"""A CUPTI window that lost records gives no busy figure: GPM stands in, and the counters skip it."""
+
+from exporter.analysis import activity
+from exporter.analysis.pipeline import advance, pick_busy
+from exporter.config import Config
+from exporter.snapshot import Snapshot
+from exporter.snapshot.agent import AgentReading, GpuActivity
+from exporter.snapshot.gpu import GpmRatios, GpuReading
+
+HALF = 500_000_000
+
+
+def _snap(seq: int, kept: int, dropped: int) -> Snapshot:
+    act = GpuActivity(
+        gpu=0,
+        uuid="GPU-a",
+        observed_ns=HALF,
+        busy_ns=HALF // 10,  # 10% busy: what a window that kept a fifth of its records reads
+        kernels=kept,
+        dropped=dropped,
+        last_window_busy_ns=HALF // 10,
+        last_window_ns=HALF,
+    )
+    gpu = GpuReading(index=0, uuid="GPU-a", name="H200", driver="580", utilization=1.0, gpm=GpmRatios(graphics=0.97))
+    return Snapshot(
+        seq=seq,
+        at=float(seq),
+        mono=float(seq) / 2,
+        interval=0.5,
+        dt=0.5 if seq else 0.0,
+        gpus=(gpu,),
+        agent=AgentReading(activity=(act,)),
+    )
+
+
+def test_a_window_that_lost_most_records_gives_way_to_gpm() -> None:
+    assert pick_busy(_snap(1, kept=206_000, dropped=746_000))[0] == (0.97, "gpm")
+    assert pick_busy(_snap(1, kept=240_000, dropped=0))[0] == (0.1, "cupti")
+
+
+def test_lossy_windows_add_no_cupti_busy_time_but_their_drops_are_counted() -> None:
+    cfg = Config()
+    history: list[Snapshot] = []
+    for seq, dropped in enumerate((0, 746_000, 0)):
+        history.append(advance(history, _snap(seq, kept=206_000, dropped=dropped), cfg))
+    c = history[-1].counters
+    observed = c[("boundwatch_gpu_observed_seconds_total", ("0", "cupti"))]
+    assert observed == 2 * HALF * 1e-9  # the lossy window's half second is not in it
+    assert c[("boundwatch_agent_dropped_records_total", ("0",))] == 746_000
+    assert activity.lossy(history[1].agent.activity[0])  # type: ignore[union-attr]

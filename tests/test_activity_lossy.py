@@ -21,7 +21,9 @@ def _snap(seq: int, kept: int, dropped: int) -> Snapshot:
         last_window_busy_ns=HALF // 10,
         last_window_ns=HALF,
     )
-    gpu = GpuReading(index=0, uuid="GPU-a", name="H200", driver="580", utilization=1.0, gpm=GpmRatios(graphics=0.97))
+    gpu = GpuReading(
+        index=0, uuid="GPU-a", name="H200", driver="580", utilization=1.0, gpm=GpmRatios(graphics=0.97)
+    )
     return Snapshot(
         seq=seq,
         at=float(seq),

@@ -1,0 +1,418 @@
+"""The sidecar's own cost: CPU and RSS of the real daemon at 1, 8 and 64 GPUs, and its scrapes beside node_exporter.
+
+Everything runs in a PID namespace of its own (re-executed under `unshare --pid --fork --mount-proc`),
+so discovery sees only the bench's processes:
+- an engine: a process started as `vllm serve --port P` serving a real-size vLLM page (815 lines,
+  bench/results/engine_sample_page.prom) whose counters move every 0.5 s, with 4 children titled
+  `VLLM::APIServer_<i>`, 8 threads each, one of them using ~30% of a core;
+- an agent stand-in sending each GPU's 0.5 s windows over the real wire to the daemon's socket;
+- the daemon itself (`serve()` with every source; NVML is the tests' driver stand-in with N GPUs,
+  since this machine has none).
+The daemon's utime+stime and VmRSS are read from /proc over `--seconds`, one GPU count at a time.
+Then `--scrapes` scrapes of its /metrics alternate with the same number of Debian's
+prometheus-node-exporter (when installed), with `Accept-Encoding: gzip`: CPU per scrape from each
+process's /proc times, latency, bytes on the wire and series per page.
+
+    python3 bench/sidecar_cost.py --gpus 1,8,64 --seconds 120 --out bench/results/sidecar_cost.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import http.client
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+PAGE = os.path.join(ROOT, "bench", "results", "engine_sample_page.prom")
+TICK = 0.5
+CLK = os.sysconf("SC_CLK_TCK")
+
+API_SERVER = r"""
+import ctypes, sys, threading, time
+i = sys.argv[1]
+ctypes.CDLL(None).prctl(15, ("VLLM::APIServer_" + i).encode(), 0, 0, 0)
+for k in range(7):
+    threading.Thread(target=lambda: time.sleep(1e6), name=f"worker{k}", daemon=True).start()
+busy = 0.3 if i == "0" else 0.02
+while True:
+    t = time.perf_counter()
+    while time.perf_counter() - t < busy * 0.05:
+        pass
+    time.sleep((1 - busy) * 0.05)
+"""
+
+
+def cpu_seconds(pid: int) -> float:
+    """Return a process's utime + stime, s."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK
+
+
+def rss_bytes(pid: int) -> int:
+    """Return a process's resident set, bytes."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# --- the parts, each run as `sidecar_cost.py --part NAME` ------------------------------------
+
+
+def part_engine(port: int) -> None:
+    """Serve a changing real-size vLLM page and keep 4 titled API-server children."""
+    import http.server
+
+    base = open(PAGE).read().splitlines()
+    state = {"page": b"", "n": 0}
+
+    def refresh() -> None:
+        while True:
+            n = state["n"] = state["n"] + 1
+            out = []
+            for line in base:
+                if line.startswith("#") or ("_total" not in line.split("{")[0] and "_count" not in line):
+                    out.append(line)
+                    continue
+                name, _, value = line.rpartition(" ")
+                try:
+                    out.append(f"{name} {float(value) + n}")
+                except ValueError:
+                    out.append(line)
+            state["page"] = ("\n".join(out) + "\n").encode()
+            time.sleep(TICK)
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            page = state["page"]
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, *a: object) -> None:
+            pass
+
+    threading.Thread(target=refresh, daemon=True).start()
+    time.sleep(0.2)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    kids = [
+        subprocess.Popen([f"VLLM::APIServer_{i}", "-c", API_SERVER, str(i)], executable=os.environ["BW_PY"])
+        for i in range(4)
+    ]
+    try:
+        sys.stdin.read()
+    finally:
+        for k in kids:
+            k.kill()
+
+
+def uuid_of(i: int) -> str:
+    return f"GPU-00000000-0000-0000-0000-{i:012d}"
+
+
+def part_agent(sock_path: str, gpus: int) -> None:
+    """Send every GPU's windows each tick over the real wire, as agents in N worker processes would."""
+    from exporter import wire
+
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    seq = 0
+    while True:
+        now = time.time_ns()
+        t1 = now - 1_000_000_000
+        t0 = t1 - 500_000_000
+        for g in range(gpus):  # one process per GPU, as vLLM's workers
+            seq += 1
+            iv = wire.pack_intervals(
+                [(t0 + k * 5_000_000, t0 + k * 5_000_000 + 4_000_000) for k in range(100)], t0
+            )
+            w = wire.Window(dev=0, t0=t0, t1=t1, busy=400_000_000, kernels=8000, graphs=100, iv=iv[0])
+            msg = wire.Message(
+                pid=10_000 + g,
+                state="running",
+                seq=seq,
+                role="vllm_worker",
+                devices=((0, uuid_of(g)),),
+                windows=(w,),
+            )
+            try:
+                s.sendto(wire.encode(msg), sock_path)
+            except OSError:
+                pass
+        time.sleep(TICK)
+
+
+def part_daemon(port: int, sock_path: str, gpus: int) -> None:
+    """Run the real daemon with the NVML stand-in for N GPUs."""
+    import asyncio
+
+    from exporter.config import load
+    from exporter.daemon import build_sources, serve
+    from exporter.logs import configure
+    from exporter.sources.nvml import NvmlSource
+    from tests.nvml_standin import FakeGpu, FakeNvml
+
+    configure("warning", "json")
+    cfg = load(
+        overrides={"web.address": "127.0.0.1", "web.port": port, "agent.socket": sock_path}, environ={}
+    )
+    fake = FakeNvml([FakeGpu(uuid=uuid_of(i)) for i in range(gpus)])
+    sources = [NvmlSource(cfg.nvml, nvml=fake) if s.name == "nvml" else s for s in build_sources(cfg)]  # type: ignore[arg-type]
+    asyncio.run(serve(cfg, sources))
+
+
+# --- measurement -------------------------------------------------------------------------
+
+
+def scrape(port: int, gz: bool = True) -> tuple[float, int, int]:
+    """Return (seconds, bytes on the wire, series) of one /metrics scrape."""
+    t = time.perf_counter()
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    c.request("GET", "/metrics", headers={"Accept-Encoding": "gzip"} if gz else {})
+    r = c.getresponse()
+    body = r.read()
+    dt = time.perf_counter() - t
+    enc = r.getheader("Content-Encoding", "")
+    c.close()
+    text = gzip.decompress(body) if enc == "gzip" else body
+    series = sum(1 for line in text.splitlines() if line and not line.startswith(b"#"))
+    return dt, len(body), series
+
+
+def wait_port(port: int, timeout: float = 30.0) -> bool:
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return True
+        except OSError:
+            time.sleep(0.1)
+    return False
+
+
+def metric(port: int, name: str) -> float | None:
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    c.request("GET", "/metrics")
+    text = c.getresponse().read().decode()
+    c.close()
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+def compare_scrapes(bw_pid: int, bw_port: int, n: int, bw_idle: float) -> dict[str, Any]:
+    """Alternate n scrapes of boundwatch and of node_exporter; CPU per scrape, latency, bytes.
+
+    CPU per scrape: each process's CPU over the whole phase, less its own background rate (the
+    daemon's ticks, `bw_idle` cores; node_exporter does nothing between scrapes), over n.
+    """
+    out: dict[str, Any] = {}
+    ne = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
+    targets = [("boundwatch", bw_pid, bw_port)]
+    ne_proc = None
+    if ne:
+        ne_port = free_port()
+        ne_proc = subprocess.Popen(
+            [ne, f"--web.listen-address=127.0.0.1:{ne_port}"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        if wait_port(ne_port):
+            targets.append(("node_exporter", ne_proc.pid, ne_port))
+    try:
+        for _name, _pid, port in targets:
+            for _ in range(20):
+                scrape(port)  # warm up
+        lat: dict[str, list[float]] = {t[0]: [] for t in targets}
+        size: dict[str, list[int]] = {t[0]: [] for t in targets}
+        series: dict[str, int] = {}
+        c0 = {name: cpu_seconds(pid) for name, pid, _ in targets}
+        t0 = time.time()
+        for _ in range(n):
+            for name, _pid, port in targets:
+                dt, nbytes, s = scrape(port)
+                lat[name].append(dt)
+                size[name].append(nbytes)
+                series[name] = s
+        span = time.time() - t0
+        idle = {"boundwatch": bw_idle}
+        cpu = {name: cpu_seconds(pid) - c0[name] - idle.get(name, 0.0) * span for name, pid, _ in targets}
+        for name, _pid, _port in targets:
+            per = max(0.0, cpu[name]) / n
+            out[name] = {
+                "scrapes": n,
+                "series": series[name],
+                "cpu_ms_per_scrape": round(per * 1e3, 3),
+                "cpu_ms_per_1000_series": round(per * 1e3 * 1000 / max(1, series[name]), 3),
+                "latency_ms_median": round(pct(lat[name], 0.5) * 1e3, 3),
+                "latency_ms_p99": round(pct(lat[name], 0.99) * 1e3, 3),
+                "gzip_bytes": int(sum(size[name]) / n),
+                "gzip_bytes_per_series": round(sum(size[name]) / n / max(1, series[name]), 2),
+            }
+        if "node_exporter" in out:
+            b, ne_ = out["boundwatch"], out["node_exporter"]
+            out["ratio_cpu_per_1000_series"] = round(
+                b["cpu_ms_per_1000_series"] / ne_["cpu_ms_per_1000_series"], 3
+            )
+            out["ratio_bytes_per_series"] = round(
+                b["gzip_bytes_per_series"] / ne_["gzip_bytes_per_series"], 3
+            )
+    finally:
+        if ne_proc is not None:
+            ne_proc.kill()
+            ne_proc.wait()
+    return out
+
+
+def run_one(gpus: int, seconds: float, scrapes: int, scrape_every: float) -> dict[str, Any]:
+    """Measure the daemon at one GPU count."""
+    me = os.path.abspath(__file__)
+    eng_port, bw_port = free_port(), free_port()
+    sock_dir = f"/tmp/bw-cost-{os.getpid()}-{gpus}"
+    os.makedirs(sock_dir, exist_ok=True)
+    sock_path = os.path.join(sock_dir, "agent.sock")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BOUNDWATCH")}
+    env["PYTHONPATH"] = ROOT
+    env["BW_PY"] = sys.executable
+    procs: list[subprocess.Popen[bytes]] = []
+    # the engine main process is started as `vllm serve`, so discovery finds it as it finds a real one
+    engine = subprocess.Popen(
+        ["vllm", me, "--part", "engine", "--port", str(eng_port), "serve", "--port", str(eng_port)],
+        executable=sys.executable,
+        stdin=subprocess.PIPE,
+        env=env,
+    )
+    procs.append(engine)
+    daemon = subprocess.Popen(
+        [
+            sys.executable,
+            me,
+            "--part",
+            "daemon",
+            "--port",
+            str(bw_port),
+            "--sock",
+            sock_path,
+            "--gpus",
+            str(gpus),
+        ],
+        env=env,
+    )
+    procs.append(daemon)
+    try:
+        if not wait_port(bw_port):
+            return {"gpus": gpus, "error": "daemon did not listen"}
+        agent = subprocess.Popen(
+            [sys.executable, me, "--part", "agent", "--sock", sock_path, "--gpus", str(gpus)], env=env
+        )
+        procs.append(agent)
+        time.sleep(8)  # discovery, the first agent windows, history warming
+        t0, c0, ticks0 = time.time(), cpu_seconds(daemon.pid), metric(bw_port, "boundwatch_ticks_total")
+        rss = []
+        next_scrape = time.time()
+        while time.time() - t0 < seconds:
+            if scrape_every and time.time() >= next_scrape:
+                scrape(bw_port)
+                next_scrape += scrape_every
+            rss.append(rss_bytes(daemon.pid))
+            time.sleep(1.0)
+        t1, c1 = time.time(), cpu_seconds(daemon.pid)
+        ticks1 = metric(bw_port, "boundwatch_ticks_total")
+        _dt, nbytes, series = scrape(bw_port)
+        res: dict[str, Any] = {
+            "gpus": gpus,
+            "seconds": round(t1 - t0, 1),
+            "cpu_share_of_core": round((c1 - c0) / (t1 - t0), 5),
+            "ticks_per_second": round(((ticks1 or 0) - (ticks0 or 0)) / (t1 - t0), 3),
+            "rss_mib_first": round(rss[0] / 2**20, 1) if rss else None,
+            "rss_mib_last": round(rss[-1] / 2**20, 1) if rss else None,
+            "rss_mib_max": round(max(rss) / 2**20, 1) if rss else None,
+            "metrics_series": series,
+            "metrics_gzip_bytes": nbytes,
+            "scrape_every_seconds": scrape_every,
+        }
+        if scrapes:
+            res["scrapes"] = compare_scrapes(daemon.pid, bw_port, scrapes, res["cpu_share_of_core"])
+        return res
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(5)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+        shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--gpus", default="1,8,64", help="GPU counts to measure, comma-separated")
+    ap.add_argument("--seconds", type=float, default=120.0, help="CPU measurement span per GPU count")
+    ap.add_argument(
+        "--scrapes", type=int, default=1000, help="scrapes per target in the comparison (0: none)"
+    )
+    ap.add_argument(
+        "--scrape-every", type=float, default=0.0, help="scrape while measuring CPU (s; 0: never)"
+    )
+    ap.add_argument("--out", default="")
+    ap.add_argument("--part", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--sock", default="", help=argparse.SUPPRESS)
+    args, _rest = ap.parse_known_args()
+    if args.part == "engine":
+        part_engine(args.port)
+        return 0
+    if args.part == "agent":
+        part_agent(args.sock, int(args.gpus))
+        return 0
+    if args.part == "daemon":
+        part_daemon(args.port, args.sock, int(args.gpus))
+        return 0
+    if os.getpid() != 1 and os.environ.get("BW_COST_NS") != "1":
+        if not shutil.which("unshare") or os.geteuid() != 0:
+            print("needs root and unshare(1) for a PID namespace of its own", file=sys.stderr)
+            return 2
+        env = dict(os.environ, BW_COST_NS="1")
+        return subprocess.call(
+            ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, *sys.argv], env=env
+        )
+    rows = []
+    for g in [int(x) for x in args.gpus.split(",")]:
+        r = run_one(g, args.seconds, args.scrapes, args.scrape_every)
+        print(json.dumps(r), flush=True)
+        rows.append(r)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"rows": rows, "argv": sys.argv[1:], "cpus": os.cpu_count()}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -120,6 +120,18 @@ async def test_nvml_and_gpm_busy_integrate_over_ticks_and_gpm_is_preferred():
     assert snap.busy[0] == (pytest.approx(0.27), "gpm")
 
 
+async def test_history_keeps_counters_on_the_newest_snapshot_only_and_they_still_integrate():
+    clock = Clock()
+    nvml = NvmlSource(NvmlConfig(), nvml=FakeNvml([FakeGpu(util=50) for _ in range(8)]))  # type: ignore[arg-type]
+    sampler = Sampler(Config(), [nvml], clock=clock)
+    for _ in range(11):
+        await sampler.tick()
+        clock.t += 0.5
+    hist = sampler.history()
+    assert all(not s.counters and not s.histograms for s in hist[:-1])
+    assert hist[-1].counters[("boundwatch_gpu_observed_seconds_total", ("7", "nvml"))] == pytest.approx(5.0)
+
+
 async def test_run_ticks_on_schedule_until_stopped():
     cfg = Config(tick_seconds=0.05, history_seconds=10)
     sampler = Sampler(cfg, [])

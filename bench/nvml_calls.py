@@ -1,0 +1,92 @@
+"""What each NVML call of a tick costs on a real GPU, and the whole tick's read through NvmlSource.
+
+Times every call `exporter/sources/nvml.py` makes per tick (CPU time and wall time, median and p99
+over `--reps` calls), the same values through one `nvmlDeviceGetFieldValues` batch, and
+`NvmlSource.read_blocking()` itself (the daemon's per-tick NVML cost), so a change to the source
+can be judged by the numbers it moves.
+
+    python3 bench/nvml_calls.py --out bench/results/nvml_calls_h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def timed(fn: Callable[[], Any], reps: int) -> dict[str, Any]:
+    """Return the median and p99 CPU and wall microseconds of fn over reps calls, or its error."""
+    cpu, wall = [], []
+    try:
+        fn()
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    for _ in range(reps):
+        c0, w0 = time.thread_time_ns(), time.perf_counter_ns()
+        fn()
+        cpu.append((time.thread_time_ns() - c0) / 1e3)
+        wall.append((time.perf_counter_ns() - w0) / 1e3)
+    cpu.sort()
+    wall.sort()
+    return {
+        "cpu_us_median": round(statistics.median(cpu), 2),
+        "cpu_us_p99": round(cpu[int(0.99 * (len(cpu) - 1))], 2),
+        "wall_us_median": round(statistics.median(wall), 2),
+        "wall_us_p99": round(wall[int(0.99 * (len(wall) - 1))], 2),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--reps", type=int, default=500)
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    import pynvml as n
+
+    from exporter.config import NvmlConfig
+    from exporter.sources.nvml import NvmlSource
+
+    n.nvmlInit()
+    h = n.nvmlDeviceGetHandleByIndex(0)
+    calls: dict[str, Callable[[], Any]] = {
+        "power": lambda: n.nvmlDeviceGetPowerUsage(h),
+        "power_limit": lambda: n.nvmlDeviceGetEnforcedPowerLimit(h),
+        "sm_clock": lambda: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM),
+        "clock_events": lambda: n.nvmlDeviceGetCurrentClocksEventReasons(h),
+        "utilization": lambda: n.nvmlDeviceGetUtilizationRates(h),
+        "memory": lambda: n.nvmlDeviceGetMemoryInfo(h),
+        "processes": lambda: n.nvmlDeviceGetComputeRunningProcesses(h),
+        "energy": lambda: n.nvmlDeviceGetTotalEnergyConsumption(h),
+    }
+    sample = n.nvmlGpmSampleAlloc()
+    calls["gpm_sample_get"] = lambda: n.nvmlGpmSampleGet(h, sample)
+    fields = [
+        getattr(n, name)
+        for name in ("NVML_FI_DEV_POWER_INSTANT", "NVML_FI_DEV_POWER_AVERAGE", "NVML_FI_DEV_MEMORY_TEMP")
+        if hasattr(n, name)
+    ]
+    if fields:
+        calls["field_values_batch"] = lambda: n.nvmlDeviceGetFieldValues(h, fields)
+    out: dict[str, Any] = {"reps": args.reps, "calls": {k: timed(f, args.reps) for k, f in calls.items()}}
+    src = NvmlSource(NvmlConfig())
+    src.read_blocking()
+    out["read_blocking"] = timed(src.read_blocking, max(50, args.reps // 5))
+    src.close()
+    out["driver"] = n.nvmlSystemGetDriverVersion()
+    print(json.dumps(out, indent=1))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -12,6 +12,7 @@ import dataclasses
 
 import pytest
 
+from exporter.analysis import pipeline
 from exporter.analysis import verdict as v
 from exporter.config import Config, VerdictConfig
 from exporter.snapshot import Snapshot
@@ -185,6 +186,18 @@ def test_host_bound_seconds_count_while_work_waits_before_the_engine() -> None:
     assert out[-1].verdicts[0].offered
     inc = v.accumulate(out[-1], Config())
     assert inc.counters[("boundwatch_host_bound_seconds_total", ("0",))] == pytest.approx(0.5 * 0.55)
+
+
+def test_the_pipeline_integrates_host_bound_seconds_of_an_empty_queue() -> None:
+    # 4 s of seed 000 before the engine through the daemon's own tick: 55% of each tick idle.
+    history: list[Snapshot] = []
+    for raw in series(API_BOUND, 4.0):
+        history.append(pipeline.advance(history, raw, Config()))
+    host_bound = history[-1].counters[("boundwatch_host_bound_seconds_total", ("0",))]
+    host_ticks = sum(1 for s in history[1:] if s.verdicts[0].offered)
+    assert host_ticks == len(history) - 1
+    assert host_bound == pytest.approx(0.55 * 0.5 * host_ticks)
+    assert history[-1].counters[("boundwatch_bound_seconds_total", ("0", "idle"))] == 0.0
 
 
 def test_no_host_bound_seconds_when_nothing_is_offered() -> None:

@@ -853,12 +853,17 @@ def gpus_of(snap: Snapshot) -> list[int]:
     return sorted(found)
 
 
+def _reach(v: VerdictConfig) -> float:
+    """Return how far back the verdict reads: its longest window."""
+    return max(v.window_seconds, v.busy_window_seconds, v.offered_window_seconds)
+
+
 def classify_all(history: Sequence[Snapshot], cfg: Config) -> tuple[Verdict, ...]:
     """Return the verdict of every GPU for the newest Snapshot of a history (oldest first)."""
     if not history:
         return ()
     v = cfg.verdict
-    win = window(history, max(v.window_seconds, v.busy_window_seconds))
+    win = window(history, _reach(v))
     prev_snap = history[-2] if len(history) > 1 else None
     prev = {p.gpu: p for p in prev_snap.verdicts} if prev_snap is not None else {}
     return tuple(classify(win, gpu, v, prev.get(gpu), cfg.roofline) for gpu in gpus_of(history[-1]))
@@ -872,9 +877,7 @@ def classify_tick(history: Sequence[Snapshot], snap: Snapshot, cfg: Config) -> S
 def replay(snapshots: Sequence[Snapshot], cfg: Config) -> list[Snapshot]:
     """Return the snapshots with verdicts recomputed tick by tick (for recordings and tests)."""
     out: list[Snapshot] = []
-    keep = max(
-        2, int(max(cfg.verdict.window_seconds, cfg.verdict.busy_window_seconds) / cfg.tick_seconds) + 4
-    )
+    keep = max(2, int(_reach(cfg.verdict) / cfg.tick_seconds) + 4)
     for snap in snapshots:
         out.append(classify_tick(out[-keep:], dataclasses.replace(snap, verdicts=()), cfg))
     return out

@@ -90,6 +90,20 @@ class VerdictConfig:
     max_batch: int | None = (
         None  # configured max_num_seqs (else the engine's own figure), for admission_stalled
     )
+    # Work offered: the engine's running/waiting at any tick this recent (counter and CPU evidence
+    # takes the newest tick alone). 1.0 s = the newest two readings at 0.5 s ticks: with the 2-tick
+    # hold, a load that stops shows idle within 1.5 s.
+    offered_window_seconds: float = 1.0
+    # Eager decode measured by GPM/NVML: launch gaps of tiny eager kernels read as busy (H200: GPM
+    # 0.85-0.94 where CUPTI's union read 0.61), so a GPU-bound verdict needs this bar (docs/verdict.md).
+    eager_busy_high: float = 0.97
+    eager_busy_low: float = 0.95  # eager decode, GPM/NVML figure below this: host-bound
+
+    def __post_init__(self) -> None:
+        if not 0 < self.eager_busy_low <= self.eager_busy_high <= 1:
+            raise ConfigError("verdict eager thresholds need 0 < eager_busy_low <= eager_busy_high <= 1")
+        if self.offered_window_seconds <= 0:
+            raise ConfigError("verdict.offered_window_seconds must be positive")
 
 
 @dataclass(frozen=True)

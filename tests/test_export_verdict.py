@@ -53,3 +53,12 @@ def test_no_roofline_without_weight_bytes() -> None:
     got = samples(snap)
     assert not [k for k in got if k[0].startswith("boundwatch_roofline")]
     assert got[("boundwatch_bound", (("gpu", "0"), ("verdict", "gpu")))] == 1.0
+
+
+def test_an_empty_queue_beside_a_saturated_api_server_renders_host_not_idle() -> None:
+    # Issue 9's lab: busy 0.45, the engine's queue empty, one API server's main thread at a full core.
+    scene = Scene(busy=0.45, busy_source="gpm", running=0, waiting=0, api_cpu=1.0, graph_share=None)
+    got = samples(v.replay(series(scene, 3.0), Config())[-1])
+    assert got[("boundwatch_bound", (("gpu", "0"), ("verdict", "host")))] == 1.0
+    assert got[("boundwatch_bound", (("gpu", "0"), ("verdict", "idle")))] == 0.0
+    assert got[("boundwatch_bound_reason", (("gpu", "0"), ("reason", "api_server_saturated")))] == 1.0

@@ -347,8 +347,15 @@ def test_host_bound_seconds_from_nvml_busy() -> None:
     assert inc.counters[("boundwatch_host_bound_seconds_total", ("0",))] == pytest.approx(0.5 * 0.6)
 
 
-def test_no_host_bound_seconds_without_running_requests() -> None:
+def test_host_bound_seconds_count_requests_waiting_with_none_running() -> None:
+    # Work offered and nothing admitted: the GPU's idle time is host-bound time too.
     out = v.replay(series(Scene(busy=0.1, running=0, waiting=3), 2.0), Config())
+    inc = v.accumulate(out[-1], Config())
+    assert inc.counters[("boundwatch_host_bound_seconds_total", ("0",))] == pytest.approx(0.5 * 0.9)
+
+
+def test_no_host_bound_seconds_when_the_engine_is_empty() -> None:
+    out = v.replay(series(Scene(busy=0.1, running=0, waiting=0), 2.0), Config())
     inc = v.accumulate(out[-1], Config())
     assert inc.counters.get(("boundwatch_host_bound_seconds_total", ("0",)), 0.0) == 0.0
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from exporter.snapshot import Snapshot
-from exporter.snapshot.agent import AgentReading, EngineSteps, GpuActivity
+from exporter.snapshot.agent import AgentReading, EngineSteps, GpuActivity, GraphUse
 from exporter.snapshot.engine import EngineReading, StepCount, ThreadLoad
 from exporter.snapshot.gpu import GpmRatios, GpuReading
 from exporter.snapshot.host import CgroupCpu, HostReading, ProcessCpu
@@ -27,12 +27,14 @@ class Scene:
     waiting: float | None = 0
     api_cpu: float | None = 0.3  # busiest API-server thread, cores
     api_runnable: float | None = None  # its demand (ran + waited to run), when schedstat is known
+    api_process_cpu: float | None = None  # each API server, all threads, cores (None: api_cpu + 0.1)
     quota_cores: float | None = None
     throttled_share: float = 0.0  # share of 100 ms quota periods throttled
     graph_share: float | None = 0.95  # share of busy time in CUDA graphs (None: no agent)
     step_ms: float | None = None  # agent step wall time
     step_gpu_ms: float | None = None
-    gen_tokens_per_s: float = 1000.0
+    gen_tokens_per_s: float | None = None  # None: 1000 while requests run, else 0
+    prompt_tokens_per_s: float = 0.0
     max_num_seqs: int | None = 256
     power_w: float = 500.0
     power_limit_w: float = 700.0
@@ -43,6 +45,21 @@ class Scene:
     step_gpu_measured: bool = True  # False: the steps' CUPTI ran in other processes (vLLM mp executor)
     nvml: bool = True  # NVML (and GPM) readings present
     nvml_busy: float | None = None  # what GPM and utilization.gpu say this tick (None: the same as busy)
+    api_servers: int = 1  # API-server processes, each with a busiest thread at api_cpu
+    api_cgroup: str = ""  # the API servers' cgroup path ("" = unknown); the quota cgroup when set
+    # Light agent (no CUPTI) in the engine: step modes, scheduler counts, graph replays.
+    light: bool = False
+    graph_steps: int = 0  # per tick
+    eager_steps: int = 0
+    agent_running: float | None = None
+    agent_waiting: float | None = None
+    agent_max_num_seqs: int | None = None
+    agent_pid: int = 0
+    step_tokens: int = 0  # scheduled tokens per tick, summed over steps
+    step_seqs: int = 0
+    replays: int | None = None  # CUDAGraph.replay calls per tick (None: no GraphUse)
+    captures: int = 0
+    engine_pids: tuple[int, ...] = ()
 
 
 class Recorder:
@@ -55,6 +72,7 @@ class Recorder:
         self.throttled = 0
         self.throttled_s = 0.0
         self.gen = 0.0
+        self.prompt = 0.0
         self.steps = 0.0
 
     def tick(self, s: Scene) -> Snapshot:
@@ -64,33 +82,14 @@ class Recorder:
         self.periods += 5
         self.throttled += round(5 * s.throttled_share)
         self.throttled_s += TICK * s.throttled_share * 0.5
-        self.gen += s.gen_tokens_per_s * TICK
+        gen = s.gen_tokens_per_s if s.gen_tokens_per_s is not None else 1000.0 * ((s.running or 0) > 0)
+        self.gen += gen * TICK
+        self.prompt += s.prompt_tokens_per_s * TICK
         step_s = (s.step_ms or 20.0) / 1000
         self.steps += TICK / step_s if (s.running or 0) > 0 else 0
         busy = {} if s.busy is None else {0: (s.busy, s.busy_source)}
         engines: tuple[EngineReading, ...] = ()
         if s.engine:
-            thread = None if s.api_cpu is None else ThreadLoad(11, "python", s.api_cpu, s.api_runnable)
-            server = ProcessCpu(
-                10,
-                "VLLM::APIServer_0",
-                ("VLLM::APIServer_0",),
-                (s.api_cpu or 0) + 0.1,
-                thread,
-                threads=() if thread is None else (thread,),
-            )
-            cgroups = ()
-            if s.quota_cores is not None or s.throttled_share:
-                cgroups = (
-                    CgroupCpu(
-                        "/kubepods/pod1",
-                        s.quota_cores,
-                        usage_seconds=self.mono,
-                        throttled_seconds=self.throttled_s,
-                        throttled_periods=self.throttled,
-                        periods=self.periods,
-                    ),
-                )
             engines = (
                 EngineReading(
                     name="vllm:8000",
@@ -99,39 +98,16 @@ class Recorder:
                     running=s.running,
                     waiting=s.waiting,
                     generation_tokens_total=self.gen,
-                    prompt_tokens_total=0.0,
+                    prompt_tokens_total=self.prompt,
                     steps=StepCount("iteration_count", self.steps),
                     max_num_seqs=s.max_num_seqs,
-                    api_servers=(server,) if s.api_cpu is not None else (),
-                    cgroups=cgroups,
+                    api_servers=self._servers(s),
+                    cgroups=self._cgroups(s),
                     gpus=s.gpus,
+                    pids=s.engine_pids,
                 ),
             )
-        agent = None
-        if s.graph_share is not None or s.step_ms is not None:
-            busy_ns = int((s.busy or 0) * TICK * NS)
-            gaps = 1 if s.idle_gap_ms else 0
-            act = GpuActivity(
-                gpu=0,
-                uuid="GPU-0",
-                observed_ns=int(TICK * NS),
-                busy_ns=busy_ns,
-                graph_busy_ns=int(busy_ns * (s.graph_share or 0)),
-                kernels=100,
-                graphs=10,
-                idle_gap_counts=(0, 0, 0, 0, gaps, 0, 0, 0, 0, 0, 0),
-                idle_gap_sum_ns=int(s.idle_gap_ms * 1e6),
-            )
-            steps = ()
-            if s.step_ms is not None and s.step_gpu_ms is not None:
-                n = s.steps_per_tick or max(1, round(TICK * 1000 / s.step_ms))
-                gpu_ns = int(n * s.step_gpu_ms * 1e6) if s.step_gpu_measured else 0
-                steps = (
-                    EngineSteps(
-                        "vllm", n, int(n * s.step_ms * 1e6), gpu_ns, gpu_measured=s.step_gpu_measured
-                    ),
-                )
-            agent = AgentReading(activity=(act,), steps=steps)
+        agent = self._agent(s)
         device = s.busy if s.nvml_busy is None else s.nvml_busy
         gpu = GpuReading(
             0,
@@ -159,6 +135,90 @@ class Recorder:
         )
         self.snaps.append(snap)
         return snap
+
+    def _servers(self, s: Scene) -> tuple[ProcessCpu, ...]:
+        """Return the API servers of one tick, each with its busiest thread at the scene's figures."""
+        if s.api_cpu is None:
+            return ()
+        out = []
+        cpu = s.api_cpu + 0.1 if s.api_process_cpu is None else s.api_process_cpu
+        for i in range(s.api_servers):
+            thread = ThreadLoad(11 + 10 * i, "python", s.api_cpu, s.api_runnable)
+            title = f"VLLM::APIServer_{i}"
+            out.append(ProcessCpu(10 + 10 * i, title, (title,), cpu, thread, s.api_cgroup, (thread,)))
+        return tuple(out)
+
+    def _cgroups(self, s: Scene) -> tuple[CgroupCpu, ...]:
+        """Return the engine's cgroup (the API servers' where the scene names it), with its counters."""
+        if s.quota_cores is None and not s.throttled_share:
+            return ()
+        return (
+            CgroupCpu(
+                s.api_cgroup or "/kubepods/pod1",
+                s.quota_cores,
+                usage_seconds=self.mono,
+                throttled_seconds=self.throttled_s,
+                throttled_periods=self.throttled,
+                periods=self.periods,
+            ),
+        )
+
+    def _agent(self, s: Scene) -> AgentReading | None:
+        """Return the agents' report of one tick: CUPTI activity and step timing, light-agent figures."""
+        if s.graph_share is None and s.step_ms is None and not s.light:
+            return None
+        acts: tuple[GpuActivity, ...] = ()
+        if s.graph_share is not None:
+            busy_ns = int((s.busy or 0) * TICK * NS)
+            gaps = 1 if s.idle_gap_ms else 0
+            acts = (
+                GpuActivity(
+                    gpu=0,
+                    uuid="GPU-0",
+                    observed_ns=int(TICK * NS),
+                    busy_ns=busy_ns,
+                    graph_busy_ns=int(busy_ns * (s.graph_share or 0)),
+                    kernels=100,
+                    graphs=10,
+                    idle_gap_counts=(0, 0, 0, 0, gaps, 0, 0, 0, 0, 0, 0),
+                    idle_gap_sum_ns=int(s.idle_gap_ms * 1e6),
+                ),
+            )
+        steps: tuple[EngineSteps, ...] = ()
+        if s.step_ms is not None and s.step_gpu_ms is not None and not s.light:
+            n = s.steps_per_tick or max(1, round(TICK * 1000 / s.step_ms))
+            gpu_ns = int(n * s.step_gpu_ms * 1e6) if s.step_gpu_measured else 0
+            steps = (
+                EngineSteps("vllm", n, int(n * s.step_ms * 1e6), gpu_ns, gpu_measured=s.step_gpu_measured),
+            )
+        graphs: tuple[GraphUse, ...] = ()
+        if s.light:
+            step_ms = s.step_ms or 20.0
+            n = s.graph_steps + s.eager_steps or s.steps_per_tick or 0
+            if not n and ((s.agent_running or 0) > 0 or (s.running or 0) > 0):
+                n = round(TICK * 1000 / step_ms)
+            steps = (
+                EngineSteps(
+                    "vllm",
+                    n,
+                    int(n * step_ms * 1e6),
+                    0,
+                    tokens=s.step_tokens,
+                    seqs=s.step_seqs,
+                    gpu_measured=False,
+                    pid=s.agent_pid,
+                    graph_steps=s.graph_steps,
+                    eager_steps=s.eager_steps,
+                    running=s.agent_running,
+                    waiting=s.agent_waiting,
+                    running_seconds=(s.agent_running or 0.0) * TICK,
+                    waiting_seconds=(s.agent_waiting or 0.0) * TICK,
+                    max_num_seqs=s.agent_max_num_seqs,
+                ),
+            )
+            if s.replays is not None:
+                graphs = (GraphUse(s.agent_pid or 20, 0, int(TICK * NS), s.replays, s.captures),)
+        return AgentReading(activity=acts, steps=steps, graphs=graphs)
 
     def run(self, s: Scene, seconds: float) -> list[Snapshot]:
         """Append `seconds` of a scene and return the new ticks."""

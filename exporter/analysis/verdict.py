@@ -1,16 +1,26 @@
 """The verdict: is each GPU idle, GPU-bound or host-bound (and why), from a sliding window of Snapshots.
 
 Two steps, both pure:
-- `decide(facts, cfg, prev)` classifies one window (`gather` collects its facts): `idle` when no request is running or
-  waiting, `gpu` when the busy share is at or above `busy_high` while work is pending, `host`
-  below `busy_low`, with reasons from the evidence in the window; `unknown` when a source the
-  decision needs is missing. Between the two thresholds the previous verdict stays (a band of
-  hysteresis on the busy share itself: a GPU at 78% busy that was GPU-bound stays GPU-bound, one
-  that was host-bound stays host-bound); with no previous gpu/host verdict the midpoint decides.
+- `decide(facts, cfg, prev)` classifies one window (`gather` collects its facts): `idle` when no
+  work is offered to the GPU's engines, `gpu` when the busy share is at or above `busy_high` while
+  work is offered, `host` below `busy_low`, with reasons from the evidence in the window; `unknown`
+  when a source the decision needs is missing. Between the two thresholds the previous verdict
+  stays (a band of hysteresis on the busy share itself: a GPU at 78% busy that was GPU-bound stays
+  GPU-bound, one that was host-bound stays host-bound); with no previous gpu/host verdict the
+  midpoint decides.
 - `hold(raw, prev, cfg)` reports a change only once `hold_ticks` ticks in a row disagreed with
   the reported verdict (the tick that straddles a change counts when its busy share leans to the
   new side of the band's midpoint), so one odd tick (a GC pause, a slow scrape) does not flap
   the gauge and a load hovering inside the band never flips.
+
+Work offered (`offered`) is more than the engine's queue. Seed 000: "waiting stayed at 0 while
+running climbed by only about 4.5 requests per second. Requests weren't queueing in the engine.
+They were stuck before it." So work is offered when any of these holds: the engine's running or
+waiting at a reading of the last `offered_window_seconds` (the agent's counts, sampled every step,
+before the page's); tokens flowing or agent-counted work in the newest tick; an API server whose
+busiest thread is saturated in the newest tick (CPU plus run-queue wait); an API server's cgroup
+throttled by its quota in the newest tick while the API servers in it use that quota. An idle
+API server (no CPU) never offers work, and a cgroup outside the engine's never counts.
 
 Timing. The engine's queue is read at the tick, so the busy share must be of the same tick:
 by default (`busy_source = "fresh"`) the verdict takes NVML GPM GRAPHICS_UTIL (else
@@ -22,7 +32,14 @@ With a 2-tick hold a step change in load shows in the reported verdict 0.5-1.4 s
 happens. Reasons are rates and shares over `window_seconds` (1.5 s), so they are steady, and
 right again within 2 s of a change (CUPTI-based ones take the newest agent window, 1-2 s late).
 
-Engines without an agent, agents without an engine: see `evaluate`. The integrated counters
+Eager decode. GPM and utilization.gpu count the launch gaps between tiny eager kernels as busy
+(on the H200 GPM read 0.85-0.94 where CUPTI's union read 0.61), so while decode runs without CUDA
+graphs (the light agent's step modes or replay counts, or CUPTI's graph share) a GPU-bound verdict
+from those figures needs `eager_busy_high` (0.97) and anything below `eager_busy_low` is host-bound
+with `cuda_graph_fallback`. Prefill-shaped steps (many tokens per sequence) run eager by design
+and are not taken as a fallback.
+
+Engines without an agent, agents without an engine: see `decide`. The integrated counters
 (time per verdict, host-bound seconds) are in `accumulate`.
 """
 
@@ -31,16 +48,29 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from exporter.analysis.increments import Increments
 from exporter.config import Config, RooflineConfig, VerdictConfig
 from exporter.snapshot import Snapshot
+from exporter.snapshot.agent import EngineSteps
 from exporter.snapshot.engine import EngineReading, demand
 from exporter.snapshot.host import CgroupCpu
 from exporter.snapshot.verdict import HOST_REASONS, VERDICTS, Evidence, Verdict
 
+T = TypeVar("T")
+
 # Ticks may jitter; a snapshot this share of a tick older than the window edge still counts as inside.
 _JITTER = 0.25
+# Steps with more scheduled tokens per sequence than this are prefill-shaped: prefill chunks larger
+# than the capture sizes run eager by design in vLLM and SGLang, so their eager steps are no
+# fallback. Decode carries 1 token per sequence, 1 + depth with speculative decoding (depth <= 7).
+DECODE_TOKENS_PER_SEQ = 8.0
+# A throttled cgroup offers work only while the API servers in it use at least this share of its
+# quota: then they are what runs out of it, not a neighbour (an idle API server uses ~0.02 cores).
+_QUOTA_USE = 0.5
+# Offered-work signals, in the order `Facts.offered_by` lists them.
+OFFERED_BY: tuple[str, ...] = ("engine_queue", "engine_steps", "tokens", "api_server", "cpu_quota")
 
 
 @dataclass(frozen=True)
@@ -51,6 +81,9 @@ class Facts:
     busy: float | None = None  # share of wall time, over busy_window_seconds
     busy_source: str | None = None
     engine: bool = False  # a relevant engine reading exists in the window
+    offered: bool = False  # work offered to the GPU's engines (see OFFERED_BY), with an engine only
+    offered_by: str | None = None  # the signals that saw it, "+"-joined (evidence)
+    counts_source: str | None = None  # agent | page: where running/waiting came from (latest reading)
     running: float | None = None  # latest, summed over the engines driving the GPU
     waiting: float | None = None
     running_mean: float | None = None
@@ -68,6 +101,9 @@ class Facts:
     agent: bool = False  # agent activity for this GPU in the window
     agent_busy_ratio: float | None = None
     graph_share: float | None = None  # CUDA-graph time over busy time (graph spans: an upper bound)
+    graph_step_share: float | None = None  # steps in a CUDA graph over all steps (light agent)
+    graph_step_method: str | None = None  # modes (graph/eager steps) | replays (replays per step)
+    step_tokens_per_seq: float | None = None  # scheduled tokens per sequence in the agent's steps
     idle_gaps: int | None = None  # idle gaps over 1 ms in the window
     idle_gap_seconds_per_second: float | None = None
     steps_per_second: float | None = None
@@ -88,6 +124,13 @@ class Facts:
         if self.running is None and self.waiting is None:
             return None
         return (self.running or 0.0) + (self.waiting or 0.0)
+
+    @property
+    def decoding(self) -> bool:
+        """Say whether an engine is generating (a plain torch process need not use graphs at all)."""
+        return self.engine and (
+            self.generation_tokens_per_second is None or self.generation_tokens_per_second > 0
+        )
 
     @property
     def step_gpu_share(self) -> float | None:
@@ -122,6 +165,23 @@ class Facts:
         return tuple(out)
 
 
+@dataclass(frozen=True)
+class View:
+    """One engine driving a GPU at one tick, as the verdict reads it.
+
+    running / waiting are the agent's scheduler counts (sampled after every step inside the engine)
+    where the agent sent them for this engine, else the page's gauges; `limit` is the batch limit
+    (the agent's max_num_seqs, else the reading's); `steps` the agent steps this engine counted.
+    """
+
+    reading: EngineReading
+    running: float | None
+    waiting: float | None
+    limit: int | None
+    steps: tuple[EngineSteps, ...] = ()
+    counts: str = "page"  # agent | page
+
+
 def window(history: Sequence[Snapshot], seconds: float) -> tuple[Snapshot, ...]:
     """Return the snapshots of the last `seconds` (the newest last), plus the one before as a baseline.
 
@@ -137,7 +197,7 @@ def window(history: Sequence[Snapshot], seconds: float) -> tuple[Snapshot, ...]:
     return tuple(history[max(0, start - 1) :])
 
 
-def _inside(win: Sequence[Snapshot]) -> Sequence[Snapshot]:
+def _inside(win: Sequence[T]) -> Sequence[T]:
     """Return the snapshots whose per-tick figures count (all but the baseline)."""
     return win[1:] if len(win) > 1 else win
 
@@ -183,23 +243,79 @@ def _steps_total(e: EngineReading) -> float | None:
     return e.steps.total if e.steps is not None else None
 
 
-def _counter_rate(win: Sequence[Snapshot], gpu: int, attr: str) -> float | None:
+def _step_matches(engine: str, names: set[str]) -> bool:
+    """Say whether agent steps counted under `engine` ("vllm", or "vllm:8000") belong to one of the engines."""
+    return not names or engine in names or any(n.split(":", 1)[0] == engine for n in names)
+
+
+def owner(st: EngineSteps, engines: Sequence[EngineReading]) -> EngineReading | None:
+    """Return the engine agent steps belong to: by pid, else by name, else the only engine of their kind."""
+    if st.pid:
+        for e in engines:
+            if st.pid in e.pids:
+                return e
+    for e in engines:
+        if e.name == st.engine:
+            return e
+    of_kind = [e for e in engines if e.kind == st.engine or e.name.split(":", 1)[0] == st.engine]
+    return of_kind[0] if len(of_kind) == 1 else None
+
+
+def _agent_counts(steps: Sequence[EngineSteps]) -> tuple[float | None, float | None, int | None]:
+    """Return running, waiting and the batch limit after the newest step, summed over engine cores.
+
+    Each engine core (data-parallel rank) has its own scheduler and agent process: its newest
+    report per process counts once.
+    """
+    newest: dict[tuple[int, int | None], EngineSteps] = {}
+    for st in steps:
+        newest[(st.pid, st.dp_rank)] = st
+    running = _sum([st.running for st in newest.values()])
+    waiting = _sum([st.waiting for st in newest.values()])
+    limits = [st.max_num_seqs for st in newest.values() if st.max_num_seqs]
+    return running, waiting, sum(limits) if limits else None
+
+
+def views(snap: Snapshot, gpu: int) -> list[View]:
+    """Return the engines driving a GPU at one tick, with the agent's counts joined (by pid first)."""
+    engines = [e for e in snap.engines if not e.error]
+    owned: dict[str, list[EngineSteps]] = {}
+    if snap.agent is not None:
+        for st in snap.agent.steps:
+            o = owner(st, engines)
+            if o is not None:
+                owned.setdefault(o.name, []).append(st)
+    out = []
+    for e in engines:
+        if not drives(e, gpu):
+            continue
+        steps = tuple(owned.get(e.name, ()))
+        a_run, a_wait, a_limit = _agent_counts(steps)
+        running = a_run if a_run is not None else e.running
+        waiting = a_wait if a_wait is not None else e.waiting
+        if running is None and waiting is None:
+            continue
+        counts = "agent" if a_run is not None or a_wait is not None else "page"
+        out.append(View(e, running, waiting, a_limit or e.max_num_seqs, steps, counts))
+    return out
+
+
+def _counter_rate(win: Sequence[Snapshot], vs: Sequence[Sequence[View]], attr: str) -> float | None:
     """Return the per-second increase of an engine counter over the window, summed over engines."""
     if len(win) < 2:
         return None
-    first, last = win[0], win[-1]
-    span = last.mono - first.mono
+    span = win[-1].mono - win[0].mono
     if span <= 0:
         return None
 
     def value(e: EngineReading) -> float | None:
         return _steps_total(e) if attr == "steps" else getattr(e, attr)
 
-    before = {e.name: value(e) for e in _engines(first, gpu)}
+    before = {x.reading.name: value(x.reading) for x in vs[0]}
     total = 0.0
     seen = False
-    for e in _engines(last, gpu):
-        a, b = before.get(e.name), value(e)
+    for x in vs[-1]:
+        a, b = before.get(x.reading.name), value(x.reading)
         if a is None or b is None or b < a:
             continue
         total += b - a
@@ -224,11 +340,6 @@ def busy_of(snap: Snapshot, gpu: int, prefer: str = "fresh") -> tuple[float, str
             if g.utilization is not None:
                 return g.utilization, "nvml"
     return snap.busy.get(gpu)
-
-
-def _step_matches(engine: str, names: set[str]) -> bool:
-    """Say whether agent steps counted under `engine` ("vllm", or "vllm:8000") belong to one of the engines."""
-    return not names or engine in names or any(n.split(":", 1)[0] == engine for n in names)
 
 
 def _probe_bandwidth(snap: Snapshot, gpu: int) -> float | None:
@@ -259,123 +370,19 @@ def gather(
     if not win:
         return Facts(gpu)
     last = win[-1]
-    inside = _inside(win)
-    f: dict[str, object] = {
-        "gpu": gpu,
-        "span_seconds": max(0.0, last.mono - win[0].mono) if len(win) > 1 else 0.0,
-    }
-
-    # Busy share over the (short) busy window: the latest ticks, weighted by their length.
-    busy_win = window(win, cfg.busy_window_seconds)
-    latest = busy_of(last, gpu, cfg.busy_source)
-    if latest is not None:
-        rows = [(b, s.dt) for s in _inside(busy_win) if (b := busy_of(s, gpu, cfg.busy_source)) is not None]
-        f["busy"] = _weighted_mean([(b[0], dt) for b, dt in rows if b[1] == latest[1]])
-        f["busy_source"] = latest[1]
-
-    # Engine: latest good reading in the window, means, growth, rates.
-    readings = [(s, _engines(s, gpu)) for s in inside]
-    good = [(s, es) for s, es in readings if es]
+    vs = [views(s, gpu) for s in win]
+    span = max(0.0, last.mono - win[0].mono) if len(win) > 1 else 0.0
+    f: dict[str, object] = {"gpu": gpu, "span_seconds": span}
+    f.update(_busy(win, gpu, cfg))
+    good = [(s, v) for s, v in zip(_inside(win), _inside(vs), strict=True) if v]
     if good:
-        f["engine"] = True
-        s_last, es_last = good[-1]
-        f["running"] = _sum([e.running for e in es_last])
-        f["waiting"] = _sum([e.waiting for e in es_last])
-        run_pairs = [(v, s.dt) for s, es in good if (v := _sum([e.running for e in es])) is not None]
-        wait_pairs = [(v, s.dt) for s, es in good if (v := _sum([e.waiting for e in es])) is not None]
-        f["running_mean"] = _weighted_mean(run_pairs)
-        f["waiting_mean"] = _weighted_mean(wait_pairs)
-        s_first, es_first = good[0]
-        r0, r1 = _sum([e.running for e in es_first]), _sum([e.running for e in es_last])
-        if len(good) > 1 and r0 is not None and r1 is not None and s_last.mono > s_first.mono:
-            f["running_growth_per_second"] = (r1 - r0) / (s_last.mono - s_first.mono)
-        batches = [e.max_num_seqs for e in es_last if e.max_num_seqs]
-        max_batch = cfg.max_batch or (sum(batches) if batches else None)
-        f["max_batch"] = max_batch
-        f["generation_tokens_per_second"] = _counter_rate(win, gpu, "generation_tokens_total")
-        f["prompt_tokens_per_second"] = _counter_rate(win, gpu, "prompt_tokens_total")
-        # API servers: the busiest thread's demand per server (by pid: CPU it ran plus run-queue
-        # wait, so a thread starved by a quota or by neighbours still reads saturated), then the
-        # busiest server. The window takes the median tick; over a whole run (`whole`) the mean.
-        per_server: dict[int, list[tuple[float, float, float]]] = {}
-        for s, es in good:
-            for e in es:
-                for p in e.api_servers:
-                    want = demand(p)
-                    if want is not None:
-                        per_server.setdefault(p.pid, []).append((want, p.cpu, s.dt))
-        f["api_servers"] = len({p.pid for e in es_last for p in e.api_servers}) or len(per_server)
-        if per_server:
-            stat = _weighted_mean if whole else _median
-            means = {
-                pid: (
-                    stat([(t, w) for t, _, w in rows]) or 0.0,
-                    stat([(c, w) for _, c, w in rows]) or 0.0,
-                )
-                for pid, rows in per_server.items()
-            }
-            thread, process = max(means.values())
-            f["api_server_thread_cpu"] = thread
-            f["api_server_process_cpu"] = process
-        f.update(_throttling(win, gpu))
-
-    # Agent: exact busy, graph share, idle gaps, steps. CUPTI windows arrive 1-2 s late, so the
-    # shares come from the newest tick that brought one (averaging more would only add delay);
-    # `whole=True` (the report over a run) takes every window instead.
-    busy_ns = graph_ns = observed_ns = gaps = gap_ns = 0
-    newest: tuple[int, int, int] | None = None
-    for s in inside:
-        if s.agent is None:
-            continue
-        for a in s.agent.activity:
-            if a.gpu == gpu:
-                f["agent"] = True
-                busy_ns += a.busy_ns
-                graph_ns += a.graph_busy_ns
-                observed_ns += a.observed_ns
-                gaps += sum(a.idle_gap_counts)
-                gap_ns += a.idle_gap_sum_ns
-                if a.observed_ns > 0:
-                    newest = (a.busy_ns, a.graph_busy_ns, a.observed_ns)
-    if f.get("agent") and observed_ns > 0:
-        f["idle_gaps"] = gaps
-        f["idle_gap_seconds_per_second"] = gap_ns / observed_ns
-        cb, cg, co = (busy_ns, graph_ns, observed_ns) if whole or newest is None else newest
-        f["agent_busy_ratio"] = cb / co
-        if cb > 0:
-            f["graph_share"] = min(1.0, cg / cb)
-    engine_names = {e.name for _, es in good for e in es}
-    # Steps timed by the agent; their GPU time only where CUPTI ran in the engine's own process
-    # (vLLM's multiprocess executor times steps in EngineCore and runs the GPU in workers).
-    steps = wall_ns = measured = step_gpu_ns = 0
-    for s in inside:
-        if s.agent is None:
-            continue
-        for st in s.agent.steps:
-            if not _step_matches(st.engine, engine_names):
-                continue
-            steps += st.steps
-            wall_ns += st.wall_ns
-            if st.gpu_measured:
-                measured += st.steps
-                step_gpu_ns += st.gpu_busy_ns
-    span = float(f["span_seconds"])  # type: ignore[arg-type]
-    ran_all = bool(good) and all((_sum([e.running for e in es]) or 0) > 0 for _, es in good)
-    if steps > 0:
-        f["step_method"] = "agent"
-        f["step_seconds"] = wall_ns / steps / 1e9
-        if measured:
-            f["step_gpu_seconds"] = step_gpu_ns / measured / 1e9
-        if span > 0:
-            f["steps_per_second"] = steps / span
-    elif good and len(win) > 1 and span > 0:
-        rate = _counter_rate(win, gpu, "steps")
-        if rate:
-            f["steps_per_second"] = rate
-            # Steps over time are a step time only while the engine ran work all window long.
-            if ran_all:
-                f["step_method"] = "engine"
-                f["step_seconds"] = 1.0 / rate
+        f.update(_engine_facts(win, vs, good, cfg, whole))
+        f.update(_offered(win, vs, cfg))
+    f.update(_agent_activity(win, gpu, whole))
+    names = {x.reading.name for _, v in good for x in v}
+    ran_all = bool(good) and all((_sum([x.running for x in v]) or 0) > 0 for _, v in good)
+    f.update(_step_timing(win, vs, names, ran_all, span))
+    f.update(_graph_steps(win, vs, gpu, names, span))
 
     # NVML: power against its limit, clocks (latest).
     g = last.gpu(gpu)
@@ -401,7 +408,269 @@ def gather(
     return Facts(**f)  # type: ignore[arg-type]
 
 
-def _throttling(win: Sequence[Snapshot], gpu: int) -> dict[str, float]:
+def _busy(win: Sequence[Snapshot], gpu: int, cfg: VerdictConfig) -> dict[str, object]:
+    """Return the busy share over the (short) busy window: the latest ticks, weighted by their length."""
+    latest = busy_of(win[-1], gpu, cfg.busy_source)
+    if latest is None:
+        return {}
+    busy_win = window(win, cfg.busy_window_seconds)
+    rows = [(b, s.dt) for s in _inside(busy_win) if (b := busy_of(s, gpu, cfg.busy_source)) is not None]
+    return {
+        "busy": _weighted_mean([(b[0], dt) for b, dt in rows if b[1] == latest[1]]),
+        "busy_source": latest[1],
+    }
+
+
+def _engine_facts(
+    win: Sequence[Snapshot],
+    vs: Sequence[Sequence[View]],
+    good: Sequence[tuple[Snapshot, Sequence[View]]],
+    cfg: VerdictConfig,
+    whole: bool,
+) -> dict[str, object]:
+    """Return the engine's latest counts, their means and growth, rates, API servers and throttling."""
+    f: dict[str, object] = {"engine": True}
+    s_last, v_last = good[-1]
+    f["counts_source"] = "agent" if any(x.counts == "agent" for x in v_last) else "page"
+    f["running"] = _sum([x.running for x in v_last])
+    f["waiting"] = _sum([x.waiting for x in v_last])
+    run_pairs = [(r, s.dt) for s, v in good if (r := _sum([x.running for x in v])) is not None]
+    wait_pairs = [(w, s.dt) for s, v in good if (w := _sum([x.waiting for x in v])) is not None]
+    f["running_mean"] = _weighted_mean(run_pairs)
+    f["waiting_mean"] = _weighted_mean(wait_pairs)
+    s_first, v_first = good[0]
+    r0, r1 = _sum([x.running for x in v_first]), f["running"]
+    if len(good) > 1 and r0 is not None and isinstance(r1, float | int) and s_last.mono > s_first.mono:
+        f["running_growth_per_second"] = (r1 - r0) / (s_last.mono - s_first.mono)
+    limits = [x.limit for x in v_last if x.limit]
+    f["max_batch"] = cfg.max_batch or (sum(limits) if limits else None)
+    f["generation_tokens_per_second"] = _counter_rate(win, vs, "generation_tokens_total")
+    f["prompt_tokens_per_second"] = _counter_rate(win, vs, "prompt_tokens_total")
+    # API servers: the busiest thread's demand per server (by pid: CPU it ran plus run-queue
+    # wait, so a thread starved by a quota or by neighbours still reads saturated), then the
+    # busiest server. The window takes the median tick; over a whole run (`whole`) the mean.
+    per_server: dict[int, list[tuple[float, float, float]]] = {}
+    for s, v in good:
+        for x in v:
+            for p in x.reading.api_servers:
+                want = demand(p)
+                if want is not None:
+                    per_server.setdefault(p.pid, []).append((want, p.cpu, s.dt))
+    f["api_servers"] = len({p.pid for x in v_last for p in x.reading.api_servers}) or len(per_server)
+    if per_server:
+        stat = _weighted_mean if whole else _median
+        means = {
+            pid: (
+                stat([(t, w) for t, _, w in rows]) or 0.0,
+                stat([(c, w) for _, c, w in rows]) or 0.0,
+            )
+            for pid, rows in per_server.items()
+        }
+        thread, process = max(means.values())
+        f["api_server_thread_cpu"] = thread
+        f["api_server_process_cpu"] = process
+    f.update(_throttling(win, vs))
+    return f
+
+
+def _throttled(before: CgroupCpu, now: CgroupCpu, seconds: float) -> float | None:
+    """Return the share of quota periods throttled between two readings (else throttled s per s)."""
+    if None not in (now.periods, before.periods, now.throttled_periods, before.throttled_periods):
+        periods = now.periods - before.periods  # type: ignore[operator]
+        throttled = now.throttled_periods - before.throttled_periods  # type: ignore[operator]
+        if periods > 0 and throttled >= 0:
+            return throttled / periods
+    if now.throttled_seconds is not None and before.throttled_seconds is not None and seconds > 0:
+        return max(0.0, now.throttled_seconds - before.throttled_seconds) / seconds
+    return None
+
+
+def _quota_starved(before: EngineReading, now: EngineReading, cfg: VerdictConfig, seconds: float) -> bool:
+    """Say whether an API server's cgroup was throttled over a tick while its API servers used the quota.
+
+    Only cgroups of the engine's own processes count, and only while the API servers in them
+    (an API server whose cgroup is unknown counts for each) use at least `_QUOTA_USE` of the
+    quota, so a throttled neighbour beside an idle API server offers no work.
+    """
+    if not now.api_servers:
+        return False
+    prev = {c.path: c for c in before.cgroups}
+    for c in now.cgroups:
+        c0 = prev.get(c.path)
+        if c.quota_cores is None or c0 is None:
+            continue
+        use = sum(p.cpu for p in now.api_servers if not p.cgroup or p.cgroup == c.path)
+        if use < _QUOTA_USE * c.quota_cores:
+            continue
+        share = _throttled(c0, c, seconds)
+        if share is not None and share >= cfg.throttled_share:
+            return True
+    return False
+
+
+def _offered(win: Sequence[Snapshot], vs: Sequence[Sequence[View]], cfg: VerdictConfig) -> dict[str, object]:
+    """Return whether work was offered to the engines, and which signals saw it.
+
+    Gauges are instants, so the engine's running/waiting counts at any reading of the last
+    `offered_window_seconds` (a queue that flickers 0/1 between readings still offers work).
+    Counters and CPU figures already cover a whole tick, so they take the newest tick alone: a
+    longer window would only delay `idle` after a load stops.
+    """
+    found: set[str] = set()
+    recent = window(win, cfg.offered_window_seconds)
+    n = len(recent) - 1 if len(recent) > 1 else 1
+    if any((x.running or 0) > 0 or (x.waiting or 0) > 0 for v in vs[-n:] for x in v):
+        found.add("engine_queue")
+    i = next((k for k in range(len(vs) - 1, -1, -1) if vs[k]), None)
+    if i is not None:
+        before = {x.reading.name: x.reading for x in vs[i - 1]} if i > 0 else {}
+        seconds = win[i].mono - win[i - 1].mono if i > 0 else 0.0
+        for x in vs[i]:
+            if any(st.running_seconds > 0 or st.waiting_seconds > 0 for st in x.steps):
+                found.add("engine_steps")
+            e, e0 = x.reading, before.get(x.reading.name)
+            if e0 is not None and any(
+                a is not None and b is not None and b > a
+                for a, b in (
+                    (e0.generation_tokens_total, e.generation_tokens_total),
+                    (e0.prompt_tokens_total, e.prompt_tokens_total),
+                )
+            ):
+                found.add("tokens")
+            if any((demand(p) or 0.0) >= cfg.api_server_saturated for p in e.api_servers):
+                found.add("api_server")
+            if e0 is not None and _quota_starved(e0, e, cfg, seconds):
+                found.add("cpu_quota")
+    return {"offered": bool(found), "offered_by": "+".join(s for s in OFFERED_BY if s in found) or None}
+
+
+def _agent_activity(win: Sequence[Snapshot], gpu: int, whole: bool) -> dict[str, object]:
+    """Return CUPTI's exact busy, graph share and idle gaps for a GPU.
+
+    CUPTI windows arrive 1-2 s late, so the shares come from the newest tick that brought one
+    (averaging more would only add delay); `whole=True` (the report over a run) takes every window.
+    """
+    f: dict[str, object] = {}
+    busy_ns = graph_ns = observed_ns = gaps = gap_ns = 0
+    newest: tuple[int, int, int] | None = None
+    for s in _inside(win):
+        if s.agent is None:
+            continue
+        for a in s.agent.activity:
+            if a.gpu == gpu:
+                f["agent"] = True
+                busy_ns += a.busy_ns
+                graph_ns += a.graph_busy_ns
+                observed_ns += a.observed_ns
+                gaps += sum(a.idle_gap_counts)
+                gap_ns += a.idle_gap_sum_ns
+                if a.observed_ns > 0:
+                    newest = (a.busy_ns, a.graph_busy_ns, a.observed_ns)
+    if f.get("agent") and observed_ns > 0:
+        f["idle_gaps"] = gaps
+        f["idle_gap_seconds_per_second"] = gap_ns / observed_ns
+        cb, cg, co = (busy_ns, graph_ns, observed_ns) if whole or newest is None else newest
+        f["agent_busy_ratio"] = cb / co
+        if cb > 0:
+            f["graph_share"] = min(1.0, cg / cb)
+    return f
+
+
+def _gpu_steps(snap: Snapshot, v: Sequence[View], names: set[str]) -> list[EngineSteps]:
+    """Return the agent steps of one tick that belong to the GPU's engines.
+
+    Steps joined to an engine (by pid, name, or the only engine of their kind) belong to it alone;
+    steps that join none count for every GPU whose engines share their kind, as before agents
+    sent pids.
+    """
+    mine = [st for x in v for st in x.steps]
+    if snap.agent is None:
+        return mine
+    engines = [e for e in snap.engines if not e.error]
+    return mine + [
+        st for st in snap.agent.steps if owner(st, engines) is None and _step_matches(st.engine, names)
+    ]
+
+
+def _step_timing(
+    win: Sequence[Snapshot], vs: Sequence[Sequence[View]], names: set[str], ran_all: bool, span: float
+) -> dict[str, object]:
+    """Return the steps' rate and wall time, and their GPU time where CUPTI ran in the engine's process.
+
+    vLLM's multiprocess executor times steps in EngineCore and runs the GPU in workers, so GPU
+    time per step is there only for steps marked `gpu_measured`.
+    """
+    f: dict[str, object] = {}
+    steps = wall_ns = measured = step_gpu_ns = 0
+    for s, v in zip(_inside(win), _inside(vs), strict=True):
+        for st in _gpu_steps(s, v, names):
+            steps += st.steps
+            wall_ns += st.wall_ns
+            if st.gpu_measured:
+                measured += st.steps
+                step_gpu_ns += st.gpu_busy_ns
+    if steps > 0:
+        f["step_method"] = "agent"
+        f["step_seconds"] = wall_ns / steps / 1e9
+        if measured:
+            f["step_gpu_seconds"] = step_gpu_ns / measured / 1e9
+        if span > 0:
+            f["steps_per_second"] = steps / span
+    elif any(vs[1:]) and len(win) > 1 and span > 0:
+        rate = _counter_rate(win, vs, "steps")
+        if rate:
+            f["steps_per_second"] = rate
+            # Steps over time are a step time only while the engine ran work all window long.
+            if ran_all:
+                f["step_method"] = "engine"
+                f["step_seconds"] = 1.0 / rate
+    return f
+
+
+def _graph_steps(
+    win: Sequence[Snapshot], vs: Sequence[Sequence[View]], gpu: int, names: set[str], span: float
+) -> dict[str, object]:
+    """Return the share of engine steps that ran in a CUDA graph, from the light agent (no CUPTI).
+
+    From step modes (graph_steps / (graph_steps + eager_steps)) where the agent tells them; else,
+    for a GPU whose processes captured graphs, replays over steps (agent steps, else the page's),
+    capped at 1: a process that captured graphs but replays none while steps run decodes eager.
+    Replays count graph pieces under vLLM PIECEWISE, so that figure is an upper bound.
+    """
+    f: dict[str, object] = {}
+    graph = eager = tokens = seqs = steps = 0
+    for s, v in zip(_inside(win), _inside(vs), strict=True):
+        for st in _gpu_steps(s, v, names):
+            graph += st.graph_steps
+            eager += st.eager_steps
+            tokens += st.tokens
+            seqs += st.seqs
+            steps += st.steps
+    if tokens > 0 and seqs > 0:
+        f["step_tokens_per_seq"] = tokens / seqs
+    if graph + eager > 0:
+        f["graph_step_share"] = graph / (graph + eager)
+        f["graph_step_method"] = "modes"
+        return f
+    pids = {pid for v in vs for x in v for pid in x.reading.pids}
+    replays = 0
+    captured = False
+    for s in _inside(win):
+        for use in s.agent.graphs if s.agent is not None else ():
+            if use.gpu == gpu or (use.gpu < 0 and use.pid in pids):
+                replays += use.replays
+                captured = captured or use.captures > 0
+    if not captured:
+        return f
+    if not steps and span > 0:
+        steps = round((_counter_rate(win, vs, "steps") or 0.0) * span)
+    if steps > 0:
+        f["graph_step_share"] = min(1.0, replays / steps)
+        f["graph_step_method"] = "replays"
+    return f
+
+
+def _throttling(win: Sequence[Snapshot], vs: Sequence[Sequence[View]]) -> dict[str, float]:
     """Return the quota and the throttled share of the engine's cgroups over the window (the worst).
 
     Each cgroup is measured from the first snapshot of the window that lists it, so a process
@@ -411,15 +680,16 @@ def _throttling(win: Sequence[Snapshot], gpu: int) -> dict[str, float]:
     if len(win) < 2:
         return out
     first: dict[str, tuple[float, CgroupCpu]] = {}
-    for snap in win:
-        for e in _engines(snap, gpu):
-            for c in e.cgroups:
+    for snap, v in zip(win, vs, strict=True):
+        for x in v:
+            for c in x.reading.cgroups:
                 first.setdefault(c.path, (snap.mono, c))
-    last_good = next((s for s in reversed(win) if _engines(s, gpu)), win[-1])
+    i = next((k for k in range(len(vs) - 1, -1, -1) if vs[k]), len(vs) - 1)
+    last_good = win[i]
     quotas = []
     share = per_second = None
-    for e in _engines(last_good, gpu):
-        for c in e.cgroups:
+    for x in vs[i]:
+        for c in x.reading.cgroups:
             if c.quota_cores is not None:
                 quotas.append(c.quota_cores)
             since, c0 = first.get(c.path, (last_good.mono, c))
@@ -443,8 +713,21 @@ def _throttling(win: Sequence[Snapshot], gpu: int) -> dict[str, float]:
     return out
 
 
+def eager_decode(f: Facts, cfg: VerdictConfig) -> bool:
+    """Say whether decode ran without CUDA graphs: CUPTI's graph share of busy time, or the light agent's of steps.
+
+    Prefill-shaped steps (over DECODE_TOKENS_PER_SEQ tokens per sequence) run eager by design.
+    """
+    if not f.decoding:
+        return False
+    if f.step_tokens_per_seq is not None and f.step_tokens_per_seq > DECODE_TOKENS_PER_SEQ:
+        return False
+    shares = [x for x in (f.graph_share, f.graph_step_share) if x is not None]
+    return any(x < cfg.graph_share_low for x in shares)
+
+
 def host_reasons(f: Facts, cfg: VerdictConfig) -> tuple[str, ...]:
-    """Return why a GPU with work pending is starved, root causes first; ("unknown",) when nothing fits."""
+    """Return why a GPU with work offered is starved, root causes first; ("unknown",) when nothing fits."""
     found: set[str] = set()
     if f.throttled_share is not None and f.throttled_share >= cfg.throttled_share:
         found.add("cpu_quota_throttled")
@@ -452,9 +735,7 @@ def host_reasons(f: Facts, cfg: VerdictConfig) -> tuple[str, ...]:
         found.add("cpu_quota_throttled")
     if f.api_server_thread_cpu is not None and f.api_server_thread_cpu >= cfg.api_server_saturated:
         found.add("api_server_saturated")
-    # Decode needs an engine that is generating; a plain torch process need not use graphs at all.
-    decoding = f.engine and (f.generation_tokens_per_second is None or f.generation_tokens_per_second > 0)
-    if f.graph_share is not None and decoding and f.graph_share < cfg.graph_share_low:
+    if eager_decode(f, cfg):
         found.add("cuda_graph_fallback")
     if (
         f.max_batch
@@ -472,21 +753,30 @@ def host_reasons(f: Facts, cfg: VerdictConfig) -> tuple[str, ...]:
     return tuple(r for r in HOST_REASONS if r in found)
 
 
-def _by_busy(busy: float, cfg: VerdictConfig, prev: Verdict | None) -> str:
+def thresholds(f: Facts, cfg: VerdictConfig) -> tuple[float, float]:
+    """Return the (low, high) busy thresholds for a window: the eager bar for GPM/NVML figures of eager decode."""
+    if f.busy_source in ("gpm", "nvml") and eager_decode(f, cfg):
+        return cfg.eager_busy_low, cfg.eager_busy_high
+    return cfg.busy_low, cfg.busy_high
+
+
+def _by_busy(busy: float, band: tuple[float, float], prev: Verdict | None) -> str:
     """Return gpu or host from the busy share, keeping the previous one inside the band."""
-    if busy >= cfg.busy_high:
+    low, high = band
+    if busy >= high:
         return "gpu"
-    if busy < cfg.busy_low:
+    if busy < low:
         return "host"
     if prev is not None and prev.verdict in ("gpu", "host"):
         return prev.verdict
-    return "gpu" if busy >= (cfg.busy_low + cfg.busy_high) / 2 else "host"
+    return "gpu" if busy >= (low + high) / 2 else "host"
 
 
 def decide(f: Facts, cfg: VerdictConfig, prev: Verdict | None = None) -> tuple[str, tuple[str, ...]]:
     """Return the window's verdict and reasons.
 
-    With an engine: idle without running or waiting requests; else by the busy share (unknown,
+    With an engine: idle while no work is offered (`Facts.offered`: queue, tokens, saturated or
+    throttled API servers); else by the busy share against `thresholds` (unknown,
     no_busy_source, without one). Without an engine but with an agent on the GPU (a plain torch
     process): the agent's activity says whether anything runs (idle below `idle_busy`), the busy
     share decides gpu or host, and a host verdict has reason unknown (no queue to read). With
@@ -494,18 +784,18 @@ def decide(f: Facts, cfg: VerdictConfig, prev: Verdict | None = None) -> tuple[s
     is idle, and anything between is unknown, no_engine_source.
     """
     if f.engine:
-        if (f.pending or 0.0) <= 0:
+        if not f.offered:
             return "idle", ()
         if f.busy is None:
             return "unknown", ("no_busy_source",)
-        v = _by_busy(f.busy, cfg, prev)
+        v = _by_busy(f.busy, thresholds(f, cfg), prev)
         return v, host_reasons(f, cfg) if v == "host" else ()
     if f.busy is None:
         return "unknown", ("no_busy_source", "no_engine_source")
     if f.busy < cfg.idle_busy:
         return "idle", ()
     if f.agent:
-        v = _by_busy(f.busy, cfg, prev)
+        v = _by_busy(f.busy, (cfg.busy_low, cfg.busy_high), prev)
         return v, host_reasons(f, cfg) if v == "host" else ()
     if f.busy >= cfg.busy_high:
         return "gpu", ()
@@ -549,7 +839,7 @@ def classify(
     f = gather(win, gpu, cfg, roofline)
     verdict, reasons = decide(f, cfg, prev)
     lean = decide(f, cfg, None)[0]  # inside the band: the side of its midpoint
-    raw = Verdict(gpu, verdict, reasons, f.busy, f.busy_source, f.evidence())
+    raw = Verdict(gpu, verdict, reasons, f.busy, f.busy_source, f.evidence(), offered=f.offered)
     return hold(raw, prev, cfg, reasons if verdict == "host" else host_reasons(f, cfg), lean)
 
 
@@ -563,12 +853,17 @@ def gpus_of(snap: Snapshot) -> list[int]:
     return sorted(found)
 
 
+def _reach(v: VerdictConfig) -> float:
+    """Return how far back the verdict reads: its longest window."""
+    return max(v.window_seconds, v.busy_window_seconds, v.offered_window_seconds)
+
+
 def classify_all(history: Sequence[Snapshot], cfg: Config) -> tuple[Verdict, ...]:
     """Return the verdict of every GPU for the newest Snapshot of a history (oldest first)."""
     if not history:
         return ()
     v = cfg.verdict
-    win = window(history, max(v.window_seconds, v.busy_window_seconds))
+    win = window(history, _reach(v))
     prev_snap = history[-2] if len(history) > 1 else None
     prev = {p.gpu: p for p in prev_snap.verdicts} if prev_snap is not None else {}
     return tuple(classify(win, gpu, v, prev.get(gpu), cfg.roofline) for gpu in gpus_of(history[-1]))
@@ -582,9 +877,7 @@ def classify_tick(history: Sequence[Snapshot], snap: Snapshot, cfg: Config) -> S
 def replay(snapshots: Sequence[Snapshot], cfg: Config) -> list[Snapshot]:
     """Return the snapshots with verdicts recomputed tick by tick (for recordings and tests)."""
     out: list[Snapshot] = []
-    keep = max(
-        2, int(max(cfg.verdict.window_seconds, cfg.verdict.busy_window_seconds) / cfg.tick_seconds) + 4
-    )
+    keep = max(2, int(_reach(cfg.verdict) / cfg.tick_seconds) + 4)
     for snap in snapshots:
         out.append(classify_tick(out[-keep:], dataclasses.replace(snap, verdicts=()), cfg))
     return out
@@ -594,9 +887,11 @@ def accumulate(snap: Snapshot, cfg: Config, prev: Snapshot | None = None) -> Inc
     """Return this tick's time per verdict and host-bound seconds.
 
     boundwatch_bound_seconds_total{gpu,verdict} adds dt to the reported verdict.
-    boundwatch_host_bound_seconds_total{gpu} adds the GPU's idle time while an engine driving it
-    had running requests: with an agent, the exact idle time of the windows the agent closed
-    (observed minus busy); else (1 - busy share) x dt. Without an engine nothing is added.
+    boundwatch_host_bound_seconds_total{gpu} adds the GPU's idle time while work was offered to an
+    engine driving it (`Verdict.offered`: in its queue, in flight, or held before it by a saturated
+    or throttled API server; without a verdict, while requests ran): with an agent, the exact idle
+    time of the windows the agent closed (observed minus busy); else (1 - busy share) x dt.
+    Without an engine nothing is added.
     """
     inc = Increments()
     if snap.dt <= 0:
@@ -606,12 +901,15 @@ def accumulate(snap: Snapshot, cfg: Config, prev: Snapshot | None = None) -> Inc
             inc.count(
                 "boundwatch_bound_seconds_total", (str(v.gpu), name), snap.dt if name == v.verdict else 0.0
             )
+    verdicts = {v.gpu: v for v in snap.verdicts}
     for gpu in gpus_of(snap):
         running = _sum([e.running for e in _engines(snap, gpu)])
-        if running is None:
+        verdict = verdicts.get(gpu)
+        offered = verdict.offered if verdict is not None else (running or 0.0) > 0
+        if running is None and not offered:
             continue
         idle = 0.0
-        if running > 0:
+        if offered:
             acts = [a for a in (snap.agent.activity if snap.agent else ()) if a.gpu == gpu]
             if acts and snap.busy.get(gpu, (0.0, ""))[1] == "cupti":
                 idle = sum(max(0, a.observed_ns - a.busy_ns) for a in acts) / 1e9

@@ -34,7 +34,9 @@ class Verdict:
 
     `raw` is this tick's classification before the hold and `streak` how many ticks in a row the
     raw verdict has disagreed with the reported one, so the next tick can apply the hold from this
-    Verdict alone.
+    Verdict alone. `offered` says whether work was offered to the GPU's engines this tick (in their
+    queue, in flight, or held before them by a saturated or throttled API server), so the host-bound
+    seconds can count GPU idle time while work waits anywhere, not only while requests run.
     """
 
     gpu: int
@@ -45,6 +47,7 @@ class Verdict:
     evidence: Evidence = field(default=())
     raw: str = ""
     streak: int = 0
+    offered: bool = False
 
     def get(self, key: str) -> float | str | None:
         """Return one evidence value, or None."""

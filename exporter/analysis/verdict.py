@@ -50,6 +50,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from exporter.analysis.activity import lossy
 from exporter.analysis.increments import Increments
 from exporter.config import Config, RooflineConfig, VerdictConfig
 from exporter.snapshot import Snapshot
@@ -559,6 +560,8 @@ def _agent_activity(win: Sequence[Snapshot], gpu: int, whole: bool) -> dict[str,
         for a in s.agent.activity:
             if a.gpu == gpu:
                 f["agent"] = True
+                if lossy(a):  # records lost: its busy, graph and gap figures undercount
+                    continue
                 busy_ns += a.busy_ns
                 graph_ns += a.graph_busy_ns
                 observed_ns += a.observed_ns

@@ -124,6 +124,7 @@ class Agent:
         self.stats = Stats()
         self.steps = steps or StepTracker()
         self.steps.lag_ns = 1_500_000_000  # steps wait for this process's windows to carry GPU time
+        self.steps.per_step = True
         self.sender = sender or Sender(self.settings.socket)
         self.sent_log = self.sender.sent_log  # for benchmarks
         self.graphs = hooks.GraphReader()

@@ -34,6 +34,7 @@ class LightAgent:
         self.lib_text = ""
         self.steps = steps or StepTracker()
         self.steps.lag_ns = 0  # no CUPTI windows to wait for: steps are ready when they end
+        self.steps.per_step = False  # fold steps into totals as they are recorded
         self.sender = sender or Sender(self.settings.socket)
         self.graphs = hooks.GraphReader()
         self.tick_ns_max = 0

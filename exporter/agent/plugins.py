@@ -40,9 +40,7 @@ def _start(role: str, **settings: Any) -> None:
 
 def _tracker() -> Any:
     """Return the running agent's StepTracker, or None."""
-    from exporter import agent
-
-    a = agent.current()
+    a = sys.modules["exporter.agent"]._agent
     return None if a is None else a.steps
 
 
@@ -126,18 +124,20 @@ def scheduled_batch(output: Any) -> tuple[int, int]:
     return (tokens if isinstance(tokens, int) else 0), seqs
 
 
-def vllm_counts(core: Any) -> dict[str, int]:
-    """Return an EngineCore's scheduler counts, batch limit and DP rank; keys only for what it has."""
-    out: dict[str, int] = {}
-    sched = getattr(core, "scheduler", None)
-    counts = getattr(sched, "get_request_counts", None)
+def vllm_counts(core: Any) -> tuple[int, int, int, int]:
+    """Return an EngineCore's (running, waiting, batch limit, DP rank); -1 / 0 for what it lacks."""
+    running = waiting = -1
+    counts = getattr(getattr(core, "scheduler", None), "get_request_counts", None)
     if counts is not None:
         got = counts()
-        if isinstance(got, tuple) and len(got) == 2:
-            out["running"], out["waiting"] = _int_or(got[0], -1), _int_or(got[1], -1)
-    limit, dp = _cached(core, _vllm_limits) or (0, -1)
-    out["max_seqs"], out["dp"] = limit, dp
-    return out
+        if type(got) is tuple and len(got) == 2:
+            running, waiting = got
+            if type(running) is not int or running < 0:
+                running = -1
+            if type(waiting) is not int or waiting < 0:
+                waiting = -1
+    limit, dp = _cache.get(id(core)) or _cached(core, _vllm_limits) or (0, -1)
+    return running, waiting, limit, dp
 
 
 def _vllm_limits(core: Any) -> tuple[int, int]:
@@ -183,8 +183,10 @@ def _record_step(core: Any, engine: str, t0: int, t1: int, batch_of: Any, counts
     if tracker is None:
         return
     tracker.engine_here = True
-    counts = counts_of(core) if counts_of is not None else {}
-    tracker.record(engine, t0, t1, tokens, seqs, **counts)
+    if counts_of is None:
+        tracker.record(engine, t0, t1, tokens, seqs)
+    else:
+        tracker.record(engine, t0, t1, tokens, seqs, *counts_of(core))
 
 
 def _patch_vllm_engine_core(core_mod: Any) -> None:

@@ -40,6 +40,14 @@ class StepTracker:
         self._last: dict[tuple[str, int], tuple[int, int, int]] = {}  # key -> (t, running, waiting)
         self._modes: dict[tuple[str, int], list[int]] = {}  # key -> [graph, eager], counted elsewhere
         self.engine_here = False  # this process runs an engine core's steps (mode counts are its own)
+        # per_step: keep every step until this process's windows close (CUPTI attaches GPU time to it);
+        # else (the light agent) fold each step into cumulative totals at once: O(1) on the engine's
+        # thread, written only there, and read as differences on the agent's thread (no lock)
+        self.per_step = True
+        self._cum: dict[tuple[str, int], tuple[int, ...]] = {}
+        self._hist: dict[tuple[str, int], list[int]] = {}
+        self._taken: dict[tuple[str, int], tuple[tuple[int, ...], list[int]]] = {}
+        self._modes_taken: dict[tuple[str, int], tuple[int, int]] = {}
 
     def record(
         self,
@@ -59,14 +67,36 @@ class StepTracker:
         if running >= 0 or waiting >= 0:
             key = (engine, dp)
             prev = self._last.get(key)
-            if prev is not None and t1 > prev[0]:
-                run_ns = max(prev[1], 0) * (t1 - prev[0])
-                wait_ns = max(prev[2], 0) * (t1 - prev[0])
-            if prev is not None or len(self._last) < MAX_KEYS:
+            if prev is not None:
+                dt = t1 - prev[0]
+                if dt > 0:
+                    if prev[1] > 0:
+                        run_ns = prev[1] * dt
+                    if prev[2] > 0:
+                        wait_ns = prev[2] * dt
                 self._last[key] = (t1, running, waiting)
-        self._steps.append(
-            [engine, t0, t1, tokens, 0, seqs, run_ns, wait_ns, running, waiting, max_seqs, dp, mode]
-        )
+            elif len(self._last) < MAX_KEYS:
+                self._last[key] = (t1, running, waiting)
+        if self.per_step:
+            self._steps.append(
+                [engine, t0, t1, tokens, 0, seqs, run_ns, wait_ns, running, waiting, max_seqs, dp, mode]
+            )
+            return
+        key = (engine, dp)
+        c = self._cum.get(key)
+        if c is None:
+            if len(self._cum) >= MAX_KEYS:
+                return
+            c = (0, 0, 0, 0, 0, 0, 0, 0, t0, t1, -1, -1, 0)
+            self._hist[key] = [0] * (len(STEP_BOUNDS_NS) + 1)
+        wall = t1 - t0
+        self._hist[key][bisect.bisect_left(STEP_BOUNDS_NS, wall)] += 1
+        # one tuple per step, stored at once: the agent's thread reads a consistent total
+        self._cum[key] = (
+            c[0] + 1, c[1] + wall, c[2] + tokens, c[3] + seqs, c[4] + run_ns, c[5] + wait_ns,
+            c[6] + (mode == MODE_GRAPH), c[7] + (mode == MODE_EAGER), c[8], t1,
+            running, waiting, max_seqs or c[12],
+        )  # fmt: skip
 
     def count_mode(self, engine: str, dp: int, graph: bool) -> None:
         """Count one step's CUDA-graph mode where the step itself is counted elsewhere (a GPU worker)."""
@@ -76,7 +106,7 @@ class StepTracker:
             if len(self._modes) >= MAX_KEYS:
                 return
             m = self._modes[key] = [0, 0]
-        m[0 if graph else 1] += 1
+        m[0 if graph else 1] += 1  # written on this thread only; the agent's thread reads differences
 
     def attach_gpu(self, summary: WindowSummary, dev: int) -> None:
         """Add the busy time of one closed window to the steps that overlap it."""
@@ -109,18 +139,18 @@ class StepTracker:
     def take(self, final: bool = False) -> list[wire.Steps]:
         """Return per-(engine, DP rank) totals of the steps whose windows have closed (all when final)."""
         modes = self._take_modes()
-        if not self._steps and not modes:
-            return []
-        ready_until = self._ready_until or (time.time_ns() - self.lag_ns)
         totals: dict[tuple[str, int], dict[str, Any]] = {}
-        with self._lock:
-            while self._steps and (final or self._steps[0][_T1] <= ready_until):
-                self._add(totals, self._steps.popleft())
+        if self._steps:
+            ready_until = self._ready_until or (time.time_ns() - self.lag_ns)
+            with self._lock:
+                while self._steps and (final or self._steps[0][_T1] <= ready_until):
+                    self._add(totals, self._steps.popleft())
         out = [self._steps_of(key, t) for key, t in totals.items()]
+        out += self._take_cumulative()
         owner = 0 if self.engine_here else os.getppid()
         for key, (graph, eager) in modes.items():
-            if owner == 0 and key in totals:
-                i = list(totals).index(key)
+            i = next((j for j, st in enumerate(out) if (st.engine, st.dp) == key), -1)
+            if owner == 0 and i >= 0:
                 out[i] = _with_modes(out[i], graph, eager)
             else:
                 out.append(
@@ -132,10 +162,42 @@ class StepTracker:
         out: dict[tuple[str, int], tuple[int, int]] = {}
         for key, m in list(self._modes.items()):
             graph, eager = m[0], m[1]
-            if graph or eager:
-                m[0] -= graph  # the engine thread may add meanwhile: subtract what was read
-                m[1] -= eager
-                out[key] = (graph, eager)
+            g0, e0 = self._modes_taken.get(key, (0, 0))
+            if graph > g0 or eager > e0:
+                self._modes_taken[key] = (graph, eager)
+                out[key] = (graph - g0, eager - e0)
+        return out
+
+    def _take_cumulative(self) -> list[wire.Steps]:
+        """Return what the cumulative totals gained since the last take (the light path)."""
+        out: list[wire.Steps] = []
+        for key, c in list(self._cum.items()):
+            hist = list(self._hist[key])
+            prev, prev_hist = self._taken.get(key, ((0,) * 13, [0] * len(hist)))
+            if c[0] == prev[0]:
+                continue
+            self._taken[key] = (c, hist)
+            out.append(
+                wire.Steps(
+                    engine=key[0],
+                    n=c[0] - prev[0],
+                    wall=c[1] - prev[1],
+                    tokens=c[2] - prev[2],
+                    seqs=c[3] - prev[3],
+                    run_ns=c[4] - prev[4],
+                    wait_ns=c[5] - prev[5],
+                    graph=c[6] - prev[6],
+                    eager=c[7] - prev[7],
+                    hist=tuple(max(0, a - b) for a, b in zip(hist, prev_hist, strict=True)),
+                    t0=prev[9] if prev[0] else c[8],  # from the previous take's newest step end
+                    t1=c[9],
+                    running=c[10],
+                    waiting=c[11],
+                    max_seqs=c[12],
+                    dp=key[1],
+                    measured=1 if self._gpu_seen else 0,
+                )
+            )
         return out
 
     @staticmethod

@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from exporter import wire
 from exporter.agent.light import LightAgent
 from exporter.agent.settings import Settings, resolve_mode
@@ -125,9 +127,10 @@ def test_mode_comes_from_the_argument_the_legacy_flag_or_the_environment(monkeyp
     assert Settings.from_env().mode == "light"
 
 
-def test_running_and_waiting_are_integrated_between_steps_by_the_left_rule() -> None:
+@pytest.mark.parametrize("per_step", [True, False])  # CUPTI keeps each step; the light agent folds them
+def test_running_and_waiting_are_integrated_between_steps_by_the_left_rule(per_step: bool) -> None:
     tracker = StepTracker()
-    tracker.lag_ns = 0
+    tracker.lag_ns, tracker.per_step = 0, per_step
     # a known served sequence: (step end, running after it, waiting after it)
     served = [(10, 1, 4), (30, 3, 2), (35, 3, 0), (95, 0, 0), (100, 2, 1)]
     for i, (t_ms, running, waiting) in enumerate(served):
@@ -141,11 +144,14 @@ def test_running_and_waiting_are_integrated_between_steps_by_the_left_rule() -> 
     tracker.record("vllm", T0 + 119 * MS, T0 + 120 * MS, 8, 2, 2, 0, 256, 0)
     (s2,) = tracker.take()
     assert s2.run_ns == 2 * 20 * MS and s2.wait_ns == 1 * 20 * MS  # the integral continues across takes
+    assert (s2.n, s2.running, s2.waiting, s2.hist[0]) == (1, 2, 0, 1)
+    assert tracker.take() == []
 
 
-def test_two_engines_in_one_process_stay_apart_and_worker_modes_belong_to_the_parent() -> None:
+@pytest.mark.parametrize("per_step", [True, False])
+def test_two_engines_in_one_process_stay_apart_and_worker_modes_belong_to_the_parent(per_step: bool) -> None:
     tracker = StepTracker()
-    tracker.lag_ns = 0
+    tracker.lag_ns, tracker.per_step = 0, per_step
     tracker.record("vllm", T0, T0 + MS, 4, 4, 1, 0, 8, 0)
     tracker.record("vllm", T0, T0 + MS, 4, 4, 2, 0, 8, 1)
     steps = sorted(tracker.take(), key=lambda s: s.dp)
@@ -157,7 +163,7 @@ def test_two_engines_in_one_process_stay_apart_and_worker_modes_belong_to_the_pa
     assert (m.n, m.graph, m.eager, m.owner, m.dp) == (0, 1, 1, os.getppid(), 0)
     assert worker.take() == []  # taken once
     here = StepTracker()  # uni executor: EngineCore and its worker in one process
-    here.lag_ns, here.engine_here = 0, True
+    here.lag_ns, here.engine_here, here.per_step = 0, True, per_step
     here.count_mode("vllm", 0, graph=True)
     here.record("vllm", T0, T0 + MS, 4, 4, 1, 0, 8, 0)
     (h,) = here.take()

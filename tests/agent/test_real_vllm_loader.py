@@ -59,12 +59,16 @@ def test_real_loader_in_a_forked_engine_core_finds_step_wrapped(tmp_path: Path) 
     dist = tmp_path / "eps" / "boundwatch_test-0.dist-info"
     dist.mkdir(parents=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: boundwatch-test\nVersion: 0\n")
-    (dist / "entry_points.txt").write_text("[vllm.general_plugins]\nboundwatch = exporter.agent.plugins:vllm_plugin\n")
+    (dist / "entry_points.txt").write_text(
+        "[vllm.general_plugins]\nboundwatch = exporter.agent.plugins:vllm_plugin\n"
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("BOUNDWATCH")}
     env["PYTHONPATH"] = f"{tmp_path / 'eps'}{os.pathsep}{ROOT}"
     env["BOUNDWATCH_AGENT_SOCKET"] = str(tmp_path / "agent.sock")
     env["VLLM_PLUGINS"] = "boundwatch"
-    r = subprocess.run([python, "-c", CODE], env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    r = subprocess.run(
+        [python, "-c", CODE], env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out.pop("before") is False  # the first load came before vllm.v1.engine.core was imported

@@ -191,6 +191,7 @@ class Agent:
             return self.state
         hooks.install()  # the light hooks stay on in the deep mode
         if self.settings.cupti:
+            self.mode = "cupti"  # "cupti:<decode>[+graph_trace]..." once CUPTI has started
             self._try_cupti()
         else:
             self.state, self.mode = "running", "steps"

@@ -194,3 +194,30 @@ def test_light_agent_sends_steps_and_graph_counts_on_the_wire(tmp_path: Path) ->
     assert sum(s.n for s in steps) == 2 and sum(s.run_ns for s in steps) == 8 * 10 * MS
     assert {m.mode for m in msgs} == {"light"} and msgs[-1].state == "stopped"
     assert agent.tick_ns_max < 50 * MS
+
+
+def test_asking_for_cupti_later_upgrades_the_light_agent_in_place(tmp_path: Path) -> None:
+    code = """
+import json
+from exporter import agent
+first = agent.start(role="vllm_worker")
+light = agent.current()
+light.steps.record("vllm", 1, 2, 3, 3)
+again = agent.start()                      # a second plain start changes nothing
+same = agent.current() is light
+state = agent.start(mode="cupti")          # the deep mode asked for later
+deep = agent.current()
+print(json.dumps({"first": first, "again": again, "same": same, "state": state,
+                  "mode": getattr(deep, "mode", ""), "kind": type(deep).__name__,
+                  "steps_kept": deep.steps is light.steps, "sender_kept": deep.sender is light.sender,
+                  "role": deep.settings.role, "per_step": deep.steps.per_step}))
+agent.stop()
+"""
+    out = run(tmp_path, code)
+    assert (out["first"], out["again"], out["same"]) == ("running", "running", True)
+    assert (
+        out["kind"] == "Agent" and out["steps_kept"] and out["sender_kept"] and out["role"] == "vllm_worker"
+    )
+    assert out["per_step"] is True  # CUPTI attaches GPU time to each step
+    assert out["state"] in ("running", "unavailable")  # unavailable where CUPTI cannot load (here: no GPU)
+    assert out["mode"].startswith("cupti:") or (out["state"], out["mode"]) == ("unavailable", "cupti")

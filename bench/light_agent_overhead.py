@@ -275,7 +275,7 @@ def main() -> int:
     sys.path.insert(0, ROOT)
     from bench.agent_common import run_fresh
 
-    listener = Listener("/tmp/bwbench/light-overhead.sock")
+    listener = Listener(f"/tmp/bwbench/light-overhead-{os.getpid()}.sock")
     order: list[str] = []
     for i in range(args.rounds):
         order += ["none", "light"] if i % 2 == 0 else ["light", "none"]

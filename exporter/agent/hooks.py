@@ -181,6 +181,7 @@ class GraphReader:
         self._last_replays = _counts[0]
         self._last_ns = now_ns if now_ns is not None else time.time_ns()
         self._uuid: dict[int, str] = {}
+        self._uuid_tries = 0
 
     def take(self, now_ns: int | None = None) -> GraphWindow | None:
         """Return the window since the last take, or None while the hooks are not installed."""
@@ -199,9 +200,13 @@ class GraphReader:
         if ordinal < 0:
             return ""
         if ordinal not in self._uuid:
-            self._uuid[ordinal] = gpu_uuid(ordinal) if cuda_initialized() else ""
-            if not self._uuid[ordinal]:
-                return self._uuid.pop(ordinal)
+            if not cuda_initialized() or self._uuid_tries >= 3:  # libcuda refused three times: stop asking
+                return ""
+            self._uuid_tries += 1
+            found = gpu_uuid(ordinal)
+            if not found:
+                return ""
+            self._uuid[ordinal] = found
         return self._uuid[ordinal]
 
 

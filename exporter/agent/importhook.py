@@ -74,6 +74,10 @@ class PostImportHook:
             return spec
 
         def exec_module(module: Any) -> None:
+            try:
+                del loader.exec_module  # once: a loader shared by several modules is not wrapped twice
+            except AttributeError:
+                pass
             original(module)
             with _lock:
                 callbacks = _waiting.pop(name, [])

@@ -158,6 +158,9 @@ def wrap_step(step: Any, engine: str, batch_of: Any, counts_of: Any = None) -> A
 
     @functools.wraps(step)
     def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
+        tracker = _tracker()
+        if tracker is not None:
+            tracker.engine_here = True  # before the step: mode counts made inside it are this engine's
         t0 = time.time_ns()
         result = step(self, *args, **kwargs)
         t1 = time.time_ns()
@@ -331,6 +334,10 @@ def _patch_vllm_runner_v1(mod: Any) -> None:
     cls._determine_batch_execution_and_padding = determine_seen
     _wrap_execute(cls, slot, skip_dummy=False)  # dummy runs call the dispatch outside execute_model
     _patched.add("vllm_runner_v1")
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_steps_started.clear)  # a forked engine core starts its own agent
 
 
 # --- SGLang -------------------------------------------------------------------------------

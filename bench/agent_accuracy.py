@@ -255,7 +255,9 @@ def main() -> int:
 
     from exporter import agent as agent_mod
 
-    state = agent_mod.start(role="generic")  # before CUDA is initialised: GRAPH_TRACE from the start
+    state = agent_mod.start(
+        role="generic", mode="cupti"
+    )  # before CUDA is initialised: GRAPH_TRACE from the start
     agent = agent_mod.current()
     torch.cuda.init()
     props = torch.cuda.get_device_properties(0)

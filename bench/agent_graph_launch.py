@@ -73,7 +73,7 @@ def child(mode: str, replays: int) -> dict[str, Any]:
     from exporter import agent as agent_mod
 
     if MODES[mode] is not None and mode not in LATE:
-        out["agent_state"] = agent_mod.start(role="generic")
+        out["agent_state"] = agent_mod.start(role="generic", mode="cupti")
     import torch
 
     if mode in ("dlopen", "timestamp"):
@@ -135,7 +135,7 @@ def child(mode: str, replays: int) -> dict[str, Any]:
     expected += len(graphs)  # the warm-up launch before each capture
     phases: dict[str, Any] = {}
     if mode in LATE:
-        out["agent_state"] = agent_mod.start(role="generic")
+        out["agent_state"] = agent_mod.start(role="generic", mode="cupti")
     if mode == "kernel_off":
         from exporter.agent.cuptilib import KIND_CONCURRENT_KERNEL
 
@@ -148,7 +148,7 @@ def child(mode: str, replays: int) -> dict[str, Any]:
             a._cupti.finalize()  # what the agent itself never does
         phases["after_stop"] = measure()
     if mode == "late_cycle":
-        out["restart_state"] = agent_mod.start(role="generic")
+        out["restart_state"] = agent_mod.start(role="generic", mode="cupti")
         phases["restarted"] = dict(measure(), **agent_facts())
     torch.cuda.synchronize()
     out["result_ok"] = float(x[0].item()) == float(expected)

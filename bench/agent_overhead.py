@@ -97,7 +97,7 @@ def child(config: str, decode_s: float) -> dict[str, Any]:
     if cfg is not None and "BENCH_CYCLE" not in cfg:
         from exporter import agent as agent_mod
 
-        out["agent_state"] = agent_mod.start(role="generic")
+        out["agent_state"] = agent_mod.start(role="generic", mode="cupti")
         agent = agent_mod.current()
         out["agent_detail"] = agent.detail if agent is not None else None
     import torch
@@ -289,7 +289,7 @@ def child(config: str, decode_s: float) -> dict[str, Any]:
         def cycle() -> None:
             while not done.is_set():
                 t = time.perf_counter()
-                cyc["states"].append(agent_mod.start(role="generic"))
+                cyc["states"].append(agent_mod.start(role="generic", mode="cupti"))
                 cyc["start_ms_max"] = max(cyc["start_ms_max"], (time.perf_counter() - t) * 1e3)
                 done.wait(on_s)
                 a = agent_mod.current()

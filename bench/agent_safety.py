@@ -62,7 +62,7 @@ def workload(torch: Any, seconds: float, graph: tuple[Any, ...] | None = None) -
 def child(kind: str, seconds: float) -> dict[str, Any]:
     from exporter import agent as agent_mod
 
-    out: dict[str, Any] = {"kind": kind, "agent_start": agent_mod.start(role="generic")}
+    out: dict[str, Any] = {"kind": kind, "agent_start": agent_mod.start(role="generic", mode="cupti")}
     a = agent_mod.current()
     out["detail"] = a.detail if a is not None else ""
     import torch

@@ -11,8 +11,14 @@ A message is one agent's report since its last one:
                   "gaps": [n per IDLE_GAP_BUCKETS + Inf], "gap_sum": ns,
                   "iv": [start_us, len_us, gap_us, len_us, ...], "slack": ns}],
      "steps": [{"engine": "vllm", "n": steps, "wall": ns, "gpu": ns, "tokens": n,
-                "hist": [n per STEP_BUCKETS + Inf], "t0": ns, "t1": ns}],
+                "hist": [n per STEP_BUCKETS + Inf], "t0": ns, "t1": ns,
+                "graph": n, "eager": n, "run_ns": n, "wait_ns": n, "running": n, "waiting": n,
+                "max_seqs": n, "dp": n, "owner": pid}],
+     "graphs": {"t0": ns, "t1": ns, "replays": n, "captures": n, "dev": n, "uuid": "GPU-..."},
      "sent_dropped": n}
+
+The light-agent keys of "steps" and "graphs" are optional: an older sidecar ignores them, and a
+message without them decodes to their defaults.
 
 `iv` is the window's busy interval list in microseconds relative to t0, alternating
 (offset, length, gap, length, ...), so the sidecar can union several processes sharing a GPU;
@@ -89,6 +95,28 @@ class Steps:
     hist: tuple[int, ...] = ()  # step wall times per STEP_BUCKETS (non-cumulative, +Inf last)
     t0: int = 0
     t1: int = 0
+    # light-agent keys (absent in older agents' messages; older sidecars ignore them)
+    graph: int = 0  # steps that ran in a CUDA graph (vLLM FULL/PIECEWISE, SGLang can_run_graph)
+    eager: int = 0  # steps that ran without one
+    run_ns: int = 0  # running requests x ns between steps (left rule): request-nanoseconds
+    wait_ns: int = 0  # waiting requests likewise
+    running: int = -1  # the scheduler's running requests after the newest step (-1: not read)
+    waiting: int = -1
+    max_seqs: int = 0  # the engine's batch limit (0: unknown)
+    dp: int = -1  # data-parallel rank (-1: none)
+    owner: int = 0  # pid of the engine core these steps belong to (0: the message's own pid)
+
+
+@dataclass(frozen=True)
+class GraphCounts:
+    """torch.cuda.CUDAGraph use one process saw through the light hooks, over [t0, t1]."""
+
+    t0: int  # CLOCK_REALTIME ns
+    t1: int
+    replays: int = 0  # replay() calls in the window
+    captures: int = 0  # captures completed in the process so far (cumulative)
+    dev: int = -1  # CUDA ordinal of the process's device (-1: unknown)
+    uuid: str = ""
 
 
 @dataclass(frozen=True)
@@ -106,6 +134,7 @@ class Message:
     windows: tuple[Window, ...] = ()
     steps: tuple[Steps, ...] = ()
     sent_dropped: int = 0  # messages this agent could not send since it started
+    graphs: GraphCounts | None = None  # light hooks' counts (key "graphs"; absent from older agents)
     v: int = field(default=VERSION)
 
     def uuid_of(self, dev: int) -> str:
@@ -141,7 +170,35 @@ def _steps_dict(s: Steps) -> dict[str, Any]:
         "hist": list(s.hist),
         "t0": s.t0,
         "t1": s.t1,
+        **_steps_light_dict(s),
     }
+
+
+_STEPS_LIGHT_DEFAULTS = {
+    "graph": 0,
+    "eager": 0,
+    "run_ns": 0,
+    "wait_ns": 0,
+    "running": -1,
+    "waiting": -1,
+    "max_seqs": 0,
+    "dp": -1,
+    "owner": 0,
+}
+
+
+def _steps_light_dict(s: Steps) -> dict[str, Any]:
+    """Return the light-agent keys of a Steps that differ from their defaults."""
+    return {k: getattr(s, k) for k, default in _STEPS_LIGHT_DEFAULTS.items() if getattr(s, k) != default}
+
+
+def _graphs_dict(g: GraphCounts) -> dict[str, Any]:
+    d: dict[str, Any] = {"t0": g.t0, "t1": g.t1, "replays": g.replays, "captures": g.captures}
+    if g.dev >= 0:
+        d["dev"] = g.dev
+    if g.uuid:
+        d["uuid"] = g.uuid
+    return d
 
 
 def encode(msg: Message) -> bytes:
@@ -164,6 +221,8 @@ def encode(msg: Message) -> bytes:
         body["steps"] = [_steps_dict(s) for s in msg.steps]
     if msg.sent_dropped:
         body["sent_dropped"] = msg.sent_dropped
+    if msg.graphs is not None:
+        body["graphs"] = _graphs_dict(msg.graphs)
     data = json.dumps(body, separators=(",", ":")).encode()
     if len(data) > MAX_DATAGRAM_BYTES:
         raise WireError(f"message is {len(data)} bytes, over {MAX_DATAGRAM_BYTES}")
@@ -242,7 +301,43 @@ def _steps(d: Any) -> Steps:
         hist=_ints(d, "hist", STEP_BUCKET_COUNT),
         t0=_int(d, "t0", 0),
         t1=_int(d, "t1", 0),
+        **_steps_light(d),
     )
+
+
+def _count(d: Mapping[str, Any], key: str, default: int) -> int:
+    """Return an optional non-negative integer key, or default when it is absent."""
+    value = d.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise WireError(f"{key} is not a non-negative integer")
+    return value
+
+
+def _steps_light(d: Mapping[str, Any]) -> dict[str, int]:
+    """Return the light-agent keys of a steps object (defaults where an older agent sent none)."""
+    return {k: _count(d, k, default) for k, default in _STEPS_LIGHT_DEFAULTS.items()}
+
+
+def _graph_counts(body: Mapping[str, Any]) -> GraphCounts | None:
+    """Return the message's light-hook graph counts, None when it has none."""
+    d = body.get("graphs")
+    if d is None:
+        return None
+    if not isinstance(d, dict):
+        raise WireError("graphs is not an object")
+    g = GraphCounts(
+        t0=_count(d, "t0", 0),
+        t1=_count(d, "t1", 0),
+        replays=_count(d, "replays", 0),
+        captures=_count(d, "captures", 0),
+        dev=_count(d, "dev", -1),
+        uuid=_str(d, "uuid", limit=96),
+    )
+    if g.t1 < g.t0:
+        raise WireError("graphs window ends before it starts")
+    return g
 
 
 def decode(data: bytes) -> Message:
@@ -287,6 +382,7 @@ def decode(data: bytes) -> Message:
         windows=tuple(_window(w) for w in windows_raw),
         steps=tuple(_steps(s) for s in steps_raw),
         sent_dropped=_int(body, "sent_dropped", 0),
+        graphs=_graph_counts(body),
     )
 
 

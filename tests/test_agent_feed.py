@@ -1,6 +1,7 @@
 """The sidecar's agent feed on a real unix datagram socket: merging, unions across processes, states."""
 
 import asyncio
+import os
 import socket
 from pathlib import Path
 
@@ -160,3 +161,99 @@ async def test_restarted_sidecar_replaces_a_stale_socket_file(tmp_path: Path) ->
     finally:
         f.close()
     assert not path.exists()
+
+
+# --- light-agent figures ----------------------------------------------------------------------
+
+
+def light(pid: int, *steps: wire.Steps, graphs: wire.GraphCounts | None = None) -> bytes:
+    return wire.encode(wire.Message(pid=pid, state="running", mode="light", steps=steps, graphs=graphs))
+
+
+def vsteps(n: int, **kw: object) -> wire.Steps:
+    return wire.Steps(engine="vllm", n=n, wall=n * 10 * MS, hist=(n,) + (0,) * 11, **kw)  # type: ignore[arg-type]
+
+
+async def test_light_agent_round_trip_fills_engine_steps_and_graph_use(feed: AgentFeed) -> None:
+    from exporter.agent.light import LightAgent
+    from exporter.agent.settings import Settings
+
+    agent = LightAgent(Settings(socket=feed.cfg.socket, role="vllm_engine", flush_s=0.02))
+    agent.start()
+    try:
+        # a served sequence: (step end ms, running, waiting) read after each 10 ms step
+        for end, running, waiting in ((10, 2, 3), (20, 5, 0), (30, 5, 0), (40, 1, 0)):
+            agent.steps.record(
+                "vllm", T0 + (end - 10) * MS, T0 + end * MS, 5, running, running, waiting, 8, 0
+            )
+        for _ in range(40):
+            await asyncio.sleep(0.01)
+            if feed._steps:
+                break
+        reading = await feed.read()
+    finally:
+        agent.stop()
+    (s,) = reading.steps
+    assert (s.pid, s.steps, s.tokens, s.max_num_seqs, s.dp_rank) == (os.getpid(), 4, 20, 8, 0)
+    assert (s.running, s.waiting) == (1.0, 0.0)
+    assert s.running_seconds == pytest.approx((2 + 5 + 5) * 0.010)  # left rule, request-seconds exactly
+    assert s.waiting_seconds == pytest.approx(3 * 0.010)
+    assert reading.agents[0].mode == "light"
+
+
+def test_steps_are_named_by_engine_core_not_by_kind(tmp_path: Path) -> None:
+    f = AgentFeed(AgentFeedConfig(socket=str(tmp_path / "x.sock")))
+    f.receive(light(100, vsteps(3, running=4, waiting=1, dp=0)))
+    f.receive(light(200, vsteps(5, running=2, waiting=0, dp=0)))  # another engine, same kind and rank
+    f.receive(light(300, vsteps(0, graph=4, eager=1, dp=0, owner=100)))  # a worker of engine 100
+    f.receive(light(100, vsteps(2, running=6, waiting=0, dp=1, t1=5)))  # engine 100's second DP rank
+    by = {(s.pid, s.dp_rank): s for s in f.collect().steps}
+    assert set(by) == {(100, 0), (100, 1), (200, 0)}
+    assert (by[100, 0].steps, by[100, 0].graph_steps, by[100, 0].eager_steps) == (3, 4, 1)
+    assert (by[200, 0].steps, by[200, 0].running, by[200, 0].graph_steps) == (5, 2.0, 0)
+    assert by[100, 1].running == 6.0
+
+
+def test_newest_counts_win_and_implausible_values_are_clamped(tmp_path: Path) -> None:
+    f = AgentFeed(AgentFeedConfig(socket=str(tmp_path / "x.sock")))
+    f.receive(light(1, vsteps(1, running=9, waiting=9, t1=20)))
+    f.receive(light(1, vsteps(1, running=3, waiting=1, t1=10)))  # older, arrived later
+    f.receive(light(1, vsteps(1, running=10**12, waiting=2, t1=30, max_seqs=10**12, graph=10**15)))
+    (s,) = f.collect().steps
+    assert (s.running, s.waiting) == (1_000_000.0, 2.0)
+    assert s.max_num_seqs == 1_000_000 and s.graph_steps == 10_000_000
+    assert f.collect().steps == ()  # handed out once
+
+
+def test_engines_per_agent_are_capped(tmp_path: Path) -> None:
+    from exporter.sources import agent_feed
+
+    f = AgentFeed(AgentFeedConfig(socket=str(tmp_path / "x.sock")))
+    many = tuple(vsteps(1, dp=i) for i in range(agent_feed.MAX_ENGINES_PER_AGENT + 3))
+    f.receive(light(1, *many[:8]))
+    f.receive(light(1, *many[8:]))
+    reading = f.collect()
+    assert len(reading.steps) == agent_feed.MAX_ENGINES_PER_AGENT
+    assert reading.bad_messages == 3
+
+
+def test_graph_use_per_process_sums_windows_and_keeps_the_newest_capture_count(tmp_path: Path) -> None:
+    f = AgentFeed(AgentFeedConfig(socket=str(tmp_path / "x.sock")))
+    f.receive(
+        light(7, graphs=wire.GraphCounts(t0=T0, t1=T0 + 500 * MS, replays=800, captures=67, dev=1, uuid=UUID))
+    )
+    f.receive(
+        light(7, graphs=wire.GraphCounts(t0=T0 + 500 * MS, t1=T0 + 1000 * MS, replays=790, captures=68))
+    )
+    f.receive(light(8, graphs=wire.GraphCounts(t0=T0, t1=T0 + 500 * MS)))  # hooks in, no graph ran
+    g7, g8 = f.collect().graphs
+    assert (g7.pid, g7.gpu, g7.uuid, g7.observed_ns, g7.replays, g7.captures) == (
+        7,
+        1,
+        UUID,
+        1000 * MS,
+        1590,
+        68,
+    )
+    assert (g8.pid, g8.observed_ns, g8.replays, g8.gpu) == (8, 500 * MS, 0, -1)
+    assert f.collect().graphs == ()

@@ -156,3 +156,126 @@ def test_agent_socket_default_is_shared_with_the_sidecar_config() -> None:
     from exporter import config
 
     assert config.AgentFeedConfig().socket == wire.default_agent_socket()
+
+
+# --- light-agent keys -------------------------------------------------------------------------
+
+LIGHT_STEPS = wire.Steps(
+    engine="vllm",
+    n=12,
+    wall=600_000_000,
+    tokens=96,
+    seqs=96,
+    hist=(12,) + (0,) * 11,
+    t0=1,
+    t1=600_000_001,
+    graph=11,
+    eager=1,
+    run_ns=4_800_000_000,
+    wait_ns=1_200_000_000,
+    running=8,
+    waiting=0,
+    max_seqs=256,
+    dp=1,
+    owner=4141,
+)
+
+
+def test_light_steps_and_graph_counts_round_trip() -> None:
+    g = wire.GraphCounts(t0=10, t1=500_000_010, replays=1600, captures=67, dev=2, uuid="GPU-x")
+    msg = wire.Message(pid=4242, state="running", mode="light", steps=(LIGHT_STEPS,), graphs=g)
+    back = wire.decode(wire.encode(msg))
+    assert back.steps == (LIGHT_STEPS,) and back.graphs == g and back.mode == "light"
+
+
+def test_an_older_agents_datagram_decodes_to_the_light_defaults() -> None:
+    old = b'{"v":1,"pid":7,"seq":1,"state":"running","role":"vllm_engine","mode":"steps",' \
+          b'"steps":[{"engine":"vllm","n":3,"wall":9,"gpu":0,"tokens":6,"seqs":6,"measured":0,' \
+          b'"hist":[],"t0":1,"t1":10}]}'  # fmt: skip
+    msg = wire.decode(old)
+    (s,) = msg.steps
+    assert (s.graph, s.eager, s.run_ns, s.running, s.waiting, s.max_seqs, s.dp, s.owner) == (
+        0,
+        0,
+        0,
+        -1,
+        -1,
+        0,
+        -1,
+        0,
+    )
+    assert msg.graphs is None
+
+
+def test_defaults_are_left_off_the_wire_so_old_sidecars_see_the_old_shape() -> None:
+    plain = wire.Steps(engine="vllm", n=1, wall=5)
+    body = json.loads(wire.encode(wire.Message(pid=1, state="running", steps=(plain,))))
+    assert set(body["steps"][0]) == {
+        "engine",
+        "n",
+        "wall",
+        "gpu",
+        "tokens",
+        "seqs",
+        "measured",
+        "hist",
+        "t0",
+        "t1",
+    }
+    assert "graphs" not in body
+
+
+def test_the_previous_decoder_reads_a_light_message() -> None:
+    """Load wire.py as it was before the light keys (git history) and decode a new datagram with it."""
+    import importlib.util
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run(
+        ["git", "-C", str(root), "show", "5f6513a:exporter/wire.py"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    if r.returncode != 0:
+        pytest.skip("git history unavailable")
+    spec = importlib.util.spec_from_loader("old_wire", loader=None)
+    assert spec is not None
+    old = importlib.util.module_from_spec(spec)
+    sys.modules["old_wire"] = old
+    try:
+        exec(compile(r.stdout, "old_wire.py", "exec"), old.__dict__)
+        g = wire.GraphCounts(t0=1, t1=2, replays=3, captures=4, dev=0)
+        data = wire.encode(wire.Message(pid=9, state="running", mode="light", steps=(LIGHT_STEPS,), graphs=g))
+        back = old.decode(data)
+    finally:
+        del sys.modules["old_wire"]
+    (s,) = back.steps
+    assert (back.pid, s.n, s.tokens, s.wall) == (9, 12, 96, 600_000_000)
+
+
+@pytest.mark.parametrize(
+    "patch",
+    [
+        {"graph": -1},
+        {"running": "8"},
+        {"run_ns": 1.5},
+        {"dp": True},
+    ],
+)
+def test_bad_light_step_keys_are_refused(patch: dict) -> None:  # type: ignore[type-arg]
+    body = json.loads(wire.encode(wire.Message(pid=1, state="running", steps=(LIGHT_STEPS,))))
+    body["steps"][0].update(patch)
+    with pytest.raises(wire.WireError):
+        wire.decode(json.dumps(body).encode())
+
+
+@pytest.mark.parametrize(
+    "graphs", [[1, 2], {"t0": 5, "t1": 4}, {"t0": 1, "t1": 2, "replays": -3}, {"uuid": 7}]
+)
+def test_bad_graph_counts_are_refused(graphs: object) -> None:
+    body = {"v": 1, "pid": 1, "state": "running", "graphs": graphs}
+    with pytest.raises(wire.WireError):
+        wire.decode(json.dumps(body).encode())

@@ -153,7 +153,9 @@ def run(conn: Any, overrides: dict[str, Any]) -> None:
         try:
             from exporter import agent
 
-            info["agent"] = agent.start(role="generic")  # before CUDA: GRAPH_TRACE stays possible
+            info["agent"] = agent.start(
+                role="generic", mode="cupti"
+            )  # before CUDA: GRAPH_TRACE stays possible
             a = agent.current()
             if a is not None:
                 info["agent_mode"] = getattr(a, "mode", "")

@@ -11,14 +11,13 @@ from __future__ import annotations
 import collections
 import ctypes
 import os
-import socket
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from exporter import wire
+from exporter.agent import hooks
 from exporter.agent.cuptilib import (
     ATTRIBUTES,
     KIND_CONCURRENT_KERNEL,
@@ -37,77 +36,32 @@ from exporter.agent.cuptilib import (
     parse_attributes,
     walk,
 )
+from exporter.agent.hooks import cuda_initialized, gpu_uuid
+from exporter.agent.sender import Sender
+from exporter.agent.settings import ENV, Settings, _env, _envf
 from exporter.agent.steps import StepTracker
 
-ENV = "BOUNDWATCH_AGENT_"
+__all__ = [
+    "ENV",
+    "Agent",
+    "Settings",
+    "Stats",
+    "_env",
+    "_envf",
+    "cuda_initialized",
+    "gpu_uuid",
+    "graph_trace_safe",
+]
 
 
-def _env(name: str, default: str) -> str:
-    return os.environ.get(ENV + name, default).strip()
+def graph_trace_safe() -> bool:
+    """Return whether enabling GRAPH_TRACE now is safe: no graph can exist yet in this process.
 
-
-def _envf(name: str, default: float) -> float:
-    try:
-        return float(_env(name, str(default)))
-    except ValueError:
-        return default
-
-
-@dataclass
-class Settings:
-    """Agent settings, from BOUNDWATCH_AGENT_* variables."""
-
-    socket: str = ""
-    role: str = "generic"
-    window_s: float = 0.5
-    flush_s: float = 0.5
-    lag_s: float = 1.0
-    buffer_kib: int = 1024  # raw mode copies a buffer in ~0.1 ms; object mode needs <= 256 KiB
-    max_buffers: int = 32  # 32 MiB of host buffers at most
-    batch_mib: int = 1  # buffers decoded together (joining larger batches held the GIL for ms)
-    max_queued_mib: float = 64.0
-    decode: str = "raw"  # raw (ctypes + numpy) | objects (cupti-python record objects) | null (discard)
-    kernels: str = "on"  # off: never enable CONCURRENT_KERNEL (graphs, memcpy and memset only)
-    kinds: str = "kernel,memcpy,memset,graph"  # activity kinds to collect
-    sample_kinds: str = "kernel"  # what sampling switches off: kernel, or all (every kind but GRAPH_TRACE)
-    graph_trace: str = "auto"  # auto: on only if CUDA is not initialised yet | on | off
-    sampling: str = "off"  # off | auto | on (measured on the H200: see exporter/agent/README.md)
-    sample_above: float = 20000.0  # eager kernel records per second that turn auto sampling on
-    sample_on_s: float = 1.0
-    sample_period_s: float = 10.0
-    kernel_trim_ns: int = 680  # CUPTI kernel records are ~680 ns longer than the kernel (H200)
-    cupti: bool = True  # False: engine steps only (vLLM's EngineCore when the workers are elsewhere)
-    cupti_attrs: str = ""  # CUPTI activity attributes, 'name=value,...' (device buffer size, pinned memory)
-    hw_trace: str = "off"  # on: ask CUPTI for hardware event tracing (Blackwell and later; refused elsewhere)
-
-    @classmethod
-    def from_env(cls, **overrides: Any) -> Settings:
-        """Return settings from the environment, with keyword overrides."""
-        s = cls(
-            socket=_env("SOCKET", "") or wire.default_agent_socket(),
-            role=_env("ROLE", "generic"),
-            window_s=_envf("WINDOW_S", 0.5),
-            flush_s=_envf("FLUSH_S", 0.5),
-            lag_s=_envf("LAG_S", 1.0),
-            buffer_kib=int(_envf("BUFFER_KIB", 1024)),
-            max_buffers=int(_envf("MAX_BUFFERS", 32)),
-            kernels=_env("KERNELS", "on"),
-            kinds=_env("KINDS", "kernel,memcpy,memset,graph"),
-            sample_kinds=_env("SAMPLE_KINDS", "kernel"),
-            decode=_env("DECODE", "raw"),
-            graph_trace=_env("GRAPH_TRACE", "auto"),
-            sampling=_env("SAMPLING", "off"),
-            sample_above=_envf("SAMPLE_ABOVE", 20000.0),
-            sample_on_s=_envf("SAMPLE_ON_S", 1.0),
-            sample_period_s=_envf("SAMPLE_PERIOD_S", 10.0),
-            kernel_trim_ns=int(_envf("KERNEL_TRIM_NS", 680)),
-            cupti_attrs=_env("CUPTI_ATTRS", ""),
-            hw_trace=_env("HW_TRACE", "off"),
-        )
-        for key, value in overrides.items():
-            if value is not None:
-                setattr(s, key, value)
-        return s
+    Enabling it after a capture and replaying that graph crashed on the H200. Before CUDA is
+    initialised no graph exists; later, only the light hooks can tell, when they were installed
+    before CUDA was initialised and saw no capture begin since.
+    """
+    return not cuda_initialized() or hooks.graphs_so_far() == "none"
 
 
 @dataclass
@@ -154,38 +108,12 @@ def guard_kineto_teardown() -> str | None:
     return old
 
 
-def cuda_initialized() -> bool:
-    """Return whether CUDA was already initialised in this process (as far as torch can tell)."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return False
-    try:
-        return bool(torch.cuda.is_initialized())
-    except Exception:
-        return True  # unknown: assume late, the safe side for GRAPH_TRACE
-
-
-def gpu_uuid(ordinal: int) -> str:
-    """Return 'GPU-…' for a CUDA device ordinal of this process, through libcuda; '' if unknown."""
-    try:
-        cuda = ctypes.CDLL("libcuda.so.1")
-        dev = ctypes.c_int(0)
-        if cuda.cuDeviceGet(ctypes.byref(dev), ordinal) != 0:
-            return ""
-        raw = (ctypes.c_ubyte * 16)()
-        fn = getattr(cuda, "cuDeviceGetUuid_v2", None) or cuda.cuDeviceGetUuid
-        if fn(raw, dev) != 0:
-            return ""
-        h = bytes(raw).hex()
-        return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
-    except (OSError, AttributeError):
-        return ""
-
-
 class Agent:
     """One process's CUPTI collector and sender."""
 
-    def __init__(self, settings: Settings | None = None) -> None:
+    def __init__(
+        self, settings: Settings | None = None, steps: StepTracker | None = None, sender: Sender | None = None
+    ) -> None:
         self.settings = settings or Settings.from_env()
         self.state = "stopped"
         self.detail = ""
@@ -194,8 +122,12 @@ class Agent:
         self.cupti_attributes: dict[str, int | None] = {}  # read back from CUPTI after start
         self.hw_trace = "off"
         self.stats = Stats()
-        self.steps = StepTracker()
-        self.sent_log: collections.deque[wire.Window] = collections.deque(maxlen=20_000)  # for benchmarks
+        self.steps = steps or StepTracker()
+        self.steps.lag_ns = 1_500_000_000  # steps wait for this process's windows to carry GPU time
+        self.steps.per_step = True
+        self.sender = sender or Sender(self.settings.socket)
+        self.sent_log = self.sender.sent_log  # for benchmarks
+        self.graphs = hooks.GraphReader()
         self._cupti: Any = None
         self._lib: Library | None = None
         self._pool: BufferPool | None = None
@@ -209,8 +141,6 @@ class Agent:
         self._windows: dict[int, Any] = {}
         self._uuids: dict[int, str] = {}
         self._dropped_pending: dict[int, int] = {}
-        self._sock: socket.socket | None = None
-        self._seq = 0
         self._enabled: list[int] = []
         self._graph_trace = False
         self._cb_req: Any = None
@@ -259,11 +189,12 @@ class Agent:
         """Start collecting; return the state ('running' or 'unavailable'), never raise."""
         if self.state == "running":
             return self.state
+        hooks.install()  # the light hooks stay on in the deep mode
         if self.settings.cupti:
+            self.mode = "cupti"  # "cupti:<decode>[+graph_trace]..." once CUPTI has started
             self._try_cupti()
         else:
             self.state, self.mode = "running", "steps"
-        self._open_socket()
         self._stop.clear()
         self._thread = threading.Thread(target=self._loop, name="boundwatch-agent", daemon=True)
         self._thread.start()
@@ -306,7 +237,7 @@ class Agent:
         if s.kernels == "off":
             want.discard("kernel")
         self._graph_trace = "graph" in want and (
-            s.graph_trace == "on" or (s.graph_trace == "auto" and not cuda_initialized())
+            s.graph_trace == "on" or (s.graph_trace == "auto" and graph_trace_safe())
         )
         self._register()
         import exporter.agent.windows  # noqa: F401  (here, not on the agent's thread at its first buffer)
@@ -331,7 +262,7 @@ class Agent:
         self._start_ns = self._now()
         self._spans = [[self._start_ns, None]]
         self._kernel_on = True  # collecting (sampling may switch it off)
-        self.mode = s.decode + ("+graph_trace" if self._graph_trace else "")
+        self.mode = "cupti:" + s.decode + ("+graph_trace" if self._graph_trace else "")
         if KIND_CONCURRENT_KERNEL not in self._base_kinds:
             self.mode += "+no_kernels"  # busy time then misses eager kernels
         if self.hw_trace == "on":
@@ -400,9 +331,7 @@ class Agent:
         self._disable_enabled()
         self.state = "stopped"
         self._send([], force=True, final=True)
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+        self.sender.close()
 
     # --- takeover by torch.profiler ---------------------------------------------------------
 
@@ -764,13 +693,6 @@ class Agent:
 
     # --- sending ---------------------------------------------------------------------------
 
-    def _open_socket(self) -> None:
-        try:
-            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-            self._sock.setblocking(False)
-        except OSError:
-            self._sock = None
-
     def _send(self, windows: list[wire.Window], force: bool = False, final: bool = False) -> None:
         now = time.monotonic_ns()
         steps = self.steps.take(final=final)
@@ -784,12 +706,12 @@ class Agent:
             if len(batches[-1]) >= 2:
                 batches.append([])
             batches[-1].append(w)
+        graphs = self._graph_counts()
         for i, batch in enumerate(batches):
-            self._seq += 1
             msg = wire.Message(
                 pid=os.getpid(),
                 state=self.state,
-                seq=self._seq,
+                seq=self.sender.next_seq(),
                 role=self.settings.role,
                 detail=self.detail,
                 lib=self.lib_text,
@@ -798,24 +720,23 @@ class Agent:
                 windows=tuple(batch),
                 steps=tuple(steps) if i == 0 else (),
                 sent_dropped=self.stats.messages_dropped,
+                graphs=graphs if i == 0 else None,
             )
             self._send_one(msg)
 
-    def _send_one(self, msg: wire.Message) -> None:
-        self.sent_log.extend(msg.windows)
-        try:
-            data = wire.encode(msg)
-        except wire.WireError:
-            import dataclasses
+    def _graph_counts(self) -> wire.GraphCounts | None:
+        win = self.graphs.take()
+        if win is None:
+            return None
+        dev = hooks.device()
+        uuid = self._uuids.get(dev, "") or self.graphs.uuid(dev)
+        return wire.GraphCounts(
+            t0=win.t0, t1=win.t1, replays=win.replays, captures=win.captures, dev=dev, uuid=uuid
+        )
 
-            slim = tuple(dataclasses.replace(w, iv=(), slack=0) for w in msg.windows)
-            data = wire.encode(dataclasses.replace(msg, windows=slim))
-        if self._sock is None:
-            self.stats.messages_dropped += 1
-            return
-        try:
-            self._sock.sendto(data, self.settings.socket)
+    def _send_one(self, msg: wire.Message) -> None:
+        if self.sender.send(msg):
             self.stats.messages_sent += 1
             self.stats.windows_sent += len(msg.windows)
-        except OSError:  # no sidecar, socket full, permissions: drop and count
+        else:
             self.stats.messages_dropped += 1

@@ -1,7 +1,10 @@
 """Ways into inference engines: vLLM and SGLang plugin entry points, and the BOUNDWATCH_AGENT autostart.
 
 Each function is re-entrant, never raises, and does nothing where its target is absent or its
-internals differ from what it expects (checked by attribute, not by version number).
+internals differ from what it expects (checked by attribute, not by version number). Patches are
+applied when their module is imported (exporter.agent.importhook), in whichever process that is:
+under `vllm serve` the plugin loads in the API server before `vllm.v1.engine.core` is imported, and
+the EngineCore forked from it inherits the patched class (it does not load plugins again).
 """
 
 from __future__ import annotations
@@ -12,8 +15,14 @@ import sys
 import time
 from typing import Any
 
+from exporter.agent import hooks
+from exporter.agent.importhook import when_imported
+from exporter.agent.steps import MODE_EAGER, MODE_GRAPH, MODE_UNKNOWN
+
 _patched: set[str] = set()
 _steps_started: list[bool] = []
+_cache: dict[int, tuple[Any, ...]] = {}  # id(engine or runner) -> what its config says (read once)
+MAX_CACHE = 64
 
 
 def _enabled() -> bool:
@@ -29,33 +38,69 @@ def _start(role: str, **settings: Any) -> None:
         pass
 
 
+def _tracker() -> Any:
+    """Return the running agent's StepTracker, or None."""
+    a = sys.modules["exporter.agent"]._agent
+    return None if a is None else a.steps
+
+
+def _cached(obj: Any, read: Any) -> tuple[Any, ...]:
+    key = id(obj)
+    got = _cache.get(key)
+    if got is None:
+        try:
+            got = read(obj)
+        except Exception:
+            got = ()
+        if len(_cache) < MAX_CACHE:
+            _cache[key] = got
+    return got
+
+
+def _int_or(value: Any, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
+
+
+def _mode_of(cg_mode: Any) -> int:
+    """Return MODE_GRAPH / MODE_EAGER for a vLLM CUDAGraphMode (NONE is eager), MODE_UNKNOWN otherwise."""
+    if cg_mode is None:
+        return MODE_UNKNOWN
+    name = getattr(cg_mode, "name", None)
+    if not isinstance(name, str):
+        name = str(cg_mode).rsplit(".", 1)[-1]
+    if name == "NONE":
+        return MODE_EAGER
+    return (
+        MODE_GRAPH
+        if name in ("FULL", "PIECEWISE", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+        else MODE_UNKNOWN
+    )
+
+
 # --- vLLM ---------------------------------------------------------------------------------
 
 
 def vllm_plugin() -> None:
-    """Entry point `vllm.general_plugins`: patch the worker's init_device and EngineCore.step.
+    """Entry point `vllm.general_plugins`: patch workers, EngineCore and the model runners where they load.
 
-    vLLM loads general plugins in its API servers, EngineCore and every GPU worker; the agent
-    starts only where init_device runs (a real GPU worker: a VllmWorker process, or EngineCore
-    with the uni executor), before CUDA is initialised there, so GRAPH_TRACE precedes any graph.
+    vLLM loads general plugins in its API servers, EngineCore and every GPU worker. The agent
+    starts where init_device runs (a real GPU worker) and where an engine core steps; the graph
+    hooks go in at once, so every capture in a worker is seen.
     """
     if not _enabled():
         return
     try:
-        _patch_vllm_worker()
+        hooks.install()
+        for name in ("vllm.v1.worker.worker_base", "vllm.worker.worker_base"):  # 0.11+, 0.10.x
+            when_imported(name, _patch_vllm_worker)
+        when_imported("vllm.v1.engine.core", _patch_vllm_engine_core)
+        when_imported("vllm.v1.worker.gpu.model_runner", _patch_vllm_runner_v2)
+        when_imported("vllm.v1.worker.gpu_model_runner", _patch_vllm_runner_v1)
     except Exception:
         pass
-    try:
-        _patch_vllm_engine_core()
-    except Exception:
-        pass
 
 
-def _patch_vllm_worker() -> None:
-    if "vllm_worker" in _patched:
-        return
-    from vllm.v1.worker import worker_base  # type: ignore[import-not-found]
-
+def _patch_vllm_worker(worker_base: Any) -> None:
     cls = getattr(worker_base, "WorkerWrapperBase", None)
     init_device = getattr(cls, "init_device", None)
     if cls is None or init_device is None or getattr(init_device, "__boundwatch__", False):
@@ -79,27 +124,50 @@ def scheduled_batch(output: Any) -> tuple[int, int]:
     return (tokens if isinstance(tokens, int) else 0), seqs
 
 
-def wrap_step(step: Any, engine: str, batch_of: Any) -> Any:
+def vllm_counts(core: Any) -> tuple[int, int, int, int]:
+    """Return an EngineCore's (running, waiting, batch limit, DP rank); -1 / 0 for what it lacks."""
+    running = waiting = -1
+    counts = getattr(getattr(core, "scheduler", None), "get_request_counts", None)
+    if counts is not None:
+        got = counts()
+        if type(got) is tuple and len(got) == 2:
+            running, waiting = got
+            if type(running) is not int or running < 0:
+                running = -1
+            if type(waiting) is not int or waiting < 0:
+                waiting = -1
+    limit, dp = _cache.get(id(core)) or _cached(core, _vllm_limits) or (0, -1)
+    return running, waiting, limit, dp
+
+
+def _vllm_limits(core: Any) -> tuple[int, int]:
+    cfg = getattr(core, "vllm_config", None)
+    sched_cfg = getattr(cfg, "scheduler_config", None) or getattr(
+        getattr(core, "scheduler", None), "scheduler_config", None
+    )
+    limit = _int_or(getattr(sched_cfg, "max_num_seqs", None), 0)
+    active = _int_or(getattr(sched_cfg, "max_num_active_seqs", None), 0)
+    if active and (not limit or active < limit):
+        limit = active  # the tighter cap, where 0.33's max_num_active_seqs is set
+    dp = _int_or(getattr(getattr(cfg, "parallel_config", None), "data_parallel_rank", None), -1)
+    return limit, dp
+
+
+def wrap_step(step: Any, engine: str, batch_of: Any, counts_of: Any = None) -> Any:
     """Return step wrapped to time each call that ran the model, with the same arguments and result."""
 
     @functools.wraps(step)
     def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
+        tracker = _tracker()
+        if tracker is not None:
+            tracker.engine_here = True  # before the step: mode counts made inside it are this engine's
         t0 = time.time_ns()
         result = step(self, *args, **kwargs)
         t1 = time.time_ns()
         try:
             executed = result[1] if isinstance(result, tuple) and len(result) == 2 else True
             if executed is not False:
-                tokens, seqs = batch_of(self)
-                from exporter import agent
-
-                a = agent.current()
-                if a is None and not _steps_started:
-                    _steps_started.append(True)  # once: only a process that really steps gets an agent
-                    _start(f"{engine}_engine", cupti=False)
-                    a = agent.current()
-                if a is not None:
-                    a.steps.record(engine, t0, t1, tokens, seqs)
+                _record_step(self, engine, t0, t1, batch_of, counts_of)
         except Exception:
             pass
         return result
@@ -108,22 +176,56 @@ def wrap_step(step: Any, engine: str, batch_of: Any) -> Any:
     return wrapped
 
 
-def _patch_vllm_engine_core() -> None:
-    if "vllm_engine" in _patched:
+def _record_step(core: Any, engine: str, t0: int, t1: int, batch_of: Any, counts_of: Any) -> None:
+    tokens, seqs = batch_of(core)
+    tracker = _tracker()
+    if tracker is None and not _steps_started:
+        _steps_started.append(True)  # once: only a process that really steps gets an agent
+        _start(f"{engine}_engine", mode="light")
+        tracker = _tracker()
+    if tracker is None:
         return
-    core_mod = sys.modules.get("vllm.v1.engine.core")
-    if core_mod is None:
-        return  # not in an EngineCore process: nothing to count here
-    engine_core = getattr(core_mod, "EngineCore", None)
-    if engine_core is None:
-        return
-    from vllm.v1.core.sched import scheduler as sched_mod  # type: ignore[import-not-found]
+    tracker.engine_here = True
+    if counts_of is None:
+        tracker.record(engine, t0, t1, tokens, seqs)
+    else:
+        tracker.record(engine, t0, t1, tokens, seqs, *counts_of(core))
 
-    sched_cls = getattr(sched_mod, "Scheduler", None)
-    schedule = getattr(sched_cls, "schedule", None)
-    if sched_cls is None or schedule is None:
+
+def _patch_vllm_engine_core(core_mod: Any) -> None:
+    engine_core = getattr(core_mod, "EngineCore", None)
+    if engine_core is None or "vllm_engine" in _patched:
         return
     last: dict[int, tuple[int, int]] = {}
+
+    def batch_of(core: Any) -> tuple[int, int]:
+        return last.pop(0, (0, 0))
+
+    def step_wrapper(fn: Any) -> Any:
+        counted = wrap_step(fn, "vllm", batch_of, vllm_counts)
+
+        @functools.wraps(fn)
+        def first_patch_scheduler(self: Any, *args: Any, **kwargs: Any) -> Any:
+            _patch_schedule(type(getattr(self, "scheduler", None)), last)  # once per scheduler class
+            return counted(self, *args, **kwargs)
+
+        first_patch_scheduler.__boundwatch__ = True  # type: ignore[attr-defined]
+        return first_patch_scheduler
+
+    patched_any = False
+    for name in ("step", "step_with_batch_queue"):
+        fn = engine_core.__dict__.get(name)
+        if fn is not None and not getattr(fn, "__boundwatch__", False):
+            setattr(engine_core, name, step_wrapper(fn))
+            patched_any = True
+    if patched_any:
+        _patched.add("vllm_engine")  # the light agent starts at the first step (EngineCore only)
+
+
+def _patch_schedule(sched_cls: Any, last: dict[int, tuple[int, int]]) -> None:
+    schedule = getattr(sched_cls, "schedule", None)
+    if sched_cls is None or schedule is None or getattr(schedule, "__boundwatch__", False):
+        return
 
     @functools.wraps(schedule)
     def schedule_wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -134,34 +236,235 @@ def _patch_vllm_engine_core() -> None:
             pass
         return output
 
-    def batch_of(_core: Any) -> tuple[int, int]:
-        return last.pop(0, (0, 0))
+    schedule_wrapped.__boundwatch__ = True  # type: ignore[attr-defined]
+    sched_cls.schedule = schedule_wrapped
 
-    patched_any = False
-    for name in ("step", "step_with_batch_queue"):
-        fn = getattr(engine_core, name, None)
-        if fn is not None and not getattr(fn, "__boundwatch__", False):
-            setattr(engine_core, name, wrap_step(fn, "vllm", batch_of))
-            patched_any = True
-    if patched_any:
-        schedule_wrapped.__boundwatch__ = True  # type: ignore[attr-defined]
-        sched_cls.schedule = schedule_wrapped
-        _patched.add("vllm_engine")  # the steps-only agent starts at the first step (EngineCore only)
+
+def _vllm_runner_place(runner: Any) -> tuple[bool, int]:
+    """Return (whether this runner speaks for its step: TP rank 0, first PP stage; its DP rank)."""
+    ps = sys.modules.get("vllm.distributed.parallel_state")
+    first = True
+    for group, attr, want in (("get_tp_group", "rank_in_group", 0), ("get_pp_group", "is_first_rank", True)):
+        try:
+            value = getattr(getattr(ps, group)(), attr)
+            first = first and value == want
+        except Exception:
+            pass
+    dp = getattr(runner, "dp_rank", None)
+    if not isinstance(dp, int):
+        cfg = getattr(getattr(runner, "vllm_config", None), "parallel_config", None) or getattr(
+            runner, "parallel_config", None
+        )
+        dp = getattr(cfg, "data_parallel_rank", None)
+    return first, _int_or(dp, -1)
+
+
+def _count_runner_mode(runner: Any, mode: int) -> None:
+    if mode == MODE_UNKNOWN:
+        return
+    first, dp = _cached(runner, _vllm_runner_place) or (True, -1)
+    tracker = _tracker()
+    if first and tracker is not None:
+        tracker.count_mode("vllm", dp, mode == MODE_GRAPH)
+
+
+def _wrap_execute(cls: Any, slot: list[Any], skip_dummy: bool) -> None:
+    execute = cls.__dict__.get("execute_model")
+    if execute is None or getattr(execute, "__boundwatch__", False):
+        return
+
+    @functools.wraps(execute)
+    def execute_model(self: Any, *args: Any, **kwargs: Any) -> Any:
+        slot[0] = None
+        result = execute(self, *args, **kwargs)
+        try:
+            mode = slot[0]
+            dummy = kwargs.get("dummy_run", args[2] if len(args) > 2 else False) if skip_dummy else False
+            if mode is not None and dummy is not True:
+                _count_runner_mode(self, _mode_of(mode))
+        except Exception:
+            pass
+        return result
+
+    execute_model.__boundwatch__ = True  # type: ignore[attr-defined]
+    cls.execute_model = execute_model
+
+
+def _patch_vllm_runner_v2(mod: Any) -> None:
+    """V2 runner (0.33's default): dispatch_cg_and_sync_dp returns (descriptor with cg_mode, DP state)."""
+    cls = getattr(mod, "GPUModelRunner", None)
+    dispatch = getattr(mod, "dispatch_cg_and_sync_dp", None)
+    if cls is None or dispatch is None or getattr(dispatch, "__boundwatch__", False):
+        return
+    slot: list[Any] = [None]
+
+    @functools.wraps(dispatch)
+    def dispatch_seen(*args: Any, **kwargs: Any) -> Any:
+        result = dispatch(*args, **kwargs)
+        try:
+            slot[0] = getattr(result[0], "cg_mode", None)
+        except Exception:
+            pass
+        return result
+
+    dispatch_seen.__boundwatch__ = True  # type: ignore[attr-defined]
+    mod.dispatch_cg_and_sync_dp = dispatch_seen  # the runner's own global (it imported the name)
+    _wrap_execute(cls, slot, skip_dummy=True)
+    _patched.add("vllm_runner_v2")
+
+
+def _patch_vllm_runner_v1(mod: Any) -> None:
+    """V1 runner: _determine_batch_execution_and_padding returns (CUDAGraphMode, descriptor, ...)."""
+    cls = getattr(mod, "GPUModelRunner", None)
+    determine = getattr(cls, "_determine_batch_execution_and_padding", None)
+    if cls is None or determine is None or getattr(determine, "__boundwatch__", False):
+        return
+    slot: list[Any] = [None]
+
+    @functools.wraps(determine)
+    def determine_seen(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = determine(self, *args, **kwargs)
+        try:
+            slot[0] = result[0]
+        except Exception:
+            pass
+        return result
+
+    determine_seen.__boundwatch__ = True  # type: ignore[attr-defined]
+    cls._determine_batch_execution_and_padding = determine_seen
+    _wrap_execute(cls, slot, skip_dummy=False)  # dummy runs call the dispatch outside execute_model
+    _patched.add("vllm_runner_v1")
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_steps_started.clear)  # a forked engine core starts its own agent
 
 
 # --- SGLang -------------------------------------------------------------------------------
 
+SGLANG_SCHEDULER = "sglang.srt.managers.scheduler"
+SGLANG_RUNNER = "sglang.srt.model_executor.model_runner"
+
 
 def sglang_plugin() -> None:
-    """Entry point `sglang.srt.plugins`: start the agent in the scheduler process (SGLang's GPU worker)."""
+    """Entry point `sglang.srt.plugins`: in the scheduler process (SGLang's GPU worker) start the agent
+    and hook the scheduler's run_batch and the model runner's forward (HookRegistry where it exists)."""
     if not _enabled():
         return
     frame = sys._getframe(1)
     while frame is not None:  # loaded from run_scheduler_process: the scheduler, SGLang's GPU worker
         if frame.f_code.co_name == "run_scheduler_process":
+            try:
+                hooks.install()
+                _hook_sglang()
+            except Exception:
+                pass
             _start("sglang_scheduler")
             return
         frame = frame.f_back  # type: ignore[assignment]
+
+
+def _hook_sglang() -> None:
+    if "sglang" in _patched:
+        return
+    _patched.add("sglang")
+    try:
+        from sglang.srt.plugins.hook_registry import HookRegistry, HookType  # type: ignore[import-not-found]
+    except Exception:
+        HookRegistry = None  # older SGLang: patch the classes where they load
+    if HookRegistry is not None:
+        HookRegistry.register(f"{SGLANG_SCHEDULER}.Scheduler.run_batch", sglang_run_batch, HookType.AROUND)
+        HookRegistry.register(f"{SGLANG_RUNNER}.ModelRunner._forward_raw", sglang_forward_raw, HookType.AFTER)
+        return
+    when_imported(
+        SGLANG_SCHEDULER, lambda m: _wrap_around(getattr(m, "Scheduler", None), "run_batch", sglang_run_batch)
+    )
+    when_imported(
+        SGLANG_RUNNER,
+        lambda m: _wrap_after(getattr(m, "ModelRunner", None), "_forward_raw", sglang_forward_raw),
+    )
+
+
+def _wrap_around(cls: Any, name: str, hook: Any) -> None:
+    fn = getattr(cls, name, None)
+    if fn is None or getattr(fn, "__boundwatch__", False):
+        return
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return hook(fn, *args, **kwargs)
+
+    wrapper.__boundwatch__ = True  # type: ignore[attr-defined]
+    setattr(cls, name, wrapper)
+
+
+def _wrap_after(cls: Any, name: str, hook: Any) -> None:
+    fn = getattr(cls, name, None)
+    if fn is None or getattr(fn, "__boundwatch__", False):
+        return
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        result = fn(*args, **kwargs)
+        hook(result, *args, **kwargs)
+        return result
+
+    wrapper.__boundwatch__ = True  # type: ignore[attr-defined]
+    setattr(cls, name, wrapper)
+
+
+def _sglang_place(obj: Any) -> tuple[bool, int]:
+    """Return (whether this rank speaks for its steps: attention-TP rank 0; its DP rank)."""
+    mod = sys.modules.get(SGLANG_SCHEDULER)
+    parallel = None
+    try:
+        parallel = mod.get_parallel()  # type: ignore[union-attr]
+    except Exception:
+        pass
+    rank = getattr(parallel, "attn_tp_rank", getattr(parallel, "tp_rank", getattr(obj, "tp_rank", 0)))
+    dp = getattr(parallel, "dp_rank", getattr(obj, "dp_rank", None))
+    return rank in (0, None), _int_or(dp, 0)
+
+
+def sglang_run_batch(original: Any, self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND hook on Scheduler.run_batch: time the batch and read the scheduler's counts."""
+    t0 = time.time_ns()
+    result = original(self, batch, *args, **kwargs)
+    t1 = time.time_ns()
+    try:
+        first, dp = _cached(self, _sglang_place) or (True, 0)
+        tracker = _tracker()
+        if first and tracker is not None:
+            tracker.engine_here = True
+            reqs = getattr(batch, "reqs", None) or ()
+            seqs = len(reqs)
+            mode = getattr(batch, "forward_mode", None)
+            decode = bool(getattr(mode, "is_decode", lambda: False)())
+            tokens = seqs if decode else _int_or(getattr(batch, "extend_num_tokens", None), seqs)
+            running_batch = getattr(self, "running_batch", None)
+            running = len(getattr(running_batch, "reqs", None) or ())
+            if batch is not running_batch:
+                running += seqs  # a prefill batch joins the running batch after it runs
+            waiting = len(getattr(self, "waiting_queue", None) or ())
+            limit = _int_or(getattr(self, "max_running_requests", None), 0)
+            tracker.record("sglang", t0, t1, tokens, seqs, running, waiting, limit, dp)
+    except Exception:
+        pass
+    return result
+
+
+def sglang_forward_raw(result: Any, self: Any, *args: Any, **kwargs: Any) -> None:
+    """AFTER hook on ModelRunner._forward_raw: count the forward's graph mode (ModelRunnerOutput.can_run_graph)."""
+    try:
+        can = getattr(result, "can_run_graph", None)
+        if not isinstance(can, bool) or getattr(self, "is_draft_worker", False):
+            return
+        first, dp = _cached(self, _sglang_place) or (True, 0)
+        tracker = _tracker()
+        if first and tracker is not None:
+            tracker.count_mode("sglang", dp, can)
+    except Exception:
+        pass
 
 
 # --- any Python process --------------------------------------------------------------------
@@ -170,42 +473,20 @@ def sglang_plugin() -> None:
 def autostart() -> None:
     """Called by boundwatch_agent.pth: start the agent when BOUNDWATCH_AGENT is set, else do nothing.
 
-    BOUNDWATCH_AGENT=1 starts it once torch is imported (before any CUDA work, so GRAPH_TRACE
-    precedes any graph), =now at interpreter start-up. Spawned children inherit the variable and
-    run site again, so activation never depends on __main__.
+    BOUNDWATCH_AGENT=1 (light) or =cupti starts it once torch is imported (before any CUDA work:
+    the graph hooks see every capture, and GRAPH_TRACE stays possible), =now at interpreter
+    start-up. Spawned children inherit the variable and run site again, so activation never
+    depends on __main__.
     """
     value = os.environ.get("BOUNDWATCH_AGENT", "").strip().lower()
     if value in {"", "0", "off", "false", "no"}:
         return
-    if value == "now" or "torch" in sys.modules:
-        _start(os.environ.get("BOUNDWATCH_AGENT_ROLE", "generic"))
+    role = os.environ.get("BOUNDWATCH_AGENT_ROLE", "generic")
+    hooks.install()
+    if value == "now":
+        _start(role)
         return
-    sys.meta_path.insert(0, _TorchImportHook())
-
-
-class _TorchImportHook:
-    """Start the agent right after `import torch` finishes; finds nothing itself."""
-
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name != "torch":
-            return None
-        try:
-            sys.meta_path.remove(self)
-        except ValueError:
-            return None
-        import importlib.util
-
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.loader is None:
-            return spec
-        original_exec = spec.loader.exec_module  # type: ignore[union-attr]
-
-        def exec_module(module: Any) -> None:
-            original_exec(module)
-            _start(os.environ.get("BOUNDWATCH_AGENT_ROLE", "generic"))
-
-        spec.loader.exec_module = exec_module  # type: ignore[method-assign,union-attr]
-        return spec
+    when_imported("torch", lambda _torch: _start(role))
 
 
 PTH_NAME = "boundwatch_agent.pth"

@@ -1,9 +1,17 @@
-"""Engine steps counted and timed inside the engine, with the GPU busy time inside each step."""
+"""Engine steps counted and timed inside the engine, with the scheduler's counts and the step's graph mode.
+
+Steps are keyed by (engine, DP rank) inside one process, and the process's pid names the engine
+core on the wire, so two engines never merge. Running and waiting requests are integrated between
+steps by the left rule (the counts read after one step hold until the next), so the sidecar gets
+request-seconds exactly. Where a step's CUDA-graph mode is decided in another process (vLLM's GPU
+workers), that process sends mode counts alone, owned by its parent (the engine core).
+"""
 
 from __future__ import annotations
 
 import bisect
 import collections
+import os
 import threading
 import time
 from typing import Any
@@ -13,10 +21,15 @@ from exporter.analysis.intervals import WindowSummary
 
 STEP_BOUNDS_NS = tuple(round(b * 1e9) for b in wire.STEP_BUCKETS_SECONDS)
 MAX_STEPS = 100_000
+MAX_KEYS = 16  # (engine, dp) pairs one process reports at most
+
+# step list slots
+_ENGINE, _T0, _T1, _TOKENS, _GPU, _SEQS, _RUN, _WAIT, _RUNNING, _WAITING, _MAXSEQS, _DP, _MODE = range(13)
+MODE_UNKNOWN, MODE_GRAPH, MODE_EAGER = 0, 1, 2
 
 
 class StepTracker:
-    """Collect (engine, start, end, tokens) per step; add GPU busy ns as windows close; hand out totals."""
+    """Collect steps per (engine, DP rank); add GPU busy ns as windows close; hand out totals."""
 
     def __init__(self) -> None:
         self._steps: collections.deque[list[Any]] = collections.deque(maxlen=MAX_STEPS)
@@ -24,10 +37,76 @@ class StepTracker:
         self._ready_until = 0
         self._gpu_seen = False  # a window of a device closed here: step GPU time is measured
         self.lag_ns = 1_500_000_000  # when no window of this process closes (GPU work elsewhere)
+        self._last: dict[tuple[str, int], tuple[int, int, int]] = {}  # key -> (t, running, waiting)
+        self._modes: dict[tuple[str, int], list[int]] = {}  # key -> [graph, eager], counted elsewhere
+        self.engine_here = False  # this process runs an engine core's steps (mode counts are its own)
+        # per_step: keep every step until this process's windows close (CUPTI attaches GPU time to it);
+        # else (the light agent) fold each step into cumulative totals at once: O(1) on the engine's
+        # thread, written only there, and read as differences on the agent's thread (no lock)
+        self.per_step = True
+        self._cum: dict[tuple[str, int], tuple[int, ...]] = {}
+        self._hist: dict[tuple[str, int], list[int]] = {}
+        self._taken: dict[tuple[str, int], tuple[tuple[int, ...], list[int]]] = {}
+        self._modes_taken: dict[tuple[str, int], tuple[int, int]] = {}
 
-    def record(self, engine: str, t0: int, t1: int, tokens: int = 0, seqs: int = 0) -> None:
-        """Record one step (CLOCK_REALTIME ns, CUPTI's clock); cheap, called on the engine's thread."""
-        self._steps.append([engine, t0, t1, tokens, 0, seqs])
+    def record(
+        self,
+        engine: str,
+        t0: int,
+        t1: int,
+        tokens: int = 0,
+        seqs: int = 0,
+        running: int = -1,
+        waiting: int = -1,
+        max_seqs: int = 0,
+        dp: int = -1,
+        mode: int = MODE_UNKNOWN,
+    ) -> None:
+        """Record one step (CLOCK_REALTIME ns) with the counts read after it; cheap, on the engine's thread."""
+        run_ns = wait_ns = 0
+        if running >= 0 or waiting >= 0:
+            key = (engine, dp)
+            prev = self._last.get(key)
+            if prev is not None:
+                dt = t1 - prev[0]
+                if dt > 0:
+                    if prev[1] > 0:
+                        run_ns = prev[1] * dt
+                    if prev[2] > 0:
+                        wait_ns = prev[2] * dt
+                self._last[key] = (t1, running, waiting)
+            elif len(self._last) < MAX_KEYS:
+                self._last[key] = (t1, running, waiting)
+        if self.per_step:
+            self._steps.append(
+                [engine, t0, t1, tokens, 0, seqs, run_ns, wait_ns, running, waiting, max_seqs, dp, mode]
+            )
+            return
+        key = (engine, dp)
+        c = self._cum.get(key)
+        if c is None:
+            if len(self._cum) >= MAX_KEYS:
+                return
+            c = (0, 0, 0, 0, 0, 0, 0, 0, t0, t1, -1, -1, 0)
+            self._hist[key] = [0] * (len(STEP_BOUNDS_NS) + 1)
+        wall = t1 - t0
+        self._hist[key][bisect.bisect_left(STEP_BOUNDS_NS, wall)] += 1
+        # one tuple per step, stored at once: the agent's thread reads a consistent total
+        self._cum[key] = (
+            c[0] + 1, c[1] + wall, c[2] + tokens, c[3] + seqs, c[4] + run_ns, c[5] + wait_ns,
+            c[6] + (mode == MODE_GRAPH), c[7] + (mode == MODE_EAGER), c[8], t1,
+            running, waiting, max_seqs or c[12],
+        )  # fmt: skip
+
+    def count_mode(self, engine: str, dp: int, graph: bool) -> None:
+        """Count one step's CUDA-graph mode where the step itself is counted elsewhere (a GPU worker)."""
+        key = (engine, dp)
+        m = self._modes.get(key)
+        if m is None:
+            if len(self._modes) >= MAX_KEYS:
+                return
+            m = self._modes[key] = [0, 0]
+        m[0 if graph else 1] += 1  # written on this thread only; the agent's thread reads differences
 
     def attach_gpu(self, summary: WindowSummary, dev: int) -> None:
         """Add the busy time of one closed window to the steps that overlap it."""
@@ -53,41 +132,127 @@ class StepTracker:
 
         with self._lock:
             for step in self._steps:
-                a, b = max(step[1], summary.t0), min(step[2], summary.t1)
+                a, b = max(step[_T0], summary.t0), min(step[_T1], summary.t1)
                 if b > a:
-                    step[4] += busy_before(b) - busy_before(a)
+                    step[_GPU] += busy_before(b) - busy_before(a)
 
     def take(self, final: bool = False) -> list[wire.Steps]:
-        """Return per-engine totals of the steps whose windows have closed (all of them when final)."""
-        if not self._steps:
-            return []
-        ready_until = self._ready_until or (time.time_ns() - self.lag_ns)
-        totals: dict[str, list[Any]] = {}
-        with self._lock:
-            while self._steps and (final or self._steps[0][2] <= ready_until):
-                engine, t0, t1, tokens, gpu, seqs = self._steps.popleft()
-                tot = totals.setdefault(engine, [0, 0, 0, 0, [0] * (len(STEP_BOUNDS_NS) + 1), t0, t1, 0])
-                wall = t1 - t0
-                tot[0] += 1
-                tot[1] += wall
-                tot[2] += gpu
-                tot[3] += tokens
-                tot[4][bisect.bisect_left(STEP_BOUNDS_NS, wall)] += 1
-                tot[5] = min(tot[5], t0)
-                tot[6] = max(tot[6], t1)
-                tot[7] += seqs
-        return [
-            wire.Steps(
-                engine=e,
-                n=t[0],
-                wall=t[1],
-                gpu=t[2],
-                tokens=t[3],
-                seqs=t[7],
-                hist=tuple(t[4]),
-                t0=t[5],
-                t1=t[6],
-                measured=1 if self._gpu_seen else 0,
+        """Return per-(engine, DP rank) totals of the steps whose windows have closed (all when final)."""
+        modes = self._take_modes()
+        totals: dict[tuple[str, int], dict[str, Any]] = {}
+        if self._steps:
+            ready_until = self._ready_until or (time.time_ns() - self.lag_ns)
+            with self._lock:
+                while self._steps and (final or self._steps[0][_T1] <= ready_until):
+                    self._add(totals, self._steps.popleft())
+        out = [self._steps_of(key, t) for key, t in totals.items()]
+        out += self._take_cumulative()
+        owner = 0 if self.engine_here else os.getppid()
+        for key, (graph, eager) in modes.items():
+            i = next((j for j, st in enumerate(out) if (st.engine, st.dp) == key), -1)
+            if owner == 0 and i >= 0:
+                out[i] = _with_modes(out[i], graph, eager)
+            else:
+                out.append(
+                    wire.Steps(engine=key[0], n=0, wall=0, dp=key[1], graph=graph, eager=eager, owner=owner)
+                )
+        return out
+
+    def _take_modes(self) -> dict[tuple[str, int], tuple[int, int]]:
+        out: dict[tuple[str, int], tuple[int, int]] = {}
+        for key, m in list(self._modes.items()):
+            graph, eager = m[0], m[1]
+            g0, e0 = self._modes_taken.get(key, (0, 0))
+            if graph > g0 or eager > e0:
+                self._modes_taken[key] = (graph, eager)
+                out[key] = (graph - g0, eager - e0)
+        return out
+
+    def _take_cumulative(self) -> list[wire.Steps]:
+        """Return what the cumulative totals gained since the last take (the light path)."""
+        out: list[wire.Steps] = []
+        for key, c in list(self._cum.items()):
+            hist = list(self._hist[key])
+            prev, prev_hist = self._taken.get(key, ((0,) * 13, [0] * len(hist)))
+            if c[0] == prev[0]:
+                continue
+            self._taken[key] = (c, hist)
+            out.append(
+                wire.Steps(
+                    engine=key[0],
+                    n=c[0] - prev[0],
+                    wall=c[1] - prev[1],
+                    tokens=c[2] - prev[2],
+                    seqs=c[3] - prev[3],
+                    run_ns=c[4] - prev[4],
+                    wait_ns=c[5] - prev[5],
+                    graph=c[6] - prev[6],
+                    eager=c[7] - prev[7],
+                    hist=tuple(max(0, a - b) for a, b in zip(hist, prev_hist, strict=True)),
+                    t0=prev[9] if prev[0] else c[8],  # from the previous take's newest step end
+                    t1=c[9],
+                    running=c[10],
+                    waiting=c[11],
+                    max_seqs=c[12],
+                    dp=key[1],
+                    measured=1 if self._gpu_seen else 0,
+                )
             )
-            for e, t in totals.items()
-        ]
+        return out
+
+    @staticmethod
+    def _add(totals: dict[tuple[str, int], dict[str, Any]], step: list[Any]) -> None:
+        key = (step[_ENGINE], step[_DP])
+        t = totals.get(key)
+        if t is None:
+            t = totals[key] = {
+                "n": 0, "wall": 0, "gpu": 0, "tokens": 0, "seqs": 0, "run": 0, "wait": 0, "graph": 0,
+                "eager": 0, "hist": [0] * (len(STEP_BOUNDS_NS) + 1), "t0": step[_T0], "t1": step[_T1],
+                "running": -1, "waiting": -1, "max_seqs": 0,
+            }  # fmt: skip
+        wall = step[_T1] - step[_T0]
+        t["n"] += 1
+        t["wall"] += wall
+        t["gpu"] += step[_GPU]
+        t["tokens"] += step[_TOKENS]
+        t["seqs"] += step[_SEQS]
+        t["run"] += step[_RUN]
+        t["wait"] += step[_WAIT]
+        t["graph"] += step[_MODE] == MODE_GRAPH
+        t["eager"] += step[_MODE] == MODE_EAGER
+        t["hist"][bisect.bisect_left(STEP_BOUNDS_NS, wall)] += 1
+        t["t0"] = min(t["t0"], step[_T0])
+        if step[_T1] >= t["t1"]:
+            t["t1"] = step[_T1]
+            if step[_RUNNING] >= 0 or step[_WAITING] >= 0:
+                t["running"], t["waiting"] = step[_RUNNING], step[_WAITING]
+        if step[_MAXSEQS]:
+            t["max_seqs"] = step[_MAXSEQS]
+
+    def _steps_of(self, key: tuple[str, int], t: dict[str, Any]) -> wire.Steps:
+        return wire.Steps(
+            engine=key[0],
+            n=t["n"],
+            wall=t["wall"],
+            gpu=t["gpu"],
+            tokens=t["tokens"],
+            seqs=t["seqs"],
+            hist=tuple(t["hist"]),
+            t0=t["t0"],
+            t1=t["t1"],
+            measured=1 if self._gpu_seen else 0,
+            graph=t["graph"],
+            eager=t["eager"],
+            run_ns=t["run"],
+            wait_ns=t["wait"],
+            running=t["running"],
+            waiting=t["waiting"],
+            max_seqs=t["max_seqs"],
+            dp=key[1],
+        )
+
+
+def _with_modes(s: wire.Steps, graph: int, eager: int) -> wire.Steps:
+    import dataclasses
+
+    return dataclasses.replace(s, graph=s.graph + graph, eager=s.eager + eager)

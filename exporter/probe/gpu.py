@@ -472,7 +472,7 @@ def start_agent() -> dict[str, Any]:
     if start is None:
         return {"attached": False, "detail": "exporter.agent has no start()"}
     try:
-        res = start()
+        res = start(mode="cupti")
     except Exception as exc:
         return {"attached": False, "detail": f"exporter.agent.start() failed: {type(exc).__name__}: {exc}"}
     ok = res == "running" if isinstance(res, str) else bool(res)

@@ -80,10 +80,11 @@ class GraphUse:
     """CUDA-graph use seen by the light agent (Python hooks, no CUPTI) in one process since the last tick."""
 
     pid: int  # the agent process (never a label)
-    gpu: int  # NVML index of the process's device, -1 when unknown
+    gpu: int  # CUDA ordinal of the process's device as the agent reports it, -1 when unknown (resolve uuid)
     observed_ns: int  # wall time these counts cover
     replays: int = 0  # torch.cuda.CUDAGraph.replay calls (pieces, not steps, under vLLM PIECEWISE)
     captures: int = 0  # graphs captured in the process so far (cumulative)
+    uuid: str = ""  # the device's GPU UUID, '' until CUDA is initialised in the process
 
 
 @dataclass(frozen=True)

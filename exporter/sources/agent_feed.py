@@ -21,11 +21,18 @@ from dataclasses import dataclass, field
 from exporter import wire
 from exporter.analysis import intervals
 from exporter.config import AgentFeedConfig
-from exporter.snapshot.agent import AgentReading, AgentState, EngineSteps, GpuActivity
+from exporter.snapshot.agent import AgentReading, AgentState, EngineSteps, GpuActivity, GraphUse
 from exporter.sources.base import SourceUnavailable
 
 MAX_PENDING_WINDOWS = 4096
 FORGET_AFTER_STALE = 12  # forget an agent after this many stale periods
+# light-agent figures, bounded at the edge
+MAX_STEPS_PER_MESSAGE = 16  # steps entries read from one datagram (an agent sends at most 8)
+MAX_ENGINES_PER_AGENT = 8  # (engine, DP rank) pairs per engine-core pid in one tick
+MAX_ENGINES = 64  # engine entries per tick in all
+MAX_GRAPH_PROCESSES = 256  # processes with graph counts per tick
+MAX_REQUESTS = 1_000_000  # running / waiting / batch limit above this are not plausible
+MAX_COUNT = 10_000_000  # steps, replays or captures per message above this are not plausible
 
 
 @dataclass
@@ -72,7 +79,8 @@ class AgentFeed:
         # (gpu key, t0) -> (first arrival, {pid: (window, uuid)})
         self._pending: dict[tuple[str, int], tuple[float, dict[int, tuple[wire.Window, str]]]] = {}
         self._gpus: dict[str, _Gpu] = {}
-        self._steps: list[wire.Steps] = []
+        self._steps: list[tuple[int, wire.Steps]] = []  # (message pid, steps)
+        self._graphs: dict[int, list[int | str]] = {}  # pid -> [observed ns, replays, captures, dev, uuid]
         self._messages = 0
         self._bad = 0
         self.last_error = ""
@@ -121,9 +129,13 @@ class AgentFeed:
             _, by_pid = self._pending.setdefault((key, w.t0), (now, {}))
             by_pid[msg.pid] = (w, uuid)
             self._gpus.setdefault(key, _Gpu()).fallback_dev = w.dev
-        self._steps.extend(msg.steps)
+        if len(msg.steps) > MAX_STEPS_PER_MESSAGE:
+            self._bad += 1
+        self._steps.extend((msg.pid, st) for st in msg.steps[:MAX_STEPS_PER_MESSAGE])
         if len(self._steps) > 10_000:
             del self._steps[:-10_000]
+        if msg.graphs is not None:
+            self._take_graphs(msg.pid, msg.graphs)
 
     async def read(self) -> AgentReading:
         """Return what the agents reported since the last read, merged per GPU."""
@@ -165,6 +177,7 @@ class AgentFeed:
             activity=tuple(sorted(activity, key=lambda a: (a.uuid, a.gpu))),
             agents=agents,
             steps=steps,
+            graphs=self._graph_uses(),
             messages=self._messages,
             bad_messages=self._bad,
         )
@@ -233,35 +246,54 @@ class AgentFeed:
             processes=processes,
         )
 
-    def _merge_steps(self) -> tuple[EngineSteps, ...]:
-        by_engine: dict[str, list[int]] = {}
-        hists: dict[str, list[int]] = {}
-        measured: dict[str, bool] = {}
-        for s in self._steps:
-            measured[s.engine] = measured.get(s.engine, False) or bool(s.measured)
-            tot = by_engine.setdefault(s.engine, [0, 0, 0, 0, 0])
-            tot[0] += s.n
-            tot[1] += s.wall
-            tot[2] += s.gpu
-            tot[3] += s.tokens
-            tot[4] += s.seqs
-            h = hists.setdefault(s.engine, [0] * wire.STEP_BUCKET_COUNT)
-            for i, c in enumerate(s.hist):
-                h[i] += c
-        self._steps.clear()
-        return tuple(
-            EngineSteps(
-                engine=e,
-                steps=t[0],
-                wall_ns=t[1],
-                gpu_busy_ns=t[2],
-                step_hist=tuple(hists[e]),
-                tokens=t[3],
-                seqs=t[4],
-                gpu_measured=measured[e],
+    def _take_graphs(self, pid: int, g: wire.GraphCounts) -> None:
+        """Add one message's light-hook graph counts to its process's totals for this tick (bounded)."""
+        tot = self._graphs.get(pid)
+        if tot is None:
+            if len(self._graphs) >= MAX_GRAPH_PROCESSES:
+                self._bad += 1
+                return
+            tot = self._graphs[pid] = [0, 0, 0, -1, ""]
+        span = min(g.t1 - g.t0, 60 * 1_000_000_000)  # one message covers seconds, not minutes
+        tot[0] = int(tot[0]) + span
+        tot[1] = int(tot[1]) + min(g.replays, MAX_COUNT)
+        tot[2] = min(g.captures, MAX_COUNT)  # cumulative: the newest
+        if g.dev >= 0:
+            tot[3] = min(g.dev, 1023)
+        if g.uuid:
+            tot[4] = g.uuid
+
+    def _graph_uses(self) -> tuple[GraphUse, ...]:
+        out = tuple(
+            GraphUse(
+                pid=pid,
+                gpu=int(t[3]),
+                uuid=str(t[4]),
+                observed_ns=int(t[0]),
+                replays=int(t[1]),
+                captures=int(t[2]),
             )
-            for e, t in sorted(by_engine.items())
+            for pid, t in sorted(self._graphs.items())
         )
+        self._graphs.clear()
+        return out
+
+    def _merge_steps(self) -> tuple[EngineSteps, ...]:
+        """Sum the steps per engine core: (engine-core pid, engine, DP rank); workers' mode counts join their owner."""
+        groups: dict[tuple[int, str, int], _EngineTotals] = {}
+        per_pid: dict[int, int] = {}
+        for pid, s in self._steps:
+            key = (s.owner or pid, s.engine, s.dp)
+            tot = groups.get(key)
+            if tot is None:
+                if len(groups) >= MAX_ENGINES or per_pid.get(key[0], 0) >= MAX_ENGINES_PER_AGENT:
+                    self._bad += 1
+                    continue
+                per_pid[key[0]] = per_pid.get(key[0], 0) + 1
+                tot = groups[key] = _EngineTotals()
+            tot.add(s)
+        self._steps.clear()
+        return tuple(groups[k].steps(*k) for k in sorted(groups))
 
     def _agent_states(self, now: float) -> tuple[AgentState, ...]:
         out: list[AgentState] = []
@@ -294,3 +326,72 @@ class AgentFeed:
             self._transport = None
             with contextlib.suppress(OSError):
                 os.unlink(self.cfg.socket)
+
+
+def _clamp(value: int, hi: int) -> int:
+    return max(0, min(value, hi))
+
+
+@dataclass
+class _EngineTotals:
+    """One engine core's steps over a tick, summed from its agents' messages (clamped to plausible values)."""
+
+    n: int = 0
+    wall: int = 0
+    gpu: int = 0
+    tokens: int = 0
+    seqs: int = 0
+    graph: int = 0
+    eager: int = 0
+    run_ns: int = 0
+    wait_ns: int = 0
+    hist: list[int] = field(default_factory=lambda: [0] * wire.STEP_BUCKET_COUNT)
+    measured: bool = False
+    latest_t1: int = -1
+    running: int | None = None
+    waiting: int | None = None
+    max_seqs: int | None = None
+
+    def add(self, s: wire.Steps) -> None:
+        """Add one steps entry."""
+        self.measured = self.measured or bool(s.measured)
+        self.n += _clamp(s.n, MAX_COUNT)
+        self.wall += s.wall
+        self.gpu += s.gpu
+        self.tokens += s.tokens
+        self.seqs += s.seqs
+        self.graph += _clamp(s.graph, MAX_COUNT)
+        self.eager += _clamp(s.eager, MAX_COUNT)
+        bound = MAX_REQUESTS * 3600 * 1_000_000_000  # request-ns in one message: an hour at the cap
+        self.run_ns += _clamp(s.run_ns, bound)
+        self.wait_ns += _clamp(s.wait_ns, bound)
+        for i, c in enumerate(s.hist):
+            self.hist[i] += c
+        if (s.running >= 0 or s.waiting >= 0) and s.t1 >= self.latest_t1:
+            self.latest_t1 = s.t1
+            self.running = _clamp(s.running, MAX_REQUESTS) if s.running >= 0 else None
+            self.waiting = _clamp(s.waiting, MAX_REQUESTS) if s.waiting >= 0 else None
+        if s.max_seqs:
+            self.max_seqs = _clamp(s.max_seqs, MAX_REQUESTS)
+
+    def steps(self, pid: int, engine: str, dp: int) -> EngineSteps:
+        """Return the snapshot's EngineSteps for this engine core."""
+        return EngineSteps(
+            engine=engine,
+            steps=self.n,
+            wall_ns=self.wall,
+            gpu_busy_ns=self.gpu,
+            step_hist=tuple(self.hist),
+            tokens=self.tokens,
+            seqs=self.seqs,
+            gpu_measured=self.measured,
+            pid=pid,
+            graph_steps=self.graph,
+            eager_steps=self.eager,
+            running=None if self.running is None else float(self.running),
+            waiting=None if self.waiting is None else float(self.waiting),
+            running_seconds=self.run_ns / 1e9,
+            waiting_seconds=self.wait_ns / 1e9,
+            max_num_seqs=self.max_seqs,
+            dp_rank=dp if dp >= 0 else None,
+        )

@@ -42,7 +42,6 @@ def make_agent(tmp_path: Path) -> tuple[Agent, socket.socket]:
     a.state = "running"
     a._start_ns = T0
     a._spans = [[T0, None]]
-    a._open_socket()
     a._uuids[0] = "GPU-6f5e2c1a-0b7d-4c39-9d0e-2f1a3b4c5d6e"
     return a, rx
 

@@ -32,8 +32,8 @@ def test_pth_does_nothing_when_boundwatch_agent_is_unset(tmp_path: Path) -> None
 
 def test_pth_waits_for_torch_before_starting(tmp_path: Path) -> None:
     code = (
-        "import sys; from exporter import agent; "
-        "print(agent.current() is None, any(type(f).__name__ == '_TorchImportHook' for f in sys.meta_path))"
+        "import sys; from exporter import agent; from exporter.agent import importhook; "
+        "print(agent.current() is None, 'torch' in importhook.waiting())"
     )
     r = run_with_pth(tmp_path, "1", code)
     assert r.returncode == 0, r.stderr

@@ -1,0 +1,215 @@
+"""Light hooks: count torch.cuda.CUDAGraph replays and captures in this process, with no CUPTI.
+
+`install()` patches `torch.cuda.CUDAGraph` now if torch is imported, else right after `import torch`
+(exporter.agent.importhook), so captures are seen from import time. A replay costs one list-item
+increment on top of torch's own call: no lock, no allocation beyond the int. The device is learnt on
+the capturing thread (torch.cuda.current_device(), CUDA is initialised there by definition); this
+module never initialises CUDA itself.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import inspect
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from exporter.agent.importhook import when_imported
+
+MARK = "__boundwatch_hooks__"
+
+# replays, completed captures, capture_begin calls; written on the application's threads
+_counts: list[int] = [0, 0, 0]
+_dev: list[int] = [-1]  # CUDA ordinal learnt at capture time
+_installed: dict[str, Any] = {"asked": False, "patched": False, "before_cuda": False, "at_ns": 0}
+
+
+def cuda_initialized() -> bool:
+    """Return whether CUDA was already initialised in this process (as far as torch can tell)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    try:
+        return bool(torch.cuda.is_initialized())
+    except Exception:
+        return True  # unknown: assume late, the safe side for GRAPH_TRACE
+
+
+def gpu_uuid(ordinal: int) -> str:
+    """Return 'GPU-…' for a CUDA device ordinal of this process, through libcuda; '' if unknown."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+        dev = ctypes.c_int(0)
+        if cuda.cuDeviceGet(ctypes.byref(dev), ordinal) != 0:
+            return ""
+        raw = (ctypes.c_ubyte * 16)()
+        fn = getattr(cuda, "cuDeviceGetUuid_v2", None) or cuda.cuDeviceGetUuid
+        if fn(raw, dev) != 0:
+            return ""
+        h = bytes(raw).hex()
+        return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+    except (OSError, AttributeError):
+        return ""
+
+
+def _learn_device() -> None:
+    torch = sys.modules.get("torch")
+    if torch is None or _dev[0] >= 0:
+        return
+    try:
+        if torch.cuda.is_initialized():
+            _dev[0] = int(torch.cuda.current_device())
+    except Exception:
+        pass
+
+
+def _takes_only_self(fn: Any) -> bool:
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    return len(params) == 1 and params[0].kind in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD)
+
+
+def patch_graph_class(cls: Any) -> bool:
+    """Wrap replay, capture_begin and capture_end of a CUDAGraph class to count them; False if not possible."""
+    if cls is None or cls.__dict__.get(MARK, False):
+        return False
+    replay = getattr(cls, "replay", None)
+    begin = getattr(cls, "capture_begin", None)
+    end = getattr(cls, "capture_end", None)
+    if replay is None or begin is None or end is None:
+        return False
+    counts = _counts
+
+    if _takes_only_self(replay):
+
+        def replay_counted(self: Any) -> Any:
+            counts[0] += 1
+            return replay(self)
+    else:
+
+        def replay_counted(self: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[misc]
+            counts[0] += 1
+            return replay(self, *args, **kwargs)
+
+    def capture_begin(self: Any, *args: Any, **kwargs: Any) -> Any:
+        counts[2] += 1
+        _learn_device()
+        return begin(self, *args, **kwargs)
+
+    def capture_end(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = end(self, *args, **kwargs)
+        counts[1] += 1
+        return result
+
+    for name, new, old in (
+        ("replay", replay_counted, replay),
+        ("capture_begin", capture_begin, begin),
+        ("capture_end", capture_end, end),
+    ):
+        new.__name__, new.__qualname__, new.__doc__ = old.__name__, old.__qualname__, old.__doc__
+        new.__wrapped__ = old  # type: ignore[attr-defined]
+        setattr(cls, name, new)
+    setattr(cls, MARK, True)
+    return True
+
+
+def _patch_torch(torch: Any) -> None:
+    cls = getattr(getattr(torch, "cuda", None), "CUDAGraph", None)
+    if patch_graph_class(cls) or (cls is not None and cls.__dict__.get(MARK, False)):
+        if not _installed["patched"]:
+            _installed.update(patched=True, before_cuda=not cuda_initialized(), at_ns=time.time_ns())
+
+
+def install() -> None:
+    """Patch torch.cuda.CUDAGraph now, or right after torch is imported; safe to call again."""
+    if _installed["asked"]:
+        if not _installed["patched"] and "torch" in sys.modules:
+            _patch_torch(sys.modules["torch"])
+        return
+    _installed["asked"] = True
+    when_imported("torch", _patch_torch)
+
+
+def installed() -> bool:
+    """Return whether CUDAGraph is patched in this process."""
+    return bool(_installed["patched"])
+
+
+def graphs_so_far() -> str:
+    """Return 'none' when the hooks saw every capture and there was none, 'some' after one, else 'unknown'."""
+    if _counts[2] or _counts[1]:
+        return "some"
+    if _installed["patched"] and _installed["before_cuda"]:
+        return "none"
+    return "unknown"
+
+
+def device() -> int:
+    """Return this process's CUDA ordinal: learnt at capture, else 0 on a one-device process; -1 if unknown."""
+    if _dev[0] >= 0:
+        return _dev[0]
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return -1
+    try:
+        # never initialise CUDA: only once torch has, and only where the answer is unambiguous
+        if torch.cuda.is_initialized() and torch.cuda.device_count() == 1:
+            return 0
+    except Exception:
+        pass
+    return -1
+
+
+@dataclass
+class GraphWindow:
+    """Replays and captures between two reads, on the wall clock."""
+
+    t0: int
+    t1: int
+    replays: int
+    captures: int  # cumulative, completed
+
+
+class GraphReader:
+    """Turn the cumulative counters into per-window deltas (one reader per agent; agent thread only)."""
+
+    def __init__(self, now_ns: int | None = None) -> None:
+        self._last_replays = _counts[0]
+        self._last_ns = now_ns if now_ns is not None else time.time_ns()
+        self._uuid: dict[int, str] = {}
+        self._uuid_tries = 0
+
+    def take(self, now_ns: int | None = None) -> GraphWindow | None:
+        """Return the window since the last take, or None while the hooks are not installed."""
+        now = now_ns if now_ns is not None else time.time_ns()
+        if not _installed["patched"]:
+            self._last_ns = now
+            self._last_replays = _counts[0]
+            return None
+        replays = _counts[0]
+        win = GraphWindow(self._last_ns, now, max(0, replays - self._last_replays), _counts[1])
+        self._last_ns, self._last_replays = now, replays
+        return win
+
+    def uuid(self, ordinal: int) -> str:
+        """Return the GPU UUID of an ordinal (looked up once, through libcuda)."""
+        if ordinal < 0:
+            return ""
+        if ordinal not in self._uuid:
+            if not cuda_initialized() or self._uuid_tries >= 3:  # libcuda refused three times: stop asking
+                return ""
+            self._uuid_tries += 1
+            found = gpu_uuid(ordinal)
+            if not found:
+                return ""
+            self._uuid[ordinal] = found
+        return self._uuid[ordinal]
+
+
+def counts() -> tuple[int, int, int]:
+    """Return (replays, captures completed, captures begun) so far in this process."""
+    return _counts[0], _counts[1], _counts[2]

@@ -1,0 +1,144 @@
+"""The light agent: engine steps and CUDA-graph counts from Python hooks, sent every flush_s, no CUPTI.
+
+The agent's thread wakes every `flush_s`, takes the step totals and the graph counters (a few
+reads and one small JSON datagram: tens of microseconds with the GIL) and sends them, dropping
+rather than blocking. It never loads libcupti nor imports a CUPTI module.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+from exporter import wire
+from exporter.agent import hooks
+from exporter.agent.sender import Sender
+from exporter.agent.settings import Settings
+from exporter.agent.steps import StepTracker
+
+STEPS_PER_MESSAGE = 8
+
+
+class LightAgent:
+    """One process's light agent: hooks in, per-window totals out."""
+
+    def __init__(
+        self, settings: Settings | None = None, steps: StepTracker | None = None, sender: Sender | None = None
+    ) -> None:
+        self.settings = settings or Settings.from_env()
+        self.state = "stopped"
+        self.mode = "light"
+        self.detail = ""
+        self.lib_text = ""
+        self.steps = steps or StepTracker()
+        self.steps.lag_ns = 0  # no CUPTI windows to wait for: steps are ready when they end
+        self.steps.per_step = False  # fold steps into totals as they are recorded
+        self.sender = sender or Sender(self.settings.socket)
+        self.graphs = hooks.GraphReader()
+        self.tick_ns_max = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_send_ns = 0
+
+    def start(self) -> str:
+        """Install the hooks and start the agent's thread; return 'running', never raise."""
+        if self.state == "running":
+            return self.state
+        hooks.install()
+        self.state = "running"
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="boundwatch-agent", daemon=True)
+        self._thread.start()
+        return self.state
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.settings.flush_s):
+            t = time.perf_counter_ns()
+            try:
+                self.tick()
+            except Exception as exc:  # never let the thread die silently
+                self.detail = f"agent loop: {type(exc).__name__}: {exc}"[:400]
+            self.tick_ns_max = max(self.tick_ns_max, time.perf_counter_ns() - t)
+
+    def tick(self, force: bool = False, final: bool = False) -> None:
+        """Send what the hooks counted since the last tick (a heartbeat once a second when nothing)."""
+        steps = self.steps.take(final=True)
+        now = time.monotonic_ns()
+        if not steps and not force and now - self._last_send_ns < 1_000_000_000:
+            return
+        self._last_send_ns = now
+        self.send(steps, self.graph_counts())
+
+    def graph_counts(self) -> wire.GraphCounts | None:
+        """Return the graph counters' window since the last call, None while the hooks are not installed."""
+        win = self.graphs.take()
+        if win is None:
+            return None
+        dev = hooks.device()
+        return wire.GraphCounts(
+            t0=win.t0,
+            t1=win.t1,
+            replays=win.replays,
+            captures=win.captures,
+            dev=dev,
+            uuid=self.graphs.uuid(dev),
+        )
+
+    def send(self, steps: list[wire.Steps], graphs: wire.GraphCounts | None) -> None:
+        """Send steps in messages of a few entries each, the graph counts on the first."""
+        chunks = [steps[i : i + STEPS_PER_MESSAGE] for i in range(0, len(steps), STEPS_PER_MESSAGE)] or [[]]
+        for i, chunk in enumerate(chunks):
+            self.sender.send(
+                wire.Message(
+                    pid=os.getpid(),
+                    state=self.state,
+                    seq=self.sender.next_seq(),
+                    role=self.settings.role,
+                    detail=self.detail,
+                    mode=self.mode,
+                    steps=tuple(chunk),
+                    graphs=graphs if i == 0 else None,
+                    sent_dropped=self.sender.dropped,
+                )
+            )
+
+    def detach(self) -> None:
+        """Stop the thread without a final message (the CUPTI agent takes over steps and sender)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+            self._thread = None
+
+    def stop(self) -> None:
+        """Send what is left and a 'stopped' message; safe to call twice."""
+        if self._thread is None and self.state == "stopped":
+            return
+        self.detach()
+        try:
+            self.tick(force=True, final=True)
+        except Exception:
+            pass
+        self.state = "stopped"
+        try:
+            self.send([], None)
+        except Exception:
+            pass
+        self.sender.close()
+
+    def describe(self) -> dict[str, Any]:
+        """Return what the agent counted about itself (for benchmarks and agent-check)."""
+        replays, captures, begun = hooks.counts()
+        return {
+            "mode": self.mode,
+            "state": self.state,
+            "hooks": hooks.installed(),
+            "graphs_so_far": hooks.graphs_so_far(),
+            "replays": replays,
+            "captures": captures,
+            "captures_begun": begun,
+            "messages_sent": self.sender.sent,
+            "messages_dropped": self.sender.dropped,
+            "tick_ns_max": self.tick_ns_max,
+        }

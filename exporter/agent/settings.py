@@ -1,0 +1,103 @@
+"""Agent settings from BOUNDWATCH_AGENT_* variables, and which mode the agent runs in.
+
+Stdlib only: the light agent imports this and never the CUPTI modules.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from exporter import wire
+
+MODES = ("light", "cupti")
+
+
+def mode_from_env() -> str:
+    """Return the mode BOUNDWATCH_AGENT asks for: 'cupti' for =cupti, else 'light' (=1, =now, unset)."""
+    value = os.environ.get("BOUNDWATCH_AGENT", "").strip().lower()
+    return "cupti" if value == "cupti" else "light"
+
+
+def resolve_mode(mode: str | None, settings: dict[str, Any]) -> str:
+    """Return 'light' or 'cupti' from an explicit mode, the legacy cupti=False flag, or the environment."""
+    if mode is not None:
+        m = str(mode).strip().lower()
+        return "cupti" if m == "cupti" else "light"
+    if settings.get("cupti") is False:
+        return "light"
+    return mode_from_env()
+
+
+ENV = "BOUNDWATCH_AGENT_"
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(ENV + name, default).strip()
+
+
+def _envf(name: str, default: float) -> float:
+    try:
+        return float(_env(name, str(default)))
+    except ValueError:
+        return default
+
+
+@dataclass
+class Settings:
+    """Agent settings, from BOUNDWATCH_AGENT_* variables."""
+
+    socket: str = ""
+    role: str = "generic"
+    mode: str = "light"  # light: Python hooks only, no CUPTI | cupti: the deep mode (also keeps the hooks)
+    window_s: float = 0.5
+    flush_s: float = 0.5
+    lag_s: float = 1.0
+    buffer_kib: int = 1024  # raw mode copies a buffer in ~0.1 ms; object mode needs <= 256 KiB
+    max_buffers: int = 32  # 32 MiB of host buffers at most
+    batch_mib: int = 1  # buffers decoded together (joining larger batches held the GIL for ms)
+    max_queued_mib: float = 64.0
+    decode: str = "raw"  # raw (ctypes + numpy) | objects (cupti-python record objects) | null (discard)
+    kernels: str = "on"  # off: never enable CONCURRENT_KERNEL (graphs, memcpy and memset only)
+    kinds: str = "kernel,memcpy,memset,graph"  # activity kinds to collect
+    sample_kinds: str = "kernel"  # what sampling switches off: kernel, or all (every kind but GRAPH_TRACE)
+    graph_trace: str = "auto"  # auto: on only if CUDA is not initialised yet | on | off
+    sampling: str = "off"  # off | auto | on (measured on the H200: see exporter/agent/README.md)
+    sample_above: float = 20000.0  # eager kernel records per second that turn auto sampling on
+    sample_on_s: float = 1.0
+    sample_period_s: float = 10.0
+    kernel_trim_ns: int = 680  # CUPTI kernel records are ~680 ns longer than the kernel (H200)
+    cupti: bool = True  # core.Agent only: False counts engine steps without CUPTI (use mode="light")
+    cupti_attrs: str = ""  # CUPTI activity attributes, 'name=value,...' (device buffer size, pinned memory)
+    hw_trace: str = "off"  # on: ask CUPTI for hardware event tracing (Blackwell and later; refused elsewhere)
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> Settings:
+        """Return settings from the environment, with keyword overrides."""
+        s = cls(
+            socket=_env("SOCKET", "") or wire.default_agent_socket(),
+            role=_env("ROLE", "generic"),
+            mode=mode_from_env(),
+            window_s=_envf("WINDOW_S", 0.5),
+            flush_s=_envf("FLUSH_S", 0.5),
+            lag_s=_envf("LAG_S", 1.0),
+            buffer_kib=int(_envf("BUFFER_KIB", 1024)),
+            max_buffers=int(_envf("MAX_BUFFERS", 32)),
+            kernels=_env("KERNELS", "on"),
+            kinds=_env("KINDS", "kernel,memcpy,memset,graph"),
+            sample_kinds=_env("SAMPLE_KINDS", "kernel"),
+            decode=_env("DECODE", "raw"),
+            graph_trace=_env("GRAPH_TRACE", "auto"),
+            sampling=_env("SAMPLING", "off"),
+            sample_above=_envf("SAMPLE_ABOVE", 20000.0),
+            sample_on_s=_envf("SAMPLE_ON_S", 1.0),
+            sample_period_s=_envf("SAMPLE_PERIOD_S", 10.0),
+            kernel_trim_ns=int(_envf("KERNEL_TRIM_NS", 680)),
+            cupti_attrs=_env("CUPTI_ATTRS", ""),
+            hw_trace=_env("HW_TRACE", "off"),
+        )
+        for key, value in overrides.items():
+            if value is not None:
+                setattr(s, key, value)
+        return s

@@ -1,0 +1,223 @@
+"""The light agent: CUDAGraph hooks against a stand-in torch, no CUPTI loaded, GRAPH_TRACE safety, integrals."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from exporter import wire
+from exporter.agent.light import LightAgent
+from exporter.agent.settings import Settings, resolve_mode
+from exporter.agent.steps import MODE_EAGER, MODE_GRAPH, StepTracker
+from tests.agent import fake_torch
+
+ROOT = Path(__file__).resolve().parents[2]
+MS = 1_000_000
+T0 = 1_764_400_000_000_000_000
+
+
+def run(tmp_path: Path, code: str, env: dict[str, str] | None = None) -> dict:  # type: ignore[type-arg]
+    """Run code in a fresh interpreter with the fake torch importable; return the JSON it prints last."""
+    fake_torch.write(tmp_path / "fake")
+    full = {k: v for k, v in os.environ.items() if not k.startswith("BOUNDWATCH")}
+    full["PYTHONPATH"] = f"{tmp_path / 'fake'}{os.pathsep}{ROOT}"
+    full["BOUNDWATCH_AGENT_SOCKET"] = str(tmp_path / "agent.sock")
+    full.update(env or {})
+    r = subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def test_hooks_installed_before_import_count_every_capture_and_replay(tmp_path: Path) -> None:
+    code = """
+import json
+from exporter.agent import hooks
+hooks.install()                       # before torch is imported: patched right after its import
+import torch
+before = hooks.graphs_so_far()        # hooks in, CUDA not initialised, nothing captured
+torch.cuda.init(device=3)
+during = hooks.graphs_so_far()        # CUDA is up, the hooks saw no capture: still none
+g = torch.cuda.CUDAGraph()
+with torch.cuda.graph(g, pool=7):
+    pass
+results = {g.replay() for _ in range(1000)}
+print(json.dumps({"counts": hooks.counts(), "before": before, "during": during, "after": hooks.graphs_so_far(),
+                  "dev": hooks.device(), "replays": g.replays, "results": sorted(results),
+                  "calls": torch.cuda.calls, "name": torch.cuda.CUDAGraph.replay.__name__}))
+"""
+    out = run(tmp_path, code)
+    assert out["counts"] == [1000, 1, 1]
+    assert out["replays"] == 1000 and out["results"] == ["replayed"]  # torch's own method still runs
+    assert out["calls"] == [["capture_begin", 7, "thread_local"], ["capture_end"]]  # arguments passed through
+    assert (out["before"], out["during"], out["after"]) == ("none", "none", "some")
+    assert out["dev"] == 3  # learnt on the capturing thread
+    assert out["name"] == "replay"
+
+
+def test_hooks_installed_after_cuda_init_stay_conservative(tmp_path: Path) -> None:
+    code = """
+import json
+import torch
+torch.cuda.init()
+g = torch.cuda.CUDAGraph(); g.capture_begin(); g.capture_end()   # a capture the hooks never saw
+from exporter.agent import hooks
+from exporter.agent.core import graph_trace_safe
+hooks.install()
+hooks.install()                                                  # twice: one patch
+g.replay(); g.replay()
+print(json.dumps({"so_far": hooks.graphs_so_far(), "safe": graph_trace_safe(), "counts": hooks.counts()}))
+"""
+    out = run(tmp_path, code)
+    assert out["so_far"] == "unknown" and out["safe"] is False
+    assert out["counts"] == [2, 0, 0]
+
+
+def test_graph_trace_is_safe_after_cuda_init_when_the_hooks_saw_no_capture(tmp_path: Path) -> None:
+    code = """
+import json
+from exporter.agent import hooks
+hooks.install()
+import torch
+from exporter.agent.core import graph_trace_safe
+a = graph_trace_safe()
+torch.cuda.init()
+b = graph_trace_safe()                  # the late start of issue 9: CUDA up, no graph yet
+g = torch.cuda.CUDAGraph(); g.capture_begin()
+c = graph_trace_safe()                  # a capture in progress already forbids it
+print(json.dumps([a, b, c]))
+"""
+    assert run(tmp_path, code) == [True, True, False]
+
+
+def test_light_mode_never_loads_cupti(tmp_path: Path) -> None:
+    code = """
+import json, sys
+from exporter import agent
+import torch
+state = agent.start(role="generic")
+a = agent.current()
+g = torch.cuda.CUDAGraph(); g.capture_begin(); g.capture_end(); g.replay()
+maps = open("/proc/self/maps").read()
+print(json.dumps({"state": state, "mode": a.mode, "cupti_modules": [m for m in sys.modules if "cupti" in m],
+                  "libcupti": "libcupti" in maps, "numpy": "numpy" in sys.modules, "replays": a.describe()["replays"]}))
+agent.stop()
+"""
+    for env in ({}, {"BOUNDWATCH_AGENT": "1"}, {"BOUNDWATCH_AGENT": "now"}):
+        out = run(tmp_path, code, env)
+        assert out["state"] == "running" and out["mode"] == "light"
+        assert out["cupti_modules"] == [] and out["libcupti"] is False
+        assert out["replays"] == 1
+
+
+def test_mode_comes_from_the_argument_the_legacy_flag_or_the_environment(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.delenv("BOUNDWATCH_AGENT", raising=False)
+    assert resolve_mode(None, {}) == "light"
+    assert resolve_mode("cupti", {}) == "cupti"
+    monkeypatch.setenv("BOUNDWATCH_AGENT", "cupti")
+    assert resolve_mode(None, {}) == "cupti"
+    assert resolve_mode(None, {"cupti": False}) == "light"  # the old steps-only start
+    assert resolve_mode("light", {}) == "light"
+    assert Settings.from_env().mode == "cupti"
+    monkeypatch.setenv("BOUNDWATCH_AGENT", "now")
+    assert Settings.from_env().mode == "light"
+
+
+@pytest.mark.parametrize("per_step", [True, False])  # CUPTI keeps each step; the light agent folds them
+def test_running_and_waiting_are_integrated_between_steps_by_the_left_rule(per_step: bool) -> None:
+    tracker = StepTracker()
+    tracker.lag_ns, tracker.per_step = 0, per_step
+    # a known served sequence: (step end, running after it, waiting after it)
+    served = [(10, 1, 4), (30, 3, 2), (35, 3, 0), (95, 0, 0), (100, 2, 1)]
+    for i, (t_ms, running, waiting) in enumerate(served):
+        tracker.record("vllm", T0 + t_ms * MS - MS, T0 + t_ms * MS, 8, running, running, waiting, 256, 0,
+                       MODE_GRAPH if i % 2 else MODE_EAGER)  # fmt: skip
+    (s,) = tracker.take()
+    # left rule: 1 x 20 + 3 x 5 + 3 x 60 + 0 x 5 request-ms running; 4 x 20 + 2 x 5 + 0 + 0 waiting
+    assert s.run_ns == (20 + 15 + 180) * MS and s.wait_ns == (80 + 10) * MS
+    assert (s.running, s.waiting, s.max_seqs, s.dp) == (2, 1, 256, 0)
+    assert (s.n, s.graph, s.eager) == (5, 2, 3)
+    tracker.record("vllm", T0 + 119 * MS, T0 + 120 * MS, 8, 2, 2, 0, 256, 0)
+    (s2,) = tracker.take()
+    assert s2.run_ns == 2 * 20 * MS and s2.wait_ns == 1 * 20 * MS  # the integral continues across takes
+    assert (s2.n, s2.running, s2.waiting, s2.hist[0]) == (1, 2, 0, 1)
+    assert tracker.take() == []
+
+
+@pytest.mark.parametrize("per_step", [True, False])
+def test_two_engines_in_one_process_stay_apart_and_worker_modes_belong_to_the_parent(per_step: bool) -> None:
+    tracker = StepTracker()
+    tracker.lag_ns, tracker.per_step = 0, per_step
+    tracker.record("vllm", T0, T0 + MS, 4, 4, 1, 0, 8, 0)
+    tracker.record("vllm", T0, T0 + MS, 4, 4, 2, 0, 8, 1)
+    steps = sorted(tracker.take(), key=lambda s: s.dp)
+    assert [(s.dp, s.running) for s in steps] == [(0, 1), (1, 2)]
+    worker = StepTracker()  # a GPU worker: the mode is decided here, the step is counted in EngineCore
+    worker.count_mode("vllm", 0, graph=True)
+    worker.count_mode("vllm", 0, graph=False)
+    (m,) = worker.take()
+    assert (m.n, m.graph, m.eager, m.owner, m.dp) == (0, 1, 1, os.getppid(), 0)
+    assert worker.take() == []  # taken once
+    here = StepTracker()  # uni executor: EngineCore and its worker in one process
+    here.lag_ns, here.engine_here, here.per_step = 0, True, per_step
+    here.count_mode("vllm", 0, graph=True)
+    here.record("vllm", T0, T0 + MS, 4, 4, 1, 0, 8, 0)
+    (h,) = here.take()
+    assert (h.n, h.graph, h.owner) == (1, 1, 0)
+
+
+def test_light_agent_sends_steps_and_graph_counts_on_the_wire(tmp_path: Path) -> None:
+    path = str(tmp_path / "agent.sock")
+    rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    rx.bind(path)
+    rx.settimeout(2.0)
+    agent = LightAgent(Settings(socket=path, role="vllm_engine", flush_s=0.05))
+    agent.start()
+    now = time.time_ns()
+    agent.steps.record("vllm", now - 20 * MS, now - 10 * MS, 64, 8, 8, 2, 128, 0)
+    agent.steps.record("vllm", now - 10 * MS, now, 64, 8, 8, 0, 128, 0)
+    time.sleep(0.2)
+    agent.stop()
+    msgs = []
+    try:
+        while True:
+            msgs.append(wire.decode(rx.recv(wire.MAX_DATAGRAM_BYTES)))
+    except TimeoutError:
+        pass
+    finally:
+        rx.close()
+    steps = [s for m in msgs for s in m.steps]
+    assert sum(s.n for s in steps) == 2 and sum(s.run_ns for s in steps) == 8 * 10 * MS
+    assert {m.mode for m in msgs} == {"light"} and msgs[-1].state == "stopped"
+    assert agent.tick_ns_max < 50 * MS
+
+
+def test_asking_for_cupti_later_upgrades_the_light_agent_in_place(tmp_path: Path) -> None:
+    code = """
+import json
+from exporter import agent
+first = agent.start(role="vllm_worker")
+light = agent.current()
+light.steps.record("vllm", 1, 2, 3, 3)
+again = agent.start()                      # a second plain start changes nothing
+same = agent.current() is light
+state = agent.start(mode="cupti")          # the deep mode asked for later
+deep = agent.current()
+print(json.dumps({"first": first, "again": again, "same": same, "state": state,
+                  "mode": getattr(deep, "mode", ""), "kind": type(deep).__name__,
+                  "steps_kept": deep.steps is light.steps, "sender_kept": deep.sender is light.sender,
+                  "role": deep.settings.role, "per_step": deep.steps.per_step}))
+agent.stop()
+"""
+    out = run(tmp_path, code)
+    assert (out["first"], out["again"], out["same"]) == ("running", "running", True)
+    assert (
+        out["kind"] == "Agent" and out["steps_kept"] and out["sender_kept"] and out["role"] == "vllm_worker"
+    )
+    assert out["per_step"] is True  # CUPTI attaches GPU time to each step
+    assert out["state"] in ("running", "unavailable")  # unavailable where CUPTI cannot load (here: no GPU)
+    assert out["mode"].startswith("cupti:") or (out["state"], out["mode"]) == ("unavailable", "cupti")

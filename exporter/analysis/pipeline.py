@@ -39,7 +39,11 @@ def resolve_agent_gpus(snap: Snapshot) -> Snapshot:
         dataclasses.replace(s, gpu=by_uuid[s.uuid]) if getattr(s, "uuid", "") in by_uuid else s
         for s in snap.agent.agents
     )
-    agent: AgentReading = dataclasses.replace(snap.agent, activity=activity_, agents=agents)
+    graphs = tuple(
+        dataclasses.replace(g, gpu=by_uuid[g.uuid]) if g.uuid in by_uuid and g.gpu != by_uuid[g.uuid] else g
+        for g in snap.agent.graphs
+    )
+    agent: AgentReading = dataclasses.replace(snap.agent, activity=activity_, agents=agents, graphs=graphs)
     return dataclasses.replace(snap, agent=agent)
 
 

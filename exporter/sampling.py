@@ -107,9 +107,7 @@ class Sampler:
         future, state.pending = state.pending, None
         exc = future.exception()
         if exc is not None:
-            counted = not isinstance(
-                exc, SourceUnavailable
-            )  # an absent GPU or engine is a state, not an error
+            counted = getattr(exc, "counted", True)  # an absent engine is a state; a driver down counts
             return None, self._down(
                 source.name, state, str(exc) or type(exc).__name__, duration, counted, exc
             )

@@ -94,11 +94,14 @@ class PageLimits:
     max_bytes: int = 8 * 1024 * 1024
     max_lines: int = 50_000
     max_label_chars: int = 128
+    max_kept_lines: int = 5_000  # lines of the names boundwatch reads: the parser's cost is per kept line
 
     @classmethod
     def of(cls, cfg: EngineConfig) -> PageLimits:
-        """Return the limits an engine configuration sets."""
-        return cls(cfg.max_page_bytes, cfg.max_page_lines, cfg.max_label_chars)
+        """Return the limits an engine configuration sets (kept lines: a tenth of the line budget)."""
+        return cls(
+            cfg.max_page_bytes, cfg.max_page_lines, cfg.max_label_chars, max(100, cfg.max_page_lines // 10)
+        )
 
 
 DEFAULT_LIMITS = PageLimits()
@@ -204,7 +207,11 @@ def reading_from_page(
     limits: PageLimits = DEFAULT_LIMITS,
 ) -> EngineReading:
     """Return the normalised reading of one page (steps filled in for what the page alone says)."""
-    samples, refused = sanitise(parse_page(text), limits)
+    kept = engine_page.prefilter(text).split("\n")
+    truncated = len(kept) > limits.max_kept_lines + 1  # the last is the empty string after the final newline
+    if truncated:
+        kept = [*kept[: limits.max_kept_lines], ""]
+    samples, refused = sanitise(parse_page("\n".join(kept), prefilter=False), limits)
     if engine_page.detect_kind(samples) is None:
         if refused:
             raise PageError(
@@ -214,7 +221,12 @@ def reading_from_page(
     reading = engine_page.normalise(
         samples, name=name, url=url, source=source, multiprocess=engine_page.looks_multiprocess(text)
     )
-    reading = replace(reading, model=bounded(reading.model, limits.max_label_chars), rejected_values=refused)
+    reading = replace(
+        reading,
+        model=bounded(reading.model, limits.max_label_chars),
+        rejected_values=refused,
+        page_truncated=truncated,
+    )
     return replace(reading, steps=dedup.step_count(reading))
 
 
@@ -230,7 +242,7 @@ def reading_from_bytes(
     data, truncated = cut_page(data, limits)
     text, replaced = decode_page(data)
     reading = reading_from_page(text, name=name, url=url, source=source, limits=limits)
-    return replace(reading, page_truncated=truncated, page_decode_errors=replaced)
+    return replace(reading, page_truncated=truncated or reading.page_truncated, page_decode_errors=replaced)
 
 
 def read_page_file(path: str, limits: PageLimits = DEFAULT_LIMITS) -> bytes:
@@ -936,11 +948,28 @@ class EngineSource:
             hist.popleft()
         return replace(reading, spec_acceptance=window_acceptance(hist))
 
+    def _claim(self, target: EngineTarget, kind: str) -> str:
+        """Return a configured engine's name: kind:port, made distinct from every other engine's."""
+        if target.name:
+            return target.name  # discovered: made distinct by discovery
+        name = self._names.get(target.url)
+        if name:
+            return name
+        base = name_for(target, kind)
+        taken = {n for u, n in self._names.items() if u != target.url}
+        taken |= {t.name for t in self._targets if t.name}
+        name, k = base, 2
+        while name in taken:
+            name, k = f"{base}-{k}", k + 1
+        if kind != "unknown":
+            self._names[target.url] = name
+        return name
+
     def _read_one(
         self, target: EngineTarget, data: bytes | None, error: str, seconds: float
     ) -> EngineReading:
         kind = target.kind or "unknown"
-        name = self._names.get(target.url) or (name_for(target, kind) if target.kind else "")
+        name = target.name or self._names.get(target.url, "")
         start = time.perf_counter()
         limits = self._limits
         try:
@@ -959,17 +988,13 @@ class EngineSource:
                 reading = reading_from_bytes(data, name=name, url=target.url, limits=limits)
             else:
                 reason = error or target.extra.get("no_url") or "no page"
-                return EngineReading(
-                    name=name or name_for(target, kind), kind=kind, url=target.url, error=reason
-                )
+                name = name or self._claim(target, kind)
+                return EngineReading(name=name, kind=kind, url=target.url, error=reason)
         except Exception as exc:  # one engine's bad page must not hide the others
-            return EngineReading(
-                name=name or name_for(target, kind), kind=kind, url=target.url, error=describe_error(exc)
-            )
+            name = name or self._claim(target, kind)
+            return EngineReading(name=name, kind=kind, url=target.url, error=describe_error(exc))
         if not name:
-            name = name_for(target, reading.kind)
-            self._names[target.url] = name
-            reading = replace(reading, name=name)
+            reading = replace(reading, name=self._claim(target, reading.kind))
         return replace(reading, scrape_seconds=seconds + time.perf_counter() - start)
 
     def _with_processes(

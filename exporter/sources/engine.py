@@ -789,7 +789,7 @@ def name_for(target: EngineTarget, kind: str) -> str:
     if port is not None:
         return f"{kind}:{port}"
     stem = Path(urlparse(target.url).path if target.url.startswith("file://") else target.url).stem
-    return f"{kind}:{stem}" if stem else kind
+    return f"{kind}:{stem[:64]}" if stem else kind
 
 
 # --- the source -----------------------------------------------------------------------------

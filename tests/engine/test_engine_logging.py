@@ -144,3 +144,27 @@ def test_stdlib_records_and_their_tracebacks_go_through_the_json_log(monkeypatch
     assert lines[0]["level"] == "error" and lines[0]["logger"] == "aiohttp.server"
     assert "RuntimeError: handler blew up" in lines[0]["exception"]
     assert all("timestamp" in x for x in lines)
+
+
+async def test_a_source_failure_whose_figures_vary_is_logged_once():
+    class Slow:
+        name = "engine"
+
+        def __init__(self) -> None:
+            self.n = 0
+
+        async def read(self) -> tuple:
+            self.n += 1
+            raise RuntimeError(f"read took {1 + self.n / 10:.2f}s on fd {self.n + 6}")
+
+        def close(self) -> None:
+            pass
+
+    clock = Clock()
+    sampler = Sampler(config(), [Slow()], clock=clock)
+    with capture_logs() as logs:
+        for _ in range(5):
+            snap = await sampler.tick()
+            clock.now += 0.5
+    assert [e["event"] for e in logs if e["event"].startswith("source_")] == ["source_down"]
+    assert snap.sources[0].errors_total == 5

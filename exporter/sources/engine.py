@@ -5,6 +5,12 @@ the engine runs in prometheus multiprocess mode on this host, its PROMETHEUS_MUL
 directly (no request to the serving process, and per-API-server histogram counts); then the CPU
 of each API-server process and its busiest thread, and the cgroups of the engine's processes.
 Discovery scans the process table every `DISCOVER_EVERY_SECONDS`; CPU is sampled every tick.
+
+Everything an engine says is bounded where it enters: a read stops at a byte and a line budget
+(the reading is then marked truncated), undecodable bytes are replaced per engine, label values
+are cut, and NaN, infinite, negative or implausible values are refused and counted, so one
+engine's page can neither hide the others nor poison an integrated counter. Each engine's change
+of state, and each engine found or lost, is logged once.
 """
 
 from __future__ import annotations
@@ -901,9 +907,7 @@ class EngineSource:
                 log.info("engine_up", engine=r.name, url=r.url or None, read_from=r.source)
             else:
                 log.warning("engine_down", engine=r.name, url=r.url or None, error=r.error)
-        for gone in set(self._states) - set(states):
-            log.info("engine_forgotten", engine=gone)
-        self._states = states
+        self._states = states  # an engine no longer read is forgotten (discovery logs it lost)
 
     async def _fetch(self, target: EngineTarget) -> tuple[bytes | None, str, float]:
         """Return (page bytes or None, error, seconds) for a target read over HTTP; files are read later."""

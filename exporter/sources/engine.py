@@ -956,12 +956,14 @@ class EngineSource:
         """Return a configured engine's name: kind:port, made distinct from every other engine's."""
         if target.name:
             return target.name  # discovered: made distinct by discovery
+        found = {t.name for t in self._targets if t.name}
         name = self._names.get(target.url)
-        if name:
+        if name and name not in found:
             return name
+        if name:  # a local engine discovered later takes its kind:port back
+            kind = name.split(":", 1)[0]
         base = name_for(target, kind)
-        taken = {n for u, n in self._names.items() if u != target.url}
-        taken |= {t.name for t in self._targets if t.name}
+        taken = {n for u, n in self._names.items() if u != target.url} | found
         name, k = base, 2
         while name in taken:
             name, k = f"{base}-{k}", k + 1
@@ -973,7 +975,7 @@ class EngineSource:
         self, target: EngineTarget, data: bytes | None, error: str, seconds: float
     ) -> EngineReading:
         kind = target.kind or "unknown"
-        name = target.name or self._names.get(target.url, "")
+        name = target.name or (self._claim(target, kind) if target.url in self._names else "")
         start = time.perf_counter()
         limits = self._limits
         try:

@@ -235,3 +235,24 @@ def test_long_label_values_are_cut_at_the_edge():
 def test_a_page_of_garbage_is_the_module_error_not_a_crash():
     with pytest.raises(PageError):
         reading_from_bytes(b'vllm:num_requests_running{engine="0" 1\n\x00\xff{{{')
+
+
+async def test_configured_engines_never_share_a_name_with_each_other_or_a_discovered_one():
+    from exporter.sources.engine import EngineTarget
+
+    pages = Pages()
+    pages.body["a"] = page(running="1")
+    pages.body["b"] = page(running="2")
+    async with TestServer(pages.app(), host="127.0.0.1") as server:
+        urls = (str(server.make_url("/a/metrics")), str(server.make_url("/b/metrics")))
+        source = EngineSource(config(urls))
+        try:
+            first = await source.read()
+            # Discovery now finds a local engine named like the first configured one.
+            local = EngineTarget(url="", kind="vllm", name=first[0].name, root_pid=None)
+            source._targets = [*source._targets, local]
+            second = await source.read()
+        finally:
+            await source.aclose()
+    assert len({r.name for r in first}) == 2
+    assert len({r.name for r in second}) == 3

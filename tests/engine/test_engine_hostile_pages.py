@@ -256,3 +256,73 @@ async def test_configured_engines_never_share_a_name_with_each_other_or_a_discov
             await source.aclose()
     assert len({r.name for r in first}) == 2
     assert len({r.name for r in second}) == 3
+
+
+SERVE_BIG = """
+import http.server, sys
+body = b"# TYPE vllm:num_requests_running gauge\\n" + b"".join(
+    b'vllm:num_requests_running{engine="%d",model_name="m"} 1\\n' % i for i in range(1_000_000))
+
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        try:
+            self.wfile.write(body)
+        except OSError:
+            pass
+
+    def log_message(self, *a):
+        pass
+
+server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+print(server.server_address[1], len(body), flush=True)
+server.serve_forever()
+"""
+
+READ_ONCE = """
+import asyncio, json, resource, sys
+from exporter.config import Config, EngineConfig
+from exporter.sources.engine import EngineSource
+
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+src = EngineSource(Config(engine=EngineConfig(urls=(sys.argv[1],), discover=False)))
+async def main():
+    try:
+        return await src.read()
+    finally:
+        await src.aclose()
+(r,) = asyncio.run(main())
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"grew_mib": (after - before) / 1024, "error": r.error, "truncated": r.page_truncated}))
+"""
+
+
+def test_a_50_mb_page_costs_the_reader_tens_of_mib_not_hundreds():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    server = subprocess.Popen([sys.executable, "-c", SERVE_BIG], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        port, size = map(int, server.stdout.readline().split())
+        assert size > 50_000_000
+        out = subprocess.run(
+            [sys.executable, "-c", READ_ONCE, f"http://127.0.0.1:{port}/metrics"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=root,
+            env={**os.environ, "PYTHONPATH": str(root)},
+        )
+    finally:
+        server.kill()
+        server.wait()
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.splitlines()[-1])
+    assert got["error"] == "" and got["truncated"]
+    assert got["grew_mib"] < 100

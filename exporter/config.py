@@ -53,6 +53,9 @@ class EngineConfig:
     read_multiproc_files: bool = True  # read PROMETHEUS_MULTIPROC_DIR directly instead of HTTP when local
     timeout_seconds: float = 2.0  # a saturated API server answers late; the tick does not wait for it
     api_server_saturated: float = 0.9  # busiest-thread CPU share that counts as saturated
+    max_page_bytes: int = 8 * 1024 * 1024  # per read of one page: the rest is left unread (truncated)
+    max_page_lines: int = 50_000  # per read of one page
+    max_label_chars: int = 128  # label values (and the model name) are cut to this length
 
 
 @dataclass(frozen=True)
@@ -192,6 +195,9 @@ class Config:
             raise ConfigError(f"verdict.busy_source must be fresh or best, got {v.busy_source!r}")
         if v.hold_ticks < 1:
             raise ConfigError("verdict.hold_ticks must be at least 1")
+        e = self.engine
+        if e.max_page_bytes < 1024 or e.max_page_lines < 10 or e.max_label_chars < 8:
+            raise ConfigError("engine.max_page_bytes >= 1024, max_page_lines >= 10, max_label_chars >= 8")
         for url in self.engine.urls:
             if not url.startswith(("http://", "https://", "file://", "/")):
                 raise ConfigError(f"engine.urls: {url!r} is not an http(s) URL, file:// URL or path")

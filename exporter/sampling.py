@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
@@ -29,6 +30,14 @@ log = structlog.get_logger("boundwatch.sampler")
 
 # Which Snapshot field each source's reading fills.
 SOURCE_FIELDS: Mapping[str, str] = {"nvml": "gpus", "host": "host", "engine": "engines", "agent": "agent"}
+
+
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def _shape(message: str) -> str:
+    """Return an error text with its numbers blanked, so a failure whose figures vary logs once."""
+    return _NUMBER.sub("#", message)
 
 
 class _SourceState:
@@ -111,9 +120,7 @@ class Sampler:
         future, state.pending = state.pending, None
         exc = future.exception()
         if exc is not None:
-            counted = not isinstance(
-                exc, SourceUnavailable
-            )  # an absent GPU or engine is a state, not an error
+            counted = getattr(exc, "counted", True)  # an absent engine is a state; a driver down counts
             return None, self._down(
                 source.name, state, str(exc) or type(exc).__name__, duration, counted, exc
             )
@@ -135,7 +142,7 @@ class Sampler:
     ) -> SourceStatus:
         if counted:
             state.errors_total += 1
-        if state.up is not False or message != state.last_error:
+        if state.up is not False or _shape(message) != _shape(state.last_error):
             level = log.info if isinstance(exc, SourceUnavailable) else log.warning
             level("source_down", source=name, error=message)
         state.up, state.last_error = False, message

@@ -102,3 +102,24 @@ def test_real_pynvml_without_a_driver_reports_unavailable():
         pytest.skip("this machine has an NVIDIA driver")
     with pytest.raises(SourceUnavailable, match="NVML unavailable"):
         NvmlSource(NvmlConfig()).read_blocking()
+
+
+async def test_source_errors_count_every_tick_nvml_stays_down_and_the_log_says_it_once():
+    from structlog.testing import capture_logs
+
+    from exporter.config import Config
+    from exporter.sampling import Sampler
+
+    clock = Clock()
+    src = NvmlSource(NvmlConfig(), nvml=FakeNvml(driver_present=False), clock=clock)  # type: ignore[arg-type]
+    sampler = Sampler(Config(), [src], clock=clock)
+    with capture_logs() as logs:
+        try:
+            for _ in range(4):
+                snap = await sampler.tick()
+                clock.t += 0.5
+        finally:
+            src.close()
+    (status,) = snap.sources
+    assert (status.up, status.errors_total) == (False, 4)
+    assert [e["event"] for e in logs if e["event"].startswith("source_")] == ["source_down"]

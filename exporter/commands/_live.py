@@ -20,6 +20,10 @@ from exporter.snapshot import Snapshot, codec
 OnSnapshot = Callable[[Snapshot], None]
 
 
+class DaemonUnreachable(Exception):
+    """The daemon a user named does not answer: the message says why (refused, no answer, TLS...)."""
+
+
 def base_url(url: str) -> str:
     """Return a daemon's base URL from what a user typed (a base URL or any page of it)."""
     url = url.rstrip("/")
@@ -36,6 +40,26 @@ def daemon_answers(url: str, timeout: float = 0.5) -> bool:
             return bool(resp.status == 200 and "status" in json.loads(resp.read() or b"{}"))
     except (OSError, ValueError, urllib.error.URLError):
         return False
+
+
+def why_unreachable(url: str, timeout: float = 2.0) -> str | None:
+    """Return why a daemon's base URL does not answer (None when something answers there)."""
+    try:
+        with urllib.request.urlopen(base_url(url) + "/healthz", timeout=timeout):
+            return None
+    except urllib.error.HTTPError as exc:
+        return "it has no /healthz (is it a boundwatch daemon?)" if exc.code == 404 else None
+    except urllib.error.URLError as exc:
+        reason = exc.reason
+        if isinstance(reason, ConnectionRefusedError):
+            return "connection refused (nothing listens on that port)"
+        if isinstance(reason, TimeoutError):
+            return f"no answer within {timeout:g} s"
+        return str(getattr(reason, "strerror", None) or reason)
+    except TimeoutError:
+        return f"no answer within {timeout:g} s"
+    except (OSError, ValueError) as exc:
+        return str(exc) or type(exc).__name__
 
 
 def from_daemon(
@@ -113,6 +137,10 @@ def collect(
 ) -> list[Snapshot]:
     """Return `seconds` of Snapshots: from the daemon at url (or the default one if it answers), else here."""
     default = f"http://127.0.0.1:{cfg.web.port}"
+    if not local and url is not None:
+        problem = why_unreachable(url)
+        if problem is not None:
+            raise DaemonUnreachable(f"cannot reach the daemon at {base_url(url)}: {problem}")
     if not local and (url is not None or daemon_answers(default)):
         target = url or default
         say(f"reading the daemon at {base_url(target)} for {seconds:g} s")

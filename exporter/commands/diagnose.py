@@ -44,16 +44,20 @@ def emit(rep: dict[str, Any], as_json: bool) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Sample, diagnose, print; exit 0, or 1 when nothing was sampled."""
+    """Sample, diagnose, print; exit 0, 1 when nothing was sampled, 2 when the daemon named cannot be reached."""
     from exporter.analysis.diagnosis import report
-    from exporter.commands._live import collect
+    from exporter.commands._live import DaemonUnreachable, collect
 
     cfg = args.cfg
 
     def say(msg: str) -> None:
         print(f"diagnose: {msg}", file=sys.stderr, flush=True)
 
-    snaps = collect(cfg, args.seconds, args.url, args.local, say=say)
+    try:
+        snaps = collect(cfg, args.seconds, args.url, args.local, say=say)
+    except DaemonUnreachable as exc:
+        say(str(exc))
+        return 2
     if not snaps:
         say("no snapshot came in")
         return 1

@@ -8,11 +8,14 @@ import json
 import sys
 import time
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from exporter.analysis.dedup import counter_delta, step_count, step_increments
 from exporter.snapshot.engine import EngineReading
+
+if TYPE_CHECKING:
+    from exporter.sources.engine import EngineTarget
 
 HELP = "read an engine's /metrics (URL, page file or PROMETHEUS_MULTIPROC_DIR) and print what boundwatch makes of it"
 
@@ -39,21 +42,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def _processes(reading: EngineReading, proc_root: str) -> list[dict[str, Any]]:
-    """Return the engine's API-server processes on this host, matched by port."""
+def _local_engine(reading: EngineReading, proc_root: str) -> EngineTarget | None:
+    """Return the engine on this host that serves the reading's port, if discovery finds it."""
     from exporter.sources.engine import discover
 
     port = urlparse(reading.url).port if reading.url.startswith(("http://", "https://")) else None
     if port is None:
-        return []
+        return None
     try:
         targets = discover(proc_root)
     except OSError:
-        return []
-    for t in targets:
-        if urlparse(t.url).port == port:
-            return [{"server": i, "pid": pid} for i, pid in enumerate(t.api_server_pids)]
-    return []
+        return None
+    return next((t for t in targets if t.url and urlparse(t.url).port == port), None)
 
 
 def describe(
@@ -96,6 +96,12 @@ def describe(
             "iteration_count_by_pid": dict(reading.iteration_count_by_pid) or None,
         },
         "data_parallel_engines": reading.data_parallel_engines,
+        "max_num_seqs": reading.max_num_seqs,
+        "page": {
+            "truncated": reading.page_truncated,
+            "undecodable_characters": reading.page_decode_errors,
+            "refused_values": reading.rejected_values,
+        },
         "scrape_seconds": reading.scrape_seconds,
     }
     if prev is not None and seconds > 0:
@@ -128,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     """Read the engine and print JSON; exit 1 with a message on stderr when it cannot be read."""
     try:
         reading, prev, seconds = asyncio.run(_inspect(args.target, args.interval, args.timeout))
-    except (TimeoutError, OSError, ValueError, UnicodeDecodeError) as exc:
+    except (TimeoutError, OSError, ValueError) as exc:  # PageError says what failed in words
         reason = str(exc) or type(exc).__name__
         print(f"boundwatch: cannot read engine metrics at {args.target}: {reason}", file=sys.stderr)
         return 1
@@ -138,7 +144,10 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    procs = _processes(reading, args.proc_root)
+    local = _local_engine(reading, args.proc_root)
+    procs = [{"server": i, "pid": pid} for i, pid in enumerate(local.api_server_pids)] if local else []
+    if local is not None and local.max_num_seqs is not None:
+        reading = replace(reading, max_num_seqs=local.max_num_seqs)
     if procs and reading.api_server_count_source not in ("processes", "cmdline"):
         reading = replace(reading, api_server_count=len(procs), api_server_count_source="processes")
         reading = replace(reading, steps=step_count(reading))

@@ -25,14 +25,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Record; exit 0, or 1 when nothing was sampled."""
+    """Record; exit 0, 1 when nothing was sampled, 2 when the file cannot be written or the daemon reached."""
     import platform
 
-    from exporter.commands._live import collect
+    from exporter.commands._live import DaemonUnreachable, collect
     from exporter.snapshot import codec
 
     cfg = args.cfg
-    out = sys.stdout if args.file == "-" else open(args.file, "w", encoding="utf-8")
+    try:
+        out = sys.stdout if args.file == "-" else open(args.file, "w", encoding="utf-8")
+    except OSError as exc:
+        print(f"record: cannot write {args.file}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     count = 0
     try:
         out.write(
@@ -61,6 +65,9 @@ def run(args: argparse.Namespace) -> int:
             on_snapshot=write,
             say=lambda m: print(f"record: {m}", file=sys.stderr),
         )
+    except DaemonUnreachable as exc:
+        print(f"record: {exc}", file=sys.stderr)
+        return 2
     finally:
         if out is not sys.stdout:
             out.close()

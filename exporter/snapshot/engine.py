@@ -90,6 +90,9 @@ class EngineReading:
     pids: tuple[int, ...] = field(default=())  # the engine's processes on this host (never a label)
     cuda_visible_devices: str | None = None  # as the engine's GPU processes were started with, if seen
     scrape_seconds: float | None = None
+    page_truncated: bool = False  # this read stopped at the byte or line budget: a partial page
+    page_decode_errors: int = 0  # undecodable (non-UTF-8) bytes in this read, replaced
+    rejected_values: int = 0  # samples of this read refused: NaN, infinite, negative or implausible
     error: str = ""  # why this tick's read failed ("" = it did not); figures are then None
 
     def servers(self) -> tuple[tuple[str, ProcessCpu], ...]:

@@ -12,7 +12,15 @@ T = TypeVar("T")
 
 
 class SourceUnavailable(Exception):
-    """The outside party is not there (no driver, no engine): a state, not a bug."""
+    """The outside party is not there (no engine, a source switched off): a state, not a counted error."""
+
+    counted = False
+
+
+class SourceDown(SourceUnavailable):
+    """The outside party should answer and does not (NVML fails to start): a state, counted as an error."""
+
+    counted = True
 
 
 @runtime_checkable

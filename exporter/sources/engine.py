@@ -5,6 +5,12 @@ the engine runs in prometheus multiprocess mode on this host, its PROMETHEUS_MUL
 directly (no request to the serving process, and per-API-server histogram counts); then the CPU
 of each API-server process and its busiest thread, and the cgroups of the engine's processes.
 Discovery scans the process table every `DISCOVER_EVERY_SECONDS`; CPU is sampled every tick.
+
+Everything an engine says is bounded where it enters: a read stops at a byte and a line budget
+(the reading is then marked truncated), undecodable bytes are replaced per engine, label values
+are cut, and NaN, infinite, negative or implausible values are refused and counted, so one
+engine's page can neither hide the others nor poison an integrated counter. Each engine's change
+of state, and each engine found or lost, is logged once.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import glob
 import json
 import os
 import re
+import stat
 import struct
 import time
 from collections import defaultdict, deque
@@ -29,7 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.analysis import dedup, engine_page
 from exporter.analysis.engine import window_acceptance
-from exporter.config import Config
+from exporter.config import Config, EngineConfig
 from exporter.snapshot.engine import EngineReading
 from exporter.snapshot.host import CgroupCpu, ProcessCpu
 from exporter.sources import procs
@@ -73,30 +80,219 @@ class EngineTarget:
     multiproc_dir: str | None = None
     cuda_visible_devices: str | None = None
     configured: bool = False
+    servers_titled: bool = False  # api_server_pids are processes titled APIServer_<i>
+    port_known: bool = False  # the port came from the flags or a listening socket, not the default
+    max_num_seqs: int | None = None  # the engine's own batch limit, from its command line
     extra: dict[str, str] = field(default_factory=dict)
 
 
 # --- pages --------------------------------------------------------------------------------
 
 
+class PageError(ValueError):
+    """An engine's page (or files) cannot be read as an engine's metrics."""
+
+
+@dataclass(frozen=True)
+class PageLimits:
+    """The budget of one read of an engine's page, and the longest label value kept."""
+
+    max_bytes: int = 8 * 1024 * 1024
+    max_lines: int = 50_000
+    max_label_chars: int = 128
+    max_kept_lines: int = 5_000  # lines of the names boundwatch reads: the parser's cost is per kept line
+
+    @classmethod
+    def of(cls, cfg: EngineConfig) -> PageLimits:
+        """Return the limits an engine configuration sets (kept lines: a tenth of the line budget)."""
+        return cls(
+            cfg.max_page_bytes, cfg.max_page_lines, cfg.max_label_chars, max(100, cfg.max_page_lines // 10)
+        )
+
+
+DEFAULT_LIMITS = PageLimits()
+MAX_ERROR_CHARS = 300  # an error text (a parser quotes the bad line) is cut to this
+MAX_REQUESTS = 1e7  # running or waiting requests beyond this are no real engine's
+MAX_COUNTER = float(2**53)  # beyond this a float counter no longer counts by one
+MAX_MULTIPROC_FILES = 4096
+_REQUEST_GAUGES = frozenset(
+    (
+        *engine_page.VLLM_RUNNING,
+        *engine_page.VLLM_WAITING,
+        *engine_page.SGLANG_RUNNING,
+        *engine_page.SGLANG_WAITING,
+    )
+)
+
+
+def cut_page(data: bytes, limits: PageLimits = DEFAULT_LIMITS) -> tuple[bytes, bool]:
+    """Return a page cut at a line end to the byte and line budgets, and whether anything was cut."""
+    truncated = False
+    if len(data) > limits.max_bytes:
+        data = data[: limits.max_bytes]
+        data = data[: data.rfind(b"\n") + 1]
+        truncated = True
+    if data.count(b"\n") >= limits.max_lines:
+        pos = -1
+        for _ in range(limits.max_lines):
+            pos = data.find(b"\n", pos + 1)
+        if pos + 1 < len(data):
+            data = data[: pos + 1]
+            truncated = True
+    return data, truncated
+
+
+def decode_page(data: bytes) -> tuple[str, int]:
+    """Return a page as text (undecodable bytes replaced) and how many replacement characters it gained."""
+    try:
+        return data.decode("utf-8"), 0
+    except UnicodeDecodeError:
+        text = data.decode("utf-8", errors="replace")
+        return text, max(1, text.count("\ufffd"))
+
+
+def bounded(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """Return text cut to a length, marked with an ellipsis when cut."""
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+def sanitise(samples: Iterable[Sample], limits: PageLimits = DEFAULT_LIMITS) -> tuple[list[Sample], int]:
+    """Drop NaN, infinite, negative and implausible values; cut label names and values; count what was dropped."""
+    out: list[Sample] = []
+    refused = 0
+    n = limits.max_label_chars
+    for s in samples:
+        top = MAX_REQUESTS if s.name in _REQUEST_GAUGES else MAX_COUNTER
+        if not 0.0 <= s.value <= top:  # False for NaN too
+            refused += 1
+            continue
+        if any(len(k) > n or len(v) > n for k, v in s.labels.items()):
+            s = Sample(s.name, {k[:n]: v[:n] for k, v in s.labels.items()}, s.value)
+        out.append(s)
+    return out, refused
+
+
 def parse_page(text: str, *, prefilter: bool = True) -> list[Sample]:
     """Parse a metrics page with prometheus_client's parser, cut down to the wanted lines first."""
     body = engine_page.prefilter(text) if prefilter else text
     out: list[Sample] = []
-    for fam in text_string_to_metric_families(body):
-        out.extend(Sample(s.name, dict(s.labels), float(s.value)) for s in fam.samples)
+    try:
+        for fam in text_string_to_metric_families(body):
+            out.extend(Sample(s.name, dict(s.labels), float(s.value)) for s in fam.samples)
+    except Exception as exc:  # the parser raises ValueError, IndexError, KeyError... on a bad line
+        raise PageError(bounded(f"bad page: {type(exc).__name__}: {exc}")) from exc
     return out
 
 
-def reading_from_page(text: str, *, name: str = "", url: str = "", source: str = "http") -> EngineReading:
+def _no_engine_metrics(text: str) -> PageError:
+    """Return the error for a page without a sample boundwatch reads, saying what the page does hold."""
+    for prefix in ("vllm:", "sglang:"):
+        families = {
+            line[7:].split(" ", 1)[0]
+            for line in text.splitlines()
+            if line.startswith(f"# TYPE {prefix}") or line.startswith(f"# HELP {prefix}")
+        }
+        if families or f"\n{prefix}" in f"\n{text}":
+            read = ", ".join(n for n in engine_page.WANTED if n.startswith(prefix))
+            return PageError(
+                bounded(
+                    f"the page has {len(families) or 'some'} {prefix} families but none that boundwatch "
+                    f"reads ({read})",
+                    1000,
+                )
+            )
+    return PageError("no vllm: or sglang: metrics on the page (is this an engine's /metrics?)")
+
+
+def reading_from_page(
+    text: str,
+    *,
+    name: str = "",
+    url: str = "",
+    source: str = "http",
+    limits: PageLimits = DEFAULT_LIMITS,
+) -> EngineReading:
     """Return the normalised reading of one page (steps filled in for what the page alone says)."""
-    samples = parse_page(text)
+    kept = engine_page.prefilter(text).split("\n")
+    truncated = len(kept) > limits.max_kept_lines + 1  # the last is the empty string after the final newline
+    if truncated:
+        kept = [*kept[: limits.max_kept_lines], ""]
+    samples, refused = sanitise(parse_page("\n".join(kept), prefilter=False), limits)
     if engine_page.detect_kind(samples) is None:
-        raise ValueError("no vllm: or sglang: metrics on the page")
+        if refused:
+            raise PageError(
+                f"every engine sample on the page was refused ({refused}: NaN, negative or too large)"
+            )
+        raise _no_engine_metrics(text)
     reading = engine_page.normalise(
         samples, name=name, url=url, source=source, multiprocess=engine_page.looks_multiprocess(text)
     )
+    reading = replace(
+        reading,
+        model=bounded(reading.model, limits.max_label_chars),
+        rejected_values=refused,
+        page_truncated=truncated,
+    )
     return replace(reading, steps=dedup.step_count(reading))
+
+
+def reading_from_bytes(
+    data: bytes,
+    *,
+    name: str = "",
+    url: str = "",
+    source: str = "http",
+    limits: PageLimits = DEFAULT_LIMITS,
+) -> EngineReading:
+    """Return the reading of a page as read (bytes): cut to the budgets, decoded per engine, then parsed."""
+    data, truncated = cut_page(data, limits)
+    text, replaced = decode_page(data)
+    reading = reading_from_page(text, name=name, url=url, source=source, limits=limits)
+    return replace(reading, page_truncated=truncated or reading.page_truncated, page_decode_errors=replaced)
+
+
+def read_page_file(path: str, limits: PageLimits = DEFAULT_LIMITS) -> bytes:
+    """Return at most the byte budget of a page file, plus one byte so a longer page reads as cut."""
+    with open(path, "rb") as fh:
+        return fh.read(limits.max_bytes + 1)
+
+
+async def read_page_http(
+    session: aiohttp.ClientSession, url: str, limits: PageLimits = DEFAULT_LIMITS
+) -> bytes:
+    """Return a page's body over HTTP, reading no further than the byte and line budgets (plus a chunk)."""
+    async with session.get(url) as resp:
+        if resp.status != 200:
+            raise PageError(f"HTTP {resp.status}")
+        buf = bytearray()
+        lines = 0
+        async for chunk in resp.content.iter_chunked(1 << 16):
+            buf += chunk
+            lines += chunk.count(b"\n")
+            if len(buf) > limits.max_bytes or lines > limits.max_lines:
+                break  # the rest is never read: the connection is dropped
+    return bytes(buf)
+
+
+def describe_error(exc: BaseException, timeout: float | None = None) -> str:
+    """Return what a failed read means in words: refused, no answer, a bad page, an HTTP status."""
+    if isinstance(exc, PageError):
+        return str(exc)
+    if isinstance(exc, TimeoutError | aiohttp.ServerTimeoutError):
+        return f"no answer within {timeout:g} s" if timeout else "no answer in time"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        where = f"{exc.host}:{exc.port}"
+        os_error = exc.os_error
+        if isinstance(os_error, ConnectionRefusedError):
+            return f"connection refused by {where} (nothing listens on that port)"
+        reason = os_error.strerror if isinstance(os_error, OSError) and os_error.strerror else str(os_error)
+        return bounded(f"cannot connect to {where}: {reason}")
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused (nothing listens on that port)"
+    if isinstance(exc, aiohttp.ClientResponseError):
+        return bounded(f"HTTP {exc.status}: {exc.message}")
+    text = str(exc)
+    return bounded(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
 
 
 # --- multiprocess files ---------------------------------------------------------------------
@@ -134,7 +330,8 @@ def _scan(data: bytes, start: int, used: int, index: _FileIndex) -> None:
         parts = key.split(b'"', 4)
         if len(parts) < 5 or parts[3].decode() not in _FILE_WANTED:
             continue
-        _, sample, labels, _help = json.loads(key)
+        _, sample, raw_labels, _help = json.loads(key)
+        labels = {str(k): str(v) for k, v in raw_labels.items()}
         bucket = sample.endswith("_bucket")
         if bucket:
             labels = {k: v for k, v in labels.items() if k != "le"}
@@ -151,8 +348,11 @@ class MultiprocReader:
     unpacks, and nothing in the serving processes.
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, limits: PageLimits = DEFAULT_LIMITS) -> None:
         self.path = path
+        self.limits = limits
+        self.truncated = False  # the last read skipped files over the budgets
+        self.refused = 0  # values the last read refused
         self._index: dict[str, _FileIndex] = {}
 
     def read(self) -> tuple[list[Sample], tuple[tuple[int, float], ...]]:
@@ -170,7 +370,10 @@ class MultiprocReader:
         freshest: dict[tuple[tuple[str, str], ...], tuple[float, str]] = {}  # labels -> (timestamp, pid)
         per_pid: dict[int, float] = defaultdict(float)
         seen = set()
-        for filename in sorted(glob.glob(os.path.join(self.path, "*.db"))):
+        files = sorted(glob.glob(os.path.join(self.path, "*.db")))
+        self.truncated = len(files) > MAX_MULTIPROC_FILES
+        self.refused = 0
+        for filename in files[:MAX_MULTIPROC_FILES]:
             seen.add(filename)
             base = os.path.basename(filename)
             typ = base.split("_", 1)[0]
@@ -182,17 +385,23 @@ class MultiprocReader:
                     if len(head) < 8:
                         continue
                     (used,) = _INT.unpack_from(head, 0)
+                    if used > self.limits.max_bytes:
+                        self.truncated = True
+                        continue
                     data = head + fh.read(max(0, used - 8))
                 index = self._index.get(filename)
                 if index is None or used < index.scanned_to:  # new, or replaced by a new process
                     index = self._index[filename] = _FileIndex()
                 if used > index.scanned_to:
                     _scan(data, index.scanned_to, used, index)
-            except (OSError, RuntimeError, ValueError, struct.error):
+            except (OSError, RuntimeError, ValueError, AttributeError, TypeError, struct.error):
                 self._index.pop(filename, None)
                 continue  # a file being created or removed under us
             for value_pos, sample, lkey, bucket in index.entries:
                 value, ts = _TWO_DOUBLES.unpack_from(data, value_pos)
+                if not 0.0 <= value <= MAX_COUNTER:  # NaN, infinite or negative in one process's file
+                    self.refused += 1
+                    continue
                 if bucket and pid.isdigit():
                     per_pid[int(pid)] += value
                 if typ != "gauge":
@@ -256,11 +465,20 @@ def reading_from_multiproc(
     """Return the normalised reading of an engine's multiprocess files (a reader keeps its index)."""
     reader = path if isinstance(path, MultiprocReader) else MultiprocReader(path)
     path = reader.path
-    samples, per_pid = reader.read()
+    raw, per_pid_raw = reader.read()
+    samples, refused = sanitise(raw, reader.limits)
+    refused += reader.refused
+    per_pid = tuple((pid, c) for pid, c in per_pid_raw if 0.0 <= c <= MAX_COUNTER)
     if engine_page.detect_kind(samples) is None and kind is None:
-        raise ValueError(f"no vllm: or sglang: metrics in {path}")
+        raise PageError(bounded(f"no vllm: or sglang: metrics in {path}"))
     reading = engine_page.normalise(
         samples, name=name, url=url, source="multiproc_files", multiprocess=True, kind=kind
+    )
+    reading = replace(
+        reading,
+        model=bounded(reading.model, reader.limits.max_label_chars),
+        rejected_values=refused,
+        page_truncated=reader.truncated,
     )
     reading = replace(reading, iteration_count_by_pid=per_pid if reading.kind == "vllm" else ())
     if reading.kind == "vllm" and reading.api_server_count is None and per_pid:
@@ -300,15 +518,77 @@ def engine_kind_of(info: procs.ProcInfo) -> str | None:
     return None
 
 
-def _url_of(kind: str, cmdline: Sequence[str]) -> tuple[str, int]:
+def _url_of(kind: str, cmdline: Sequence[str], port: int | None = None) -> tuple[str, int]:
     flag = _flag(cmdline, "--port")
-    port = int(flag) if flag and flag.isdigit() else DEFAULT_PORTS[kind]
+    if port is None:
+        port = int(flag) if flag and flag.isdigit() and 0 < int(flag) < 65536 else DEFAULT_PORTS[kind]
     host = _flag(cmdline, "--host") or "127.0.0.1"
     if host in ("0.0.0.0", "::", "", "localhost"):
         host = "127.0.0.1"
     if ":" in host:
         host = f"[{host}]"
     return f"http://{host}:{port}/metrics", port
+
+
+MAX_CONFIG_BYTES = 1 << 20
+_YAML_MAX_NUM_SEQS = re.compile(rb"^\s*max[-_]num[-_]seqs\s*:\s*(\d+)\s*(?:#.*)?$", re.MULTILINE)
+
+
+def _config_value(proc_root: str, pid: int, path: str) -> str | None:
+    """Return max-num-seqs from a vLLM --config YAML file as the process sees it (a flat key only)."""
+    where = os.path.join(proc_root, str(pid), "root" if path.startswith("/") else "cwd", path.lstrip("/"))
+    try:
+        fd = os.open(where, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # never a FIFO or a device
+            return None
+        data = os.read(fd, MAX_CONFIG_BYTES)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    found = _YAML_MAX_NUM_SEQS.search(data)
+    return found.group(1).decode() if found else None
+
+
+def batch_limit(proc_root: str, pid: int | None, kind: str, cmdline: Sequence[str]) -> int | None:
+    """Return the engine's own batch limit from its command line (vLLM --max-num-seqs, SGLang --max-running-requests).
+
+    vLLM's --config YAML is read for a flat `max-num-seqs` key; when neither says, None (the
+    default depends on the version and the hardware, so it is not guessed).
+    """
+    if kind == "sglang":
+        value = _flag(cmdline, "--max-running-requests", "--max_running_requests")
+    else:
+        value = _flag(cmdline, "--max-num-seqs", "--max_num_seqs")
+        config = _flag(cmdline, "--config")
+        if value is None and config and pid is not None:
+            value = _config_value(proc_root, pid, config)
+    if value and value.isdigit() and 0 < int(value) <= 10_000_000:
+        return int(value)
+    return None
+
+
+def _listening_port(proc_root: str, kind: str, pids: Iterable[int]) -> int | None:
+    """Return the port the engine's processes listen on (the kind's default first), None if none is seen."""
+    ports: set[int] = set()
+    for pid in pids:
+        ports |= procs.listening_ports(proc_root, pid)
+    if not ports:
+        return None
+    return DEFAULT_PORTS[kind] if DEFAULT_PORTS[kind] in ports else min(ports)
+
+
+@dataclass(frozen=True)
+class _Engine:
+    """An engine found in the table: its root process and, for unrecognised parents, its API servers."""
+
+    root: int
+    kind: str
+    servers: tuple[procs.ProcInfo, ...] | None = None  # None: the root's titled descendants
+    rooted: bool = True  # the root is the engine's main process (its flags and descendants are the engine's)
 
 
 def discover(proc_root: str) -> list[EngineTarget]:
@@ -320,48 +600,134 @@ def discover(proc_root: str) -> list[EngineTarget]:
         kind = engine_kind_of(p)
         if kind and not (p.ppid in by_pid and engine_kind_of(by_pid[p.ppid]) == kind):
             roots[p.pid] = kind
-    # API servers whose parent was not recognised (a wrapper script launched vLLM): the parent is the root.
+    found = [_Engine(root, kind) for root, kind in sorted(roots.items())]
+    found += _unrecognised(proc_root, table, by_pid, roots)
+    return _distinct(proc_root, [_target(proc_root, table, by_pid, e) for e in found])
+
+
+def _unrecognised(
+    proc_root: str, table: Sequence[procs.ProcInfo], by_pid: dict[int, procs.ProcInfo], roots: dict[int, str]
+) -> list[_Engine]:
+    """Return the engines of API servers whose parent was not recognised (a wrapper script launched vLLM).
+
+    Servers under one parent are one engine when they share a multiprocess dir and a listening
+    socket and their indices differ; otherwise (unrelated processes that took the same title)
+    each group, or each server, is an engine of its own. A parent that is an init (pid 1) never
+    stands for an engine, since every orphan of the host is its child.
+    """
+    by_parent: dict[int, list[procs.ProcInfo]] = defaultdict(list)
     for p in table:
         if API_SERVER_TITLE.match(p.title) and not any(a.pid in roots for a in _ancestors(by_pid, p.pid)):
-            roots.setdefault(p.ppid, "vllm")
-    targets = []
-    for root, kind in sorted(roots.items()):
-        info = by_pid.get(root)
-        cmdline = info.cmdline if info else ()
-        url, port = _url_of(kind, cmdline)
-        desc = procs.descendants(table, root)
-        servers = sorted(
-            ((int(m.group(1)), d.pid) for d in desc if (m := API_SERVER_TITLE.match(d.title))),
-        )
-        asc = _flag(cmdline, "--api-server-count", "-asc")
-        mp_dir = cuda = None
-        server_set = {pid for _, pid in servers}
-        for pid in [*server_set, *(d.pid for d in desc), root]:
-            env = procs.read_environ(proc_root, pid)
-            if mp_dir is None and env.get(MULTIPROC_ENV):
-                mp_dir = resolve_in(proc_root, pid, env[MULTIPROC_ENV])
-            if cuda is None and pid not in server_set:
-                cuda = env.get("CUDA_VISIBLE_DEVICES")
-        if servers:
-            server_pids: tuple[int, ...] = tuple(pid for _, pid in servers)
-        elif kind == "sglang" or asc in (None, "1"):
-            server_pids = (root,)  # the main process serves HTTP itself
-        else:  # several API servers without titles (vLLM 0.10): the children holding the listening socket
-            server_pids = _socket_holders(proc_root, root, [d.pid for d in desc], port)
-        targets.append(
-            EngineTarget(
-                url=url,
-                kind=kind,
-                name=f"{kind}:{port}",
-                root_pid=root,
-                api_server_pids=server_pids,
-                engine_pids=(root, *(d.pid for d in desc)),
-                api_server_count_cmdline=int(asc) if asc and asc.isdigit() else None,
-                multiproc_dir=mp_dir,
-                cuda_visible_devices=cuda,
+            by_parent[p.ppid].append(p)
+    out: list[_Engine] = []
+    for parent, servers in sorted(by_parent.items()):
+        groups: dict[tuple[str, frozenset[int]], list[procs.ProcInfo]] = defaultdict(list)
+        for s in servers:
+            env = procs.read_environ(proc_root, s.pid).get(MULTIPROC_ENV, "")
+            groups[(env, frozenset(procs.listening_sockets(proc_root, s.pid)))].append(s)
+        engines: list[list[procs.ProcInfo]] = []
+        for group in groups.values():
+            indices = [_server_index(s) for s in group]
+            engines += [group] if len(set(indices)) == len(indices) else [[s] for s in group]
+        if len(engines) == 1 and parent != 1 and parent in by_pid:
+            out.append(_Engine(parent, "vllm"))
+            continue
+        for group in engines:
+            group.sort(key=lambda s: (_server_index(s), s.pid))
+            out.append(_Engine(min(s.pid for s in group), "vllm", tuple(group), rooted=False))
+    return out
+
+
+def _server_index(info: procs.ProcInfo) -> int:
+    match = API_SERVER_TITLE.match(info.title)
+    return int(match.group(1)) if match else -1
+
+
+def _target(
+    proc_root: str, table: Sequence[procs.ProcInfo], by_pid: dict[int, procs.ProcInfo], e: _Engine
+) -> EngineTarget:
+    """Return the target of one engine found in the table."""
+    info = by_pid.get(e.root)
+    cmdline = info.cmdline if info and e.rooted else ()
+    if e.servers is None:
+        desc = procs.descendants(table, e.root)
+        servers = sorted((_server_index(d), d.pid) for d in desc if API_SERVER_TITLE.match(d.title))
+        pids = (e.root, *(d.pid for d in desc))
+    else:
+        servers = [(_server_index(s), s.pid) for s in e.servers]
+        pids = tuple(
+            dict.fromkeys(
+                p for s in e.servers for p in (s.pid, *(d.pid for d in procs.descendants(table, s.pid)))
             )
         )
-    return targets
+    server_set = {pid for _, pid in servers}
+    port: int | None = None
+    port_known = _flag(cmdline, "--port") is not None
+    if not port_known:
+        port = _listening_port(proc_root, e.kind, server_set or {e.root})
+        port_known = port is not None
+    url, port = _url_of(e.kind, cmdline, port)
+    asc = _flag(cmdline, "--api-server-count", "-asc")
+    mp_dir = cuda = None
+    for pid in [*server_set, *pids]:
+        env = procs.read_environ(proc_root, pid)
+        if mp_dir is None and env.get(MULTIPROC_ENV):
+            mp_dir = resolve_in(proc_root, pid, env[MULTIPROC_ENV])
+        if cuda is None and pid not in server_set:
+            cuda = env.get("CUDA_VISIBLE_DEVICES")
+    if servers:
+        server_pids: tuple[int, ...] = tuple(pid for _, pid in servers)
+    elif e.kind == "sglang" or asc in (None, "1"):
+        server_pids = (e.root,)  # the main process serves HTTP itself
+    else:  # several API servers without titles (vLLM 0.10): the children holding the listening socket
+        server_pids = _socket_holders(proc_root, e.root, list(pids[1:]), port)
+    return EngineTarget(
+        url=url,
+        kind=e.kind,
+        name=f"{e.kind}:{port}",
+        root_pid=e.root,
+        api_server_pids=server_pids,
+        engine_pids=pids,
+        api_server_count_cmdline=int(asc) if asc and asc.isdigit() else None,
+        multiproc_dir=mp_dir,
+        cuda_visible_devices=cuda,
+        servers_titled=bool(servers),
+        port_known=port_known,
+        max_num_seqs=batch_limit(proc_root, e.root, e.kind, cmdline),
+    )
+
+
+def _distinct(proc_root: str, targets: list[EngineTarget]) -> list[EngineTarget]:
+    """Give engines that would share a name distinct names, and never let two read the same page.
+
+    Of the engines named alike, the one whose port is known (from its flags or its sockets) and
+    that shares the daemon's network namespace keeps the name and the URL; the others are named
+    `<name>-2`, `-3`... and read only their multiprocess files, if any.
+    """
+    here = procs.net_namespace(proc_root, "self")
+    by_name: dict[str, list[int]] = defaultdict(list)
+    for i, t in enumerate(targets):
+        by_name[t.name].append(i)
+    out = list(targets)
+    for name, indices in by_name.items():
+        if len(indices) == 1:
+            continue
+        ranked = sorted(
+            indices,
+            key=lambda i: (
+                not targets[i].port_known,
+                procs.net_namespace(proc_root, targets[i].root_pid or 0) != here,
+                targets[i].root_pid or 0,
+            ),
+        )
+        for k, i in enumerate(ranked[1:], start=2):
+            out[i] = replace(
+                targets[i],
+                name=f"{name}-{k}",
+                url="",
+                extra={**targets[i].extra, "no_url": f"its port is not known apart from {name}'s"},
+            )
+    return out
 
 
 def _socket_holders(proc_root: str, root: int, children: Sequence[int], port: int) -> tuple[int, ...]:
@@ -429,7 +795,7 @@ def name_for(target: EngineTarget, kind: str) -> str:
     if port is not None:
         return f"{kind}:{port}"
     stem = Path(urlparse(target.url).path if target.url.startswith("file://") else target.url).stem
-    return f"{kind}:{stem}" if stem else kind
+    return f"{kind}:{stem[:64]}" if stem else kind
 
 
 # --- the source -----------------------------------------------------------------------------
@@ -441,6 +807,11 @@ def _is_file(url: str) -> bool:
 
 def _file_path(url: str) -> str:
     return urlparse(url).path if url.startswith("file://") else url
+
+
+def _error_class(error: str) -> str:
+    """Return the stable part of an error text (before the first colon), so a varying tail logs once."""
+    return error.split(":", 1)[0]
 
 
 class EngineSource:
@@ -460,6 +831,7 @@ class EngineSource:
         self.proc_root = proc_root or cfg.host.proc_root
         self.cgroup_root = cgroup_root or cfg.host.cgroup_root
         self._discover_every = discover_every
+        self._limits = PageLimits.of(cfg.engine)
         self._configured = [configured_target(u) for u in cfg.engine.urls]
         self._targets: list[EngineTarget] = list(self._configured)
         self._discovered_at: float | None = None
@@ -471,6 +843,8 @@ class EngineSource:
         self._readers: dict[str, MultiprocReader] = {}  # multiprocess dir -> its reader (and file index)
         self._spec: dict[str, deque[tuple[float, float | None, float | None]]] = {}
         self._said_none = False
+        self._found: set[str] = set()  # names of the engines discovery found last time
+        self._states: dict[str, str] = {}  # engine name -> "up" or the class of its error
 
     @property
     def targets(self) -> tuple[EngineTarget, ...]:
@@ -486,6 +860,7 @@ class EngineSource:
             self._discovered_at is None or now - self._discovered_at >= self._discover_every
         ):
             found = await self._blocking.run(lambda: discover(self.proc_root))
+            self._log_discovery(found)
             self._targets = merge_targets(self._configured, found)
             self._discovered_at = now
         if not self._targets:
@@ -497,34 +872,61 @@ class EngineSource:
             return ()  # nothing to read is not a failure: the source stays up
         self._said_none = False
         pages = await asyncio.gather(*(self._fetch(t) for t in self._targets))
-        return await self._blocking.run(lambda: self._build(pages))
+        readings = await self._blocking.run(lambda: self._build(pages))
+        self._log_states(readings)
+        return readings
 
-    async def _fetch(self, target: EngineTarget) -> tuple[str | None, str, float]:
-        """Return (page text or None, error, seconds) for a target read over HTTP; files are read later."""
+    def _log_discovery(self, found: Sequence[EngineTarget]) -> None:
+        """Log each engine discovery finds or loses, once."""
+        now = {t.name: t for t in found}
+        for name in sorted(set(now) - self._found):
+            t = now[name]
+            log.info(
+                "engine_found",
+                engine=name,
+                url=t.url or None,
+                api_servers=len(t.api_server_pids),
+                multiproc_dir=t.multiproc_dir,
+                max_num_seqs=t.max_num_seqs,
+                pid=t.root_pid,
+            )
+        for name in sorted(self._found - set(now)):
+            log.info("engine_lost", engine=name)
+        self._found = set(now)
+
+    def _log_states(self, readings: Sequence[EngineReading]) -> None:
+        """Log one line per change of an engine's state: up, or down by the class of its error."""
+        states = {}
+        for r in readings:
+            state = "up" if not r.error else _error_class(r.error)
+            states[r.name] = state
+            before = self._states.get(r.name)
+            if state == before:
+                continue
+            if state == "up":
+                log.info("engine_up", engine=r.name, url=r.url or None, read_from=r.source)
+            else:
+                log.warning("engine_down", engine=r.name, url=r.url or None, error=r.error)
+        self._states = states  # an engine no longer read is forgotten (discovery logs it lost)
+
+    async def _fetch(self, target: EngineTarget) -> tuple[bytes | None, str, float]:
+        """Return (page bytes or None, error, seconds) for a target read over HTTP; files are read later."""
         if self._use_files(target) or _is_file(target.url) or not target.url:
             return None, "", 0.0
         start = time.perf_counter()
+        timeout = self.cfg.engine.timeout_seconds
         if self._session is None:
-            self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=self.cfg.engine.timeout_seconds)
-            )
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout))
         try:
-            async with self._session.get(target.url) as resp:
-                if resp.status != 200:
-                    return None, f"HTTP {resp.status}", time.perf_counter() - start
-                text = await resp.text()
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            return (
-                None,
-                f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__,
-                time.perf_counter() - start,
-            )
-        return text, "", time.perf_counter() - start
+            data = await read_page_http(self._session, target.url, self._limits)
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+            return None, describe_error(exc, timeout), time.perf_counter() - start
+        return data, "", time.perf_counter() - start
 
     def _use_files(self, target: EngineTarget) -> bool:
         return self.cfg.engine.read_multiproc_files and multiproc_dir_usable(target.multiproc_dir)
 
-    def _build(self, pages: Sequence[tuple[str | None, str, float]]) -> tuple[EngineReading, ...]:
+    def _build(self, pages: Sequence[tuple[bytes | None, str, float]]) -> tuple[EngineReading, ...]:
         """Parse pages or read files, then add API-server CPU and cgroups (runs off the event loop)."""
         cpu = self._cpu.sample(
             info
@@ -533,8 +935,8 @@ class EngineSource:
             if (info := procs.proc_info(self.proc_root, pid))
         )
         out = []
-        for target, (text, error, seconds) in zip(self._targets, pages, strict=True):
-            reading = self._read_one(target, text, error, seconds)
+        for target, (data, error, seconds) in zip(self._targets, pages, strict=True):
+            reading = self._read_one(target, data, error, seconds)
             reading = self._with_processes(target, reading, cpu)
             out.append(self._with_acceptance(reading))
         return tuple(out)
@@ -550,56 +952,73 @@ class EngineSource:
             hist.popleft()
         return replace(reading, spec_acceptance=window_acceptance(hist))
 
-    def _read_one(self, target: EngineTarget, text: str | None, error: str, seconds: float) -> EngineReading:
+    def _claim(self, target: EngineTarget, kind: str) -> str:
+        """Return a configured engine's name: kind:port, made distinct from every other engine's."""
+        if target.name:
+            return target.name  # discovered: made distinct by discovery
+        found = {t.name for t in self._targets if t.name}
+        name = self._names.get(target.url)
+        if name and name not in found:
+            return name
+        if name:  # a local engine discovered later takes its kind:port back
+            kind = name.split(":", 1)[0]
+        base = name_for(target, kind)
+        taken = {n for u, n in self._names.items() if u != target.url} | found
+        name, k = base, 2
+        while name in taken:
+            name, k = f"{base}-{k}", k + 1
+        if kind != "unknown":
+            self._names[target.url] = name
+        return name
+
+    def _read_one(
+        self, target: EngineTarget, data: bytes | None, error: str, seconds: float
+    ) -> EngineReading:
         kind = target.kind or "unknown"
-        name = self._names.get(target.url) or (name_for(target, kind) if target.kind else "")
+        name = target.name or (self._claim(target, kind) if target.url in self._names else "")
         start = time.perf_counter()
+        limits = self._limits
         try:
             if self._use_files(target):
                 assert target.multiproc_dir is not None
                 reader = self._readers.get(target.multiproc_dir)
                 if reader is None:
-                    reader = self._readers[target.multiproc_dir] = MultiprocReader(target.multiproc_dir)
+                    reader = self._readers[target.multiproc_dir] = MultiprocReader(
+                        target.multiproc_dir, limits
+                    )
                 reading = reading_from_multiproc(reader, name=name, url=target.url, kind=target.kind)
             elif _is_file(target.url):
-                page = Path(_file_path(target.url)).read_text()
-                reading = reading_from_page(page, name=name, url=target.url, source="file")
-            elif text is not None:
-                reading = reading_from_page(text, name=name, url=target.url)
+                page = read_page_file(_file_path(target.url), limits)
+                reading = reading_from_bytes(page, name=name, url=target.url, source="file", limits=limits)
+            elif data is not None:
+                reading = reading_from_bytes(data, name=name, url=target.url, limits=limits)
             else:
-                return EngineReading(
-                    name=name or name_for(target, kind), kind=kind, url=target.url, error=error or "no page"
-                )
+                reason = error or target.extra.get("no_url") or "no page"
+                name = name or self._claim(target, kind)
+                return EngineReading(name=name, kind=kind, url=target.url, error=reason)
         except Exception as exc:  # one engine's bad page must not hide the others
-            return EngineReading(
-                name=name or name_for(target, kind),
-                kind=kind,
-                url=target.url,
-                error=f"{type(exc).__name__}: {exc}",
-            )
+            name = name or self._claim(target, kind)
+            return EngineReading(name=name, kind=kind, url=target.url, error=describe_error(exc))
         if not name:
-            name = name_for(target, reading.kind)
-            self._names[target.url] = name
-            reading = replace(reading, name=name)
+            reading = replace(reading, name=self._claim(target, reading.kind))
         return replace(reading, scrape_seconds=seconds + time.perf_counter() - start)
 
     def _with_processes(
         self, target: EngineTarget, reading: EngineReading, cpu: dict[int, ProcessCpu]
     ) -> EngineReading:
-        """Add API-server CPU, the API-server count and the engine's cgroups to a reading."""
+        """Add API-server CPU, the API-server count, the batch limit and the engine's cgroups to a reading."""
         if target.root_pid is None:
             return reading
         servers = tuple(cpu[pid] for pid in target.api_server_pids if pid in cpu)
-        titled = sum(1 for pid in target.api_server_pids if pid != target.root_pid)
         count, how = reading.api_server_count, reading.api_server_count_source
-        if titled:
-            count, how = titled, "processes"
+        if target.servers_titled:
+            count, how = len(target.api_server_pids), "processes"
         elif target.api_server_count_cmdline:
             count, how = target.api_server_count_cmdline, "cmdline"
         elif count is None and target.api_server_pids == (target.root_pid,):
             count, how = 1, "processes"
         cgroups: dict[str, CgroupCpu] = {}
-        for pid in target.engine_pids:
+        for pid in dict.fromkeys((*target.engine_pids, *target.api_server_pids)):
             path = cgroup_path_of(self.proc_root, pid)
             if path not in cgroups:
                 cg = read_cgroup_cpu(self.cgroup_root, path)
@@ -614,6 +1033,7 @@ class EngineSource:
             cgroups=tuple(cgroups.values()),
             pids=target.engine_pids,
             cuda_visible_devices=target.cuda_visible_devices,
+            max_num_seqs=target.max_num_seqs if target.max_num_seqs is not None else reading.max_num_seqs,
         )
         return replace(reading, steps=dedup.step_count(reading))
 
@@ -637,23 +1057,31 @@ class EngineSource:
         self._blocking.close()
 
 
-async def read_once(url_or_path: str, timeout: float = 2.0) -> EngineReading:
-    """Read one page (URL, file:// URL or path) or multiprocess dir once and return its reading."""
+async def read_once(
+    url_or_path: str, timeout: float = 2.0, limits: PageLimits = DEFAULT_LIMITS
+) -> EngineReading:
+    """Read one page (URL, file:// URL or path) or multiprocess dir once and return its reading.
+
+    Raises PageError with what went wrong in words (refused, no answer, not an engine's page).
+    """
     if not url_or_path.startswith(("http://", "https://", "file://")):
         url_or_path = os.path.abspath(url_or_path)  # a page or a dir given by a relative path
     target = configured_target(url_or_path)
     if os.path.isdir(_file_path(url_or_path)):
-        reading = reading_from_multiproc(_file_path(url_or_path), url=url_or_path)
+        reading = reading_from_multiproc(MultiprocReader(_file_path(url_or_path), limits), url=url_or_path)
         return replace(reading, name=name_for(target, reading.kind))
     if _is_file(url_or_path):
-        page = Path(_file_path(url_or_path)).read_text()
-        reading = reading_from_page(page, url=url_or_path, source="file")
+        try:
+            page = read_page_file(_file_path(url_or_path), limits)
+        except OSError as exc:
+            raise PageError(f"cannot read {_file_path(url_or_path)}: {exc.strerror or exc}") from exc
+        reading = reading_from_bytes(page, url=url_or_path, source="file", limits=limits)
         return replace(reading, name=name_for(target, reading.kind))
     start = time.perf_counter()
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session:
-        async with session.get(url_or_path) as resp:
-            if resp.status != 200:
-                raise OSError(f"{url_or_path}: HTTP {resp.status}")
-            text = await resp.text()
-    reading = reading_from_page(text, url=url_or_path)
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session:
+            data = await read_page_http(session, url_or_path, limits)
+    except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+        raise PageError(describe_error(exc, timeout)) from exc
+    reading = reading_from_bytes(data, url=url_or_path, limits=limits)
     return replace(reading, name=name_for(target, reading.kind), scrape_seconds=time.perf_counter() - start)

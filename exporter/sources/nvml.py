@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from exporter.config import NvmlConfig
 from exporter.snapshot.gpu import GpmRatios, GpuReading
-from exporter.sources.base import BlockingReader, SourceUnavailable
+from exporter.sources.base import BlockingReader, SourceDown
 
 T = TypeVar("T")
 
@@ -99,7 +99,7 @@ class NvmlSource:
             return self._devices
         now = self._clock()
         if self._init_failed_at is not None and now - self._init_failed_at < INIT_RETRY_SECONDS:
-            raise SourceUnavailable(self._init_error)
+            raise SourceDown(self._init_error)  # each tick NVML stays down is a failed read
         try:
             nvml = self._nvml or _load_pynvml()
             self._nvml = nvml
@@ -107,7 +107,7 @@ class NvmlSource:
         except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ImportError...
             self._init_failed_at = now
             self._init_error = f"NVML unavailable: {_describe(exc)}"
-            raise SourceUnavailable(self._init_error) from exc
+            raise SourceDown(self._init_error) from exc
         self._init_failed_at = None
         self._driver = _text(self._quiet(nvml.nvmlSystemGetDriverVersion)) or ""
         count = nvml.nvmlDeviceGetCount()

@@ -213,6 +213,37 @@ def listening_inodes(proc_root: str, pid: int, port: int) -> set[int]:
     return inodes
 
 
+def listening_sockets(proc_root: str, pid: int) -> dict[int, int]:
+    """Return the listening TCP sockets a process holds, inode -> port (in its own network namespace)."""
+    by_inode: dict[int, int] = {}
+    for name in ("tcp", "tcp6"):
+        text = _read_text(Path(proc_root, str(pid), "net", name))
+        for line in (text or "").splitlines()[1:]:
+            fields = line.split()
+            if len(fields) < 10 or fields[3] != "0A":  # 0A: LISTEN
+                continue
+            try:
+                by_inode[int(fields[9])] = int(fields[1].rsplit(":", 1)[1], 16)
+            except (IndexError, ValueError):
+                continue
+    if not by_inode:
+        return {}
+    return {i: by_inode[i] for i in socket_inodes(proc_root, pid) if i in by_inode}
+
+
+def listening_ports(proc_root: str, pid: int) -> set[int]:
+    """Return the TCP ports a process holds a listening socket on."""
+    return set(listening_sockets(proc_root, pid).values())
+
+
+def net_namespace(proc_root: str, pid: int | str) -> str | None:
+    """Return the network namespace a process is in ("net:[4026531840]"), None when it cannot be told."""
+    try:
+        return os.readlink(Path(proc_root, str(pid), "ns", "net"))
+    except OSError:
+        return None
+
+
 def socket_inodes(proc_root: str, pid: int) -> set[int]:
     """Return the inodes of the sockets a process holds open (empty without permission)."""
     fd_dir = Path(proc_root, str(pid), "fd")
@@ -226,7 +257,7 @@ def socket_inodes(proc_root: str, pid: int) -> set[int]:
             target = os.readlink(fd_dir / fd)
         except OSError:
             continue
-        if target.startswith("socket:["):
+        if target.startswith("socket:[") and target[8:-1].isdigit():
             out.add(int(target[8:-1]))
     return out
 

@@ -1,0 +1,116 @@
+"""Discovery in a PID namespace of its own: titled processes as the field has them, read as the daemon does.
+
+Each test runs `ns_engines.py` as pid 1 of `unshare --pid --fork --mount-proc` (we are root), so
+the process table holds only the scenario's processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from engine_fixtures import HERE
+
+ROOT = Path(__file__).resolve().parents[2]
+CPU_V1 = Path("/sys/fs/cgroup/cpu")
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("unshare") is None or os.geteuid() != 0, reason="needs unshare and root"
+)
+
+
+def run_scenario(name: str, *args: str) -> dict:
+    out = subprocess.run(
+        [
+            "unshare",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            sys.executable,
+            str(HERE / "ns_engines.py"),
+            name,
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "BOUNDWATCH_LOG_FORMAT": "json"},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    line = next(x for x in reversed(out.stdout.splitlines()) if x.startswith("{"))
+    return json.loads(line)
+
+
+@pytest.mark.parametrize("layout", ["one_parent", "three_parents", "under_init"])
+def test_three_unrelated_api_servers_are_three_engines_without_a_duplicate_series(layout):
+    got = run_scenario(layout)
+    names = [e["name"] for e in got["engines"]]
+    assert sorted(names) == ["vllm:8000", "vllm:8000-2", "vllm:8000-3"]
+    assert got["duplicates"] == []
+    assert all(e["servers"] == ["0"] and e["api_server_count"] == 1 for e in got["engines"])
+    # Only one of them may read the page at the default port; the others have no URL of their own.
+    assert sum(1 for t in got["targets"] if t["url"]) == 1
+    assert len(got["saturated_series"]) == 3
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_wrapper_with_two_api_servers_on_one_socket_is_one_engine_at_the_port_it_listens_on():
+    port = free_port()
+    got = run_scenario("wrapped_engine", str(port))
+    (target,) = got["targets"]
+    assert (target["name"], target["servers"], target["port_known"]) == (f"vllm:{port}", 2, True)
+    (engine,) = got["engines"]
+    assert (engine["error"], engine["running"], engine["servers"]) == ("", 4.0, ["0", "1"])
+    assert got["duplicates"] == []
+
+
+def test_the_batch_limit_comes_from_the_engine_command_line_or_its_config_file(tmp_path):
+    (tmp_path / "cfg.yaml").write_text("model: m\n# a comment\nmax-num-seqs: 96  # per engine\n")
+    got = run_scenario("batch_limits", str(tmp_path))
+    limits = {t["name"]: t["max_num_seqs"] for t in got["targets"]}
+    assert limits == {"vllm:18001": 64, "vllm:18002": 96, "vllm:18003": None, "sglang:18004": 48}
+    assert {e["name"]: e["max_num_seqs"] for e in got["engines"]} == limits  # in every reading, page or not
+
+
+@pytest.fixture
+def cgroups():
+    if not (CPU_V1 / "cpu.cfs_quota_us").exists() or not os.access(CPU_V1, os.W_OK):
+        pytest.skip("needs a writable cgroup v1 cpu hierarchy")
+    base = CPU_V1 / f"bw-test-{os.getpid()}"
+    api, core = base / "api", base / "core"
+    for d in (base, api, core):
+        d.mkdir()
+    (api / "cpu.cfs_period_us").write_text("100000")
+    (api / "cpu.cfs_quota_us").write_text("20000")  # 0.2 of a core for the API servers alone
+    yield api, core
+    for d in (api, core, base):
+        for _ in range(50):
+            try:
+                d.rmdir()
+                break
+            except OSError:
+                import time
+
+                time.sleep(0.1)
+
+
+def test_the_api_servers_and_the_engine_core_cgroups_are_all_in_the_reading(cgroups):
+    api, core = cgroups
+    got = run_scenario("quota_on_api_servers", str(api), str(core))
+    (engine,) = got["engines"]
+    rel_api, rel_core = "/" + str(api.relative_to(CPU_V1)), "/" + str(core.relative_to(CPU_V1))
+    assert engine["cgroups"][rel_api] == pytest.approx(0.2)
+    assert rel_core in engine["cgroups"]
+    assert engine["server_cgroups"] == [rel_api]

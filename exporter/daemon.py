@@ -1,4 +1,7 @@
-"""The daemon's lifecycle: build the sources, tick, serve HTTP, stop cleanly on SIGTERM/SIGINT."""
+"""The daemon's lifecycle: build the sources, tick, serve HTTP, stop cleanly on SIGTERM/SIGINT.
+
+SIGHUP is logged and ignored (a new configuration needs a restart), never a kill without cleanup.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +18,12 @@ from aiohttp import web
 
 from exporter import __version__
 from exporter.config import Config
+from exporter.export.listener import (
+    ConnectionGuard,
+    RateLimitedLoopErrors,
+    connection_cap,
+    raise_descriptor_limit,
+)
 from exporter.export.web import make_app
 from exporter.sampling import Sampler
 from exporter.sources.base import Source
@@ -66,6 +75,32 @@ def _ssl_context(cfg: Config) -> ssl.SSLContext | None:
     return ctx
 
 
+def _on_sighup() -> None:
+    log.warning("sighup_ignored", reason="configuration reload is not supported: restart to apply it")
+
+
+async def _listen(cfg: Config, runner: web.AppRunner) -> tuple[asyncio.Server, ConnectionGuard]:
+    """Listen on the configured address through the connection guard."""
+    loop = asyncio.get_running_loop()
+    w = cfg.web
+    guard = ConnectionGuard(
+        runner.server,  # type: ignore[arg-type]
+        connection_cap(w.max_connections, raise_descriptor_limit()),
+        w.header_timeout_seconds,
+    )
+    ctx = _ssl_context(cfg)
+    server = await loop.create_server(
+        guard,
+        w.address,
+        w.port,
+        ssl=ctx,
+        backlog=1024,
+        reuse_address=True,
+        ssl_handshake_timeout=w.header_timeout_seconds if ctx is not None else None,
+    )
+    return server, guard
+
+
 async def serve(
     cfg: Config,
     sources: list[Source] | None = None,
@@ -75,9 +110,12 @@ async def serve(
     """Run the daemon until stop is set (or SIGTERM/SIGINT arrives)."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
+    loop.set_exception_handler(RateLimitedLoopErrors())
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        loop.add_signal_handler(signal.SIGHUP, _on_sighup)
     sources = build_sources(cfg) if sources is None else sources
     for source in sources:
         start = getattr(source, "start", None)
@@ -95,21 +133,31 @@ async def serve(
     sampler = Sampler(cfg, sources, on_tick=on_tick)
     await sampler.tick()  # serve a first Snapshot from the start
     app = make_app(cfg, sampler)
-    runner = web.AppRunner(app, access_log=None)
+    w = cfg.web
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        keepalive_timeout=w.idle_timeout_seconds,
+        lingering_time=w.body_timeout_seconds,
+        max_line_size=8190,
+        max_field_size=8190,
+    )
     await runner.setup()
-    site = web.TCPSite(runner, cfg.web.address, cfg.web.port, ssl_context=_ssl_context(cfg))
-    await site.start()
-    port = cfg.web.port
-    server = getattr(site, "_server", None)
-    if server is not None and server.sockets:
-        port = server.sockets[0].getsockname()[1]
+    try:
+        server, guard = await _listen(cfg, runner)
+    except BaseException:
+        await runner.cleanup()
+        await sampler.aclose()
+        raise
+    port = server.sockets[0].getsockname()[1] if server.sockets else w.port
     log.info(
         "listening",
         version=__version__,
-        address=cfg.web.address,
+        address=w.address,
         port=port,
         tick_seconds=cfg.tick_seconds,
         sources=[s.name for s in sources],
+        max_connections=guard.max_connections,
     )
     sd_notify("READY=1")
     if on_ready is not None:
@@ -123,6 +171,7 @@ async def serve(
         ticking.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await ticking
+        server.close()
         await runner.cleanup()
         for source in sources:
             aclose = getattr(source, "aclose", None)

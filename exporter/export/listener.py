@@ -1,0 +1,194 @@
+"""The HTTP listener's guard: a bound on open connections and on the time a request's headers take.
+
+aiohttp times out idle kept-alive connections but not a client that sends its request a byte at
+a time (slowloris), and it accepts connections until the process runs out of descriptors. The
+guard wraps each connection's protocol: beyond `max_connections` a connection gets a 503 and is
+closed at once (it costs one descriptor for a moment, never sampling time), and a request line
+and headers that have not arrived `header_timeout` seconds after the connection or the request's
+first byte close the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger("boundwatch.web")
+
+REFUSED = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 21\r\n"
+    b"Retry-After: 1\r\nConnection: close\r\n\r\ntoo many connections\n"
+)
+END_OF_HEADERS = b"\r\n\r\n"
+DESCRIPTORS_KEPT = 128  # descriptors left for the sources (/proc, NVML, engine pages, the agent socket)
+
+
+def raise_descriptor_limit(want: int = 65536) -> int:
+    """Raise the soft RLIMIT_NOFILE towards the hard limit (at most `want`); return the soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return int(soft)
+
+
+def connection_cap(configured: int, soft_limit: int) -> int:
+    """Return the connections to allow: as configured, but leaving descriptors for the sources."""
+    return max(8, min(configured, soft_limit - DESCRIPTORS_KEPT))
+
+
+class ConnectionGuard:
+    """A protocol factory that bounds open connections and header time around aiohttp's handlers."""
+
+    def __init__(
+        self,
+        factory: Callable[[], asyncio.Protocol],
+        max_connections: int,
+        header_timeout: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.factory = factory
+        self.max_connections = max_connections
+        self.header_timeout = header_timeout
+        self._clock = clock
+        self.open = 0
+        self.refused_total = 0
+        self.timed_out_total = 0
+        self._logged_at = -1e9
+        self._refused_logged = 0
+
+    def __call__(self) -> asyncio.Protocol:
+        """Return the protocol of one new connection."""
+        return _Guarded(self)
+
+    def refuse(self) -> None:
+        """Count a refused connection, logging at most once every 10 s."""
+        self.refused_total += 1
+        now = self._clock()
+        if now - self._logged_at >= 10.0:
+            log.warning(
+                "connections_refused",
+                open=self.open,
+                limit=self.max_connections,
+                refused=self.refused_total - self._refused_logged,
+            )
+            self._logged_at, self._refused_logged = now, self.refused_total
+
+
+class _Guarded(asyncio.Protocol):
+    """One connection: aiohttp's handler inside, a header deadline around it."""
+
+    def __init__(self, guard: ConnectionGuard) -> None:
+        self._guard = guard
+        self._inner: asyncio.Protocol | None = None
+        self._transport: asyncio.Transport | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._partial = False  # part of a request's head has arrived, not yet its end
+        self._tail = b""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        guard = self._guard
+        self._transport = transport  # type: ignore[assignment]
+        if guard.open >= guard.max_connections:
+            guard.refuse()
+            try:
+                self._transport.write(REFUSED)  # type: ignore[union-attr]
+            finally:
+                transport.close()
+            return
+        guard.open += 1
+        self._inner = guard.factory()
+        self._inner.connection_made(transport)
+        self._arm()  # the first request's head must arrive in time too
+
+    def _arm(self) -> None:
+        if self._timer is None:
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_later(self._guard.header_timeout, self._expire)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expire(self) -> None:
+        self._timer = None
+        self._guard.timed_out_total += 1
+        if self._transport is not None:
+            self._transport.abort()
+
+    def _scan(self, data: bytes) -> None:
+        """Track request heads: arm the deadline at a head's first byte, disarm it at its end."""
+        buf = self._tail + data
+        at = 0
+        while True:
+            if not self._partial:
+                if at >= len(buf):
+                    break
+                self._partial = True
+                self._arm()
+            end = buf.find(END_OF_HEADERS, at)
+            if end < 0:
+                break
+            self._partial = False
+            self._disarm()
+            at = end + len(END_OF_HEADERS)
+        self._tail = buf[-3:] if self._partial else b""
+
+    def data_received(self, data: bytes) -> None:
+        if self._inner is None:
+            return
+        self._scan(data)
+        self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return None if self._inner is None else self._inner.eof_received()
+
+    def pause_writing(self) -> None:
+        if self._inner is not None:
+            self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self._inner is not None:
+            self._inner.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        inner, self._inner = self._inner, None
+        self._transport = None
+        if inner is not None:
+            self._guard.open -= 1
+            inner.connection_lost(exc)
+
+
+class RateLimitedLoopErrors:
+    """An event-loop exception handler that logs each kind of error at most once every `every` s."""
+
+    def __init__(self, every: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self._every = every
+        self._clock = clock
+        self._last: dict[str, tuple[float, int]] = {}
+
+    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """Log one loop error (accept() out of descriptors, a callback's exception) unless just logged."""
+        exc = context.get("exception")
+        message = str(context.get("message", "event loop error"))
+        kind = f"{message}:{type(exc).__name__}"
+        now = self._clock()
+        last, suppressed = self._last.get(kind, (-1e18, 0))
+        if now - last < self._every:
+            self._last[kind] = (last, suppressed + 1)
+            return
+        if len(self._last) > 256:
+            self._last.clear()
+        self._last[kind] = (now, 0)
+        log.warning("loop_error", message=message, error=repr(exc) if exc else None, suppressed=suppressed)

@@ -267,7 +267,8 @@ def _describe(tp: Any) -> str:
         inner = [a for a in typing.get_args(tp) if a is not type(None)]
         return f"{_describe(inner[0])} or none"
     if typing.get_origin(tp) is tuple:
-        return f"a list of {_describe(typing.get_args(tp)[0])}s"
+        item = typing.get_args(tp)[0]
+        return "a list of " + {bool: "booleans", int: "integers", float: "numbers"}.get(item, "strings")
     return {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}.get(tp, str(tp))
 
 

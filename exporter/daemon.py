@@ -19,6 +19,7 @@ from aiohttp import web
 from exporter import __version__
 from exporter.config import Config
 from exporter.export.listener import (
+    BACKLOG,
     ConnectionGuard,
     RateLimitedLoopErrors,
     connection_cap,
@@ -79,26 +80,21 @@ def _on_sighup() -> None:
     log.warning("sighup_ignored", reason="configuration reload is not supported: restart to apply it")
 
 
-async def _listen(cfg: Config, runner: web.AppRunner) -> tuple[asyncio.Server, ConnectionGuard]:
-    """Listen on the configured address through the connection guard."""
-    loop = asyncio.get_running_loop()
-    w = cfg.web
-    guard = ConnectionGuard(
-        runner.server,  # type: ignore[arg-type]
-        connection_cap(w.max_connections, raise_descriptor_limit()),
-        w.header_timeout_seconds,
-    )
-    ctx = _ssl_context(cfg)
-    server = await loop.create_server(
-        guard,
-        w.address,
-        w.port,
-        ssl=ctx,
-        backlog=1024,
-        reuse_address=True,
-        ssl_handshake_timeout=w.header_timeout_seconds if ctx is not None else None,
-    )
-    return server, guard
+def _listening_socket(address: str, port: int) -> socket.socket:
+    """Return a non-blocking TCP socket listening on address:port."""
+    family, kind, proto, _, where = socket.getaddrinfo(
+        address, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(where)
+        sock.listen(BACKLOG)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 async def serve(
@@ -143,13 +139,20 @@ async def serve(
         max_field_size=8190,
     )
     await runner.setup()
+    guard = ConnectionGuard(
+        runner.server,  # type: ignore[arg-type]
+        connection_cap(w.max_connections, raise_descriptor_limit()),
+        w.header_timeout_seconds,
+    )
     try:
-        server, guard = await _listen(cfg, runner)
+        tls = _ssl_context(cfg)
+        listener = _listening_socket(w.address, w.port)
     except BaseException:
         await runner.cleanup()
         await sampler.aclose()
         raise
-    port = server.sockets[0].getsockname()[1] if server.sockets else w.port
+    accepting = asyncio.create_task(guard.serve(listener, tls), name="accept")
+    port = listener.getsockname()[1]
     log.info(
         "listening",
         version=__version__,
@@ -171,7 +174,10 @@ async def serve(
         ticking.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await ticking
-        server.close()
+        accepting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await accepting
+        listener.close()
         await runner.cleanup()
         for source in sources:
             aclose = getattr(source, "aclose", None)

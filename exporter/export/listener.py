@@ -1,17 +1,21 @@
 """The HTTP listener's guard: a bound on open connections and on the time a request's headers take.
 
 aiohttp times out idle kept-alive connections but not a client that sends its request a byte at
-a time (slowloris), and it accepts connections until the process runs out of descriptors. The
-guard wraps each connection's protocol: beyond `max_connections` a connection gets a 503 and is
-closed at once (it costs one descriptor for a moment, never sampling time), and a request line
-and headers that have not arrived `header_timeout` seconds after the connection or the request's
-first byte close the connection.
+a time (slowloris), and asyncio accepts connections until the process runs out of descriptors.
+The guard accepts connections itself, one at a time: beyond `max_connections` a connection gets
+a 503 and is closed at once (one descriptor for a moment, never sampling time); the others are
+handed to aiohttp through a protocol that closes a connection whose request line and headers have
+not arrived `header_timeout` seconds after the connection or after the request's first byte.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import resource
+import socket
+import ssl
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +29,7 @@ REFUSED = (
     b"Retry-After: 1\r\nConnection: close\r\n\r\ntoo many connections\n"
 )
 END_OF_HEADERS = b"\r\n\r\n"
+BACKLOG = 256
 DESCRIPTORS_KEPT = 128  # descriptors left for the sources (/proc, NVML, engine pages, the agent socket)
 
 
@@ -66,9 +71,51 @@ class ConnectionGuard:
         self._logged_at = -1e9
         self._refused_logged = 0
 
-    def __call__(self) -> asyncio.Protocol:
-        """Return the protocol of one new connection."""
-        return _Guarded(self)
+    async def serve(self, listener: socket.socket, ssl_context: ssl.SSLContext | None = None) -> None:
+        """Accept connections until cancelled: refuse those over the cap, hand the others to aiohttp."""
+        loop = asyncio.get_running_loop()
+        handshakes: set[asyncio.Task[None]] = set()
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(listener)
+            except OSError as exc:  # EMFILE and the like: wait a moment, log at most every 10 s
+                if exc.errno != errno.ECONNABORTED:
+                    loop.call_exception_handler({"message": "accept() failed", "exception": exc})
+                    await asyncio.sleep(0.1)
+                continue
+            if self.open >= self.max_connections:
+                self.refuse()
+                with contextlib.suppress(OSError):
+                    conn.send(REFUSED)
+                conn.close()
+                continue
+            self.open += 1
+            if ssl_context is None:
+                await self._hand_over(conn, None)
+            else:  # the TLS handshake must not hold the accept loop
+                task = asyncio.create_task(self._hand_over(conn, ssl_context))
+                handshakes.add(task)
+                task.add_done_callback(handshakes.discard)
+
+    async def _hand_over(self, conn: socket.socket, ssl_context: ssl.SSLContext | None) -> None:
+        made: list[_Guarded] = []
+
+        def factory() -> _Guarded:
+            made.append(_Guarded(self))
+            return made[-1]
+
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.connect_accepted_socket(
+                factory,
+                conn,
+                ssl=ssl_context,
+                ssl_handshake_timeout=self.header_timeout if ssl_context is not None else None,
+            )
+        except Exception:  # a failed TLS handshake: the connection never reached aiohttp
+            conn.close()
+            if not (made and made[0].made):
+                self.open -= 1
 
     def refuse(self) -> None:
         """Count a refused connection, logging at most once every 10 s."""
@@ -94,19 +141,12 @@ class _Guarded(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._partial = False  # part of a request's head has arrived, not yet its end
         self._tail = b""
+        self.made = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        guard = self._guard
+        self.made = True
         self._transport = transport  # type: ignore[assignment]
-        if guard.open >= guard.max_connections:
-            guard.refuse()
-            try:
-                self._transport.write(REFUSED)  # type: ignore[union-attr]
-            finally:
-                transport.close()
-            return
-        guard.open += 1
-        self._inner = guard.factory()
+        self._inner = self._guard.factory()
         self._inner.connection_made(transport)
         self._arm()  # the first request's head must arrive in time too
 

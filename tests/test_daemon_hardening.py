@@ -113,6 +113,13 @@ def test_a_request_head_sent_a_byte_at_a_time_is_cut_off(tmp_path):
             slow.close()
             idle.close()
         assert http_get(daemon.metrics_url)[0] == 200  # whole requests still served, kept alive or not
+        with socket.create_connection(("127.0.0.1", daemon.port), timeout=5) as piped:
+            piped.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            got = b""
+            while got.count(b"HTTP/1.1 200") < 2:
+                chunk = piped.recv(65536)
+                assert chunk, f"closed after {got!r}"
+                got += chunk
 
 
 def test_connections_beyond_the_cap_get_503_at_once(tmp_path):

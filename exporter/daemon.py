@@ -25,7 +25,7 @@ from exporter.export.listener import (
     connection_cap,
     raise_descriptor_limit,
 )
-from exporter.export.web import make_app
+from exporter.export.web import LISTENER, make_app
 from exporter.sampling import Sampler
 from exporter.sources.base import Source
 from exporter.sources.host import HostSource
@@ -143,6 +143,7 @@ async def serve(
         runner.server,  # type: ignore[arg-type]
         connection_cap(w.max_connections, raise_descriptor_limit()),
         w.header_timeout_seconds,
+        stats=app[LISTENER],
     )
     try:
         tls = _ssl_context(cfg)

@@ -120,6 +120,8 @@ def test_a_request_head_sent_a_byte_at_a_time_is_cut_off(tmp_path):
                 chunk = piped.recv(65536)
                 assert chunk, f"closed after {got!r}"
                 got += chunk
+        body = http_get(daemon.metrics_url)[1]
+        assert b'boundwatch_http_refused_total{cause="header_timeout"} 2.0' in body
 
 
 def test_connections_beyond_the_cap_get_503_at_once(tmp_path):
@@ -136,7 +138,8 @@ def test_connections_beyond_the_cap_get_503_at_once(tmp_path):
             for sock in held:
                 sock.close()
         time.sleep(0.5)
-        assert http_get(daemon.metrics_url)[0] == 200
+        status, body = http_get(daemon.metrics_url)
+        assert status == 200 and b'boundwatch_http_refused_total{cause="connection_limit"} 1.0' in body
 
 
 def _nofile_1024() -> None:

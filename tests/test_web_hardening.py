@@ -11,7 +11,7 @@ import time
 import pytest
 
 from exporter.config import Config, NvmlConfig, WebConfig
-from exporter.export.web import AUTH, PAGES, accepts_gzip, make_app, served
+from exporter.export.web import AUTH, PAGES, SAMPLER, accepts_gzip, make_app, served
 from exporter.sampling import Sampler
 from exporter.snapshot.engine import EngineReading
 from exporter.snapshot.host import HostReading, ProcessCpu
@@ -203,3 +203,8 @@ async def test_a_wrong_password_flood_runs_few_checks_and_gets_429(aiohttp_clien
     # the scraper that already logged in is remembered: it passes without a check while others are refused
     assert (await client.get("/metrics", headers=_basic("prom", "s3cret"))).status == 200
     assert (await client.get("/metrics", headers=_basic("nobody", "x"))).status == 429
+    await client.app[SAMPLER].tick()  # a new page (the cached one lives one tick)
+    page = await (await client.get("/metrics", headers=_basic("prom", "s3cret"))).text()
+    assert f'boundwatch_http_refused_total{{cause="auth_failed"}} {auth.failures:.1f}' in page
+    assert f'boundwatch_http_refused_total{{cause="auth_rate_limited"}} {auth.refused:.1f}' in page
+    assert auth.failures == 3 + 2 and auth.refused >= 9

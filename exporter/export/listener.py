@@ -18,6 +18,7 @@ import socket
 import ssl
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -51,6 +52,15 @@ def connection_cap(configured: int, soft_limit: int) -> int:
     return max(8, min(configured, soft_limit - DESCRIPTORS_KEPT))
 
 
+@dataclass
+class ListenerStats:
+    """What the guard saw: connections open now, refused and cut off since start."""
+
+    open: int = 0
+    refused_total: int = 0
+    timed_out_total: int = 0
+
+
 class ConnectionGuard:
     """A protocol factory that bounds open connections and header time around aiohttp's handlers."""
 
@@ -60,14 +70,13 @@ class ConnectionGuard:
         max_connections: int,
         header_timeout: float,
         clock: Callable[[], float] = time.monotonic,
+        stats: ListenerStats | None = None,
     ) -> None:
         self.factory = factory
         self.max_connections = max_connections
         self.header_timeout = header_timeout
         self._clock = clock
-        self.open = 0
-        self.refused_total = 0
-        self.timed_out_total = 0
+        self.stats = stats if stats is not None else ListenerStats()
         self._logged_at = -1e9
         self._refused_logged = 0
 
@@ -83,13 +92,13 @@ class ConnectionGuard:
                     loop.call_exception_handler({"message": "accept() failed", "exception": exc})
                     await asyncio.sleep(0.1)
                 continue
-            if self.open >= self.max_connections:
+            if self.stats.open >= self.max_connections:
                 self.refuse()
                 with contextlib.suppress(OSError):
                     conn.send(REFUSED)
                 conn.close()
                 continue
-            self.open += 1
+            self.stats.open += 1
             if ssl_context is None:
                 await self._hand_over(conn, None)
             else:  # the TLS handshake must not hold the accept loop
@@ -115,20 +124,20 @@ class ConnectionGuard:
         except Exception:  # a failed TLS handshake: the connection never reached aiohttp
             conn.close()
             if not (made and made[0].made):
-                self.open -= 1
+                self.stats.open -= 1
 
     def refuse(self) -> None:
         """Count a refused connection, logging at most once every 10 s."""
-        self.refused_total += 1
+        self.stats.refused_total += 1
         now = self._clock()
         if now - self._logged_at >= 10.0:
             log.warning(
                 "connections_refused",
-                open=self.open,
+                open=self.stats.open,
                 limit=self.max_connections,
-                refused=self.refused_total - self._refused_logged,
+                refused=self.stats.refused_total - self._refused_logged,
             )
-            self._logged_at, self._refused_logged = now, self.refused_total
+            self._logged_at, self._refused_logged = now, self.stats.refused_total
 
 
 class _Guarded(asyncio.Protocol):
@@ -162,7 +171,7 @@ class _Guarded(asyncio.Protocol):
 
     def _expire(self) -> None:
         self._timer = None
-        self._guard.timed_out_total += 1
+        self._guard.stats.timed_out_total += 1
         if self._transport is not None:
             self._transport.abort()
 
@@ -206,7 +215,7 @@ class _Guarded(asyncio.Protocol):
         inner, self._inner = self._inner, None
         self._transport = None
         if inner is not None:
-            self._guard.open -= 1
+            self._guard.stats.open -= 1
             inner.connection_lost(exc)
 
 

@@ -15,17 +15,20 @@ import json
 import math
 import re
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import Metric
 
 from exporter import __version__
+from exporter import catalogue as c
 from exporter.config import Config
 from exporter.export.collectors import SnapshotCollector
+from exporter.export.listener import ListenerStats
 from exporter.sampling import Sampler
 
 SAMPLER: web.AppKey[Sampler] = web.AppKey("sampler", Sampler)
@@ -33,17 +36,41 @@ REGISTRY: web.AppKey[CollectorRegistry] = web.AppKey("registry", CollectorRegist
 CONFIG: web.AppKey[Config] = web.AppKey("config", Config)
 PAGES: web.AppKey[PageCache] = web.AppKey("pages")
 AUTH: web.AppKey[BasicAuth] = web.AppKey("auth")
+LISTENER: web.AppKey[ListenerStats] = web.AppKey("listener", ListenerStats)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def make_registry(sampler: Sampler, cfg: Config) -> CollectorRegistry:
+def make_registry(sampler: Sampler, cfg: Config, http: HttpCollector | None = None) -> CollectorRegistry:
     """Return a registry holding the Snapshot collector and boundwatch's own process metrics."""
     registry = CollectorRegistry(auto_describe=False)
     max_age = max(5.0, 10 * cfg.tick_seconds)
     registry.register(SnapshotCollector(sampler.latest, cfg.tick_seconds, max_age, clock=sampler.now))  # type: ignore[arg-type]
+    if http is not None:
+        registry.register(http)  # type: ignore[arg-type]
     ProcessCollector(registry=registry)
     return registry
+
+
+class HttpCollector:
+    """Render the listener's and basic auth's counts: connections open, and what was refused."""
+
+    def __init__(self, listener: ListenerStats, auth: BasicAuth | None) -> None:
+        self.listener = listener
+        self.auth = auth
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield the open connections and the refusals by cause."""
+        conns = c.gauge("boundwatch_http_connections")
+        conns.add_metric([], self.listener.open)
+        yield conns
+        refused = c.counter("boundwatch_http_refused_total")
+        refused.add_metric(["connection_limit"], self.listener.refused_total)
+        refused.add_metric(["header_timeout"], self.listener.timed_out_total)
+        if self.auth is not None:
+            refused.add_metric(["auth_failed"], self.auth.failures)
+            refused.add_metric(["auth_rate_limited"], self.auth.refused)
+        yield refused
 
 
 BCRYPT_PREFIXES = ("$2a$", "$2b$", "$2y$")
@@ -136,6 +163,7 @@ class BasicAuth:
         self._pool = concurrent.futures.ThreadPoolExecutor(at_once, thread_name_prefix="basic-auth")
         self.checks = 0  # checks run, for tests and the bench
         self.refused = 0  # answered 429 without a check
+        self.failures = 0  # checks that failed
 
     def verify(self, user: str, password: str) -> bool:
         """Check one user's password in the calling thread, taking the same time for any user."""
@@ -180,6 +208,7 @@ class BasicAuth:
         self.checks += 1
         loop = asyncio.get_running_loop()
         if not await loop.run_in_executor(self._pool, self.verify, user, password):
+            self.failures += 1
             return 401
         self._give_back(address)
         if len(self._accepted) >= self._remember:
@@ -374,7 +403,8 @@ def make_app(cfg: Config, sampler: Sampler, clock: Callable[[], float] = time.mo
     app = web.Application(middlewares=middlewares)
     app[SAMPLER] = sampler
     app[CONFIG] = cfg
-    app[REGISTRY] = make_registry(sampler, cfg)
+    app[LISTENER] = ListenerStats()
+    app[REGISTRY] = make_registry(sampler, cfg, HttpCollector(app[LISTENER], auth))
     app[PAGES] = PageCache(app[REGISTRY], sampler, cfg.tick_seconds)
     if auth is not None:
         app[AUTH] = auth

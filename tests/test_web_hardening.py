@@ -208,3 +208,21 @@ async def test_a_wrong_password_flood_runs_few_checks_and_gets_429(aiohttp_clien
     assert f'boundwatch_http_refused_total{{cause="auth_failed"}} {auth.failures:.1f}' in page
     assert f'boundwatch_http_refused_total{{cause="auth_rate_limited"}} {auth.refused:.1f}' in page
     assert auth.failures == 3 + 2 and auth.refused >= 9
+
+
+async def test_a_stale_snapshot_is_logged_once_not_per_scrape(aiohttp_client):
+    import structlog
+
+    clock = Clock()
+    sampler = await _sampler(clock, gpus=1)
+    client = await aiohttp_client(make_app(Config(), sampler))
+    with structlog.testing.capture_logs() as logs:
+        for _ in range(10):
+            clock.t += 1.0  # ticks stopped: each scrape sees an older snapshot and a new page
+            await client.get("/metrics")
+        await sampler.tick()
+        await client.get("/metrics")
+    assert [e["event"] for e in logs if e["event"].startswith("snapshot_")] == [
+        "snapshot_stale",
+        "snapshot_fresh",
+    ]

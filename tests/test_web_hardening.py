@@ -134,7 +134,7 @@ async def test_snapshot_json_has_no_command_line_and_no_bare_nan(aiohttp_client)
     client = await aiohttp_client(make_app(Config(), _Provider(sampler, _with_secrets)))  # type: ignore[arg-type]
     resp = await client.get("/api/snapshot")
     text = await resp.text()
-    assert resp.status == 200 and SECRET not in text and "cmdline" not in text
+    assert resp.status == 200 and SECRET not in text and "--api-key" not in text
 
     def no_constant(name: str) -> None:
         raise AssertionError(f"bare {name} in /api/snapshot")
@@ -142,6 +142,7 @@ async def test_snapshot_json_has_no_command_line_and_no_bare_nan(aiohttp_client)
     data = json.loads(text, parse_constant=no_constant)
     server = data["engines"][0]["api_servers"][0]
     assert server["name"] == "vllm" and server["pid"] == 41 and server["cpu"] is None
+    assert server["cmdline"] == ["vllm"]  # the title, which diagnose --url reads; no arguments
     assert data["host"]["cpu_busy"] is None and "pw@" not in text
     assert data["counters"]["boundwatch_x_total{0}"] is None
     page = await (await client.get("/")).text()

@@ -313,7 +313,8 @@ async def healthz(request: web.Request) -> web.Response:
     )
 
 
-HIDDEN_FIELDS = frozenset({"cmdline", "environ", "env", "environment", "argv", "args"})
+HIDDEN_FIELDS = frozenset({"environ", "env", "environment", "argv", "args"})
+TITLE_ONLY_FIELDS = frozenset({"cmdline"})  # served as the process title (first word), never the arguments
 _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@\s]*@")
 
 
@@ -322,15 +323,23 @@ def redact(text: str) -> str:
     return _USERINFO.sub(r"\1", text) if "@" in text else text
 
 
+def _title_only(name: str, value: Any) -> Any:
+    if name in TITLE_ONLY_FIELDS and isinstance(value, list | tuple):
+        return tuple(value[:1])
+    return value
+
+
 def served(value: Any) -> Any:
     """Return plain JSON data for a Snapshot part: no command lines or environments, no NaN.
 
-    Command lines (`--api-key sk-...`) and environments stay internal: every field or key named
-    in HIDDEN_FIELDS is left out, URLs lose their credentials, NaN and infinities become null.
+    Command lines (`--api-key sk-...`) and environments stay internal: a command line is served
+    as its first word only (the process title, which `diagnose --url` needs to number API
+    servers), every field or key named in HIDDEN_FIELDS is left out, URLs lose their
+    credentials, NaN and infinities become null.
     """
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {
-            f.name: served(getattr(value, f.name))
+            f.name: served(_title_only(f.name, getattr(value, f.name)))
             for f in dataclasses.fields(value)
             if f.name not in HIDDEN_FIELDS
         }

@@ -11,7 +11,8 @@ import time
 import pytest
 
 from exporter.config import Config, NvmlConfig, WebConfig
-from exporter.export.web import AUTH, PAGES, SAMPLER, accepts_gzip, make_app, served
+from exporter.export import web
+from exporter.export.web import make_app
 from exporter.sampling import Sampler
 from exporter.snapshot.engine import EngineReading
 from exporter.snapshot.host import HostReading, ProcessCpu
@@ -42,7 +43,7 @@ async def test_many_scrapes_in_one_tick_render_the_page_once_per_format(aiohttp_
     clock = Clock()
     sampler = await _sampler(clock)
     client = await aiohttp_client(make_app(Config(), sampler))
-    pages = client.app[PAGES]
+    pages = client.app[web.PAGES]
     bodies = await asyncio.gather(*(client.get("/metrics") for _ in range(20)))
     texts = {await r.text() for r in bodies}
     assert len(texts) == 1 and 'boundwatch_gpu_power_watts{gpu="7"} 695.0' in texts.pop()
@@ -82,17 +83,17 @@ async def test_gzip_when_asked_compressed_once_per_tick(aiohttp_client):
         assert "Accept-Encoding" in resp.headers["Vary"]
         raw = await resp.read()
         assert gzip.decompress(raw) == plain and len(raw) < len(plain) / 4
-    assert client.app[PAGES].compressions == 1
+    assert client.app[web.PAGES].compressions == 1
     refused = await client.get("/metrics", headers={"Accept-Encoding": "gzip;q=0"}, auto_decompress=False)
     assert "Content-Encoding" not in refused.headers and await refused.read() == plain
 
 
 def test_accept_encoding_is_read_as_prometheus_and_browsers_send_it():
-    assert accepts_gzip("gzip")
-    assert accepts_gzip("deflate, gzip;q=1.0, *;q=0.5")
-    assert not accepts_gzip("identity")
-    assert not accepts_gzip("gzip;q=0")
-    assert not accepts_gzip("")
+    assert web.accepts_gzip("gzip")
+    assert web.accepts_gzip("deflate, gzip;q=1.0, *;q=0.5")
+    assert not web.accepts_gzip("identity")
+    assert not web.accepts_gzip("gzip;q=0")
+    assert not web.accepts_gzip("")
 
 
 class _Provider:
@@ -150,10 +151,10 @@ async def test_snapshot_json_has_no_command_line_and_no_bare_nan(aiohttp_client)
 
 
 def test_served_data_drops_credentials_in_urls():
-    assert served({"url": "http://prom:pw@127.0.0.1:8000/metrics"}) == {
+    assert web.served({"url": "http://prom:pw@127.0.0.1:8000/metrics"}) == {
         "url": "http://127.0.0.1:8000/metrics"
     }
-    assert served({"environ": {"HF_TOKEN": "x"}, "n": 1}) == {"n": 1}
+    assert web.served({"environ": {"HF_TOKEN": "x"}, "n": 1}) == {"n": 1}
 
 
 def _basic(user: str, password: str) -> dict[str, str]:
@@ -169,12 +170,12 @@ async def _auth_client(aiohttp_client, tmp_path, clock, **web):
     )
     cfg = Config(web=WebConfig(basic_auth_file=str(users), **web))
     sampler = await _sampler(Clock(), gpus=1)
-    return await aiohttp_client(make_app(cfg, sampler, clock=clock))
+    return await aiohttp_client(make_app(cfg, sampler, **({} if clock is None else {"clock": clock})))
 
 
 @pytest.mark.timeout(60)
 async def test_unknown_user_takes_as_long_as_a_wrong_password(aiohttp_client, tmp_path):
-    client = await _auth_client(aiohttp_client, tmp_path, Clock(), rounds=9, auth_failure_burst=100)
+    client = await _auth_client(aiohttp_client, tmp_path, None, rounds=9, auth_failure_burst=100)
 
     async def seconds(user: str) -> float:
         start = time.perf_counter()
@@ -192,7 +193,7 @@ async def test_unknown_user_takes_as_long_as_a_wrong_password(aiohttp_client, tm
 async def test_a_wrong_password_flood_runs_few_checks_and_gets_429(aiohttp_client, tmp_path):
     clock = Clock()
     client = await _auth_client(aiohttp_client, tmp_path, clock, auth_failure_burst=3)
-    auth = client.app[AUTH]
+    auth = client.app[web.AUTH]
     answers = await asyncio.gather(*(client.get("/metrics", headers=_basic("prom", "x")) for _ in range(12)))
     statuses = sorted(r.status for r in answers)
     assert statuses == [401] * 3 + [429] * 9 and auth.checks == 3
@@ -204,7 +205,7 @@ async def test_a_wrong_password_flood_runs_few_checks_and_gets_429(aiohttp_clien
     # the scraper that already logged in is remembered: it passes without a check while others are refused
     assert (await client.get("/metrics", headers=_basic("prom", "s3cret"))).status == 200
     assert (await client.get("/metrics", headers=_basic("nobody", "x"))).status == 429
-    await client.app[SAMPLER].tick()  # a new page (the cached one lives one tick)
+    await client.app[web.SAMPLER].tick()  # a new page (the cached one lives one tick)
     page = await (await client.get("/metrics", headers=_basic("prom", "s3cret"))).text()
     assert f'boundwatch_http_refused_total{{cause="auth_failed"}} {auth.failures:.1f}' in page
     assert f'boundwatch_http_refused_total{{cause="auth_rate_limited"}} {auth.refused:.1f}' in page

@@ -84,27 +84,32 @@ class ConnectionGuard:
         """Accept connections until cancelled: refuse those over the cap, hand the others to aiohttp."""
         loop = asyncio.get_running_loop()
         handshakes: set[asyncio.Task[None]] = set()
-        while True:
-            try:
-                conn, _ = await loop.sock_accept(listener)
-            except OSError as exc:  # EMFILE and the like: wait a moment, log at most every 10 s
-                if exc.errno != errno.ECONNABORTED:
-                    loop.call_exception_handler({"message": "accept() failed", "exception": exc})
-                    await asyncio.sleep(0.1)
-                continue
-            if self.stats.open >= self.max_connections:
-                self.refuse()
-                with contextlib.suppress(OSError):
-                    conn.send(REFUSED)
-                conn.close()
-                continue
-            self.stats.open += 1
-            if ssl_context is None:
-                await self._hand_over(conn, None)
-            else:  # the TLS handshake must not hold the accept loop
-                task = asyncio.create_task(self._hand_over(conn, ssl_context))
-                handshakes.add(task)
-                task.add_done_callback(handshakes.discard)
+        try:
+            while True:
+                try:
+                    conn, _ = await loop.sock_accept(listener)
+                except OSError as exc:  # EMFILE and the like: wait a moment, log at most every 10 s
+                    if exc.errno != errno.ECONNABORTED:
+                        loop.call_exception_handler({"message": "accept() failed", "exception": exc})
+                        await asyncio.sleep(0.1)
+                    continue
+                if self.stats.open >= self.max_connections:
+                    self.refuse()
+                    conn.setblocking(False)
+                    with contextlib.suppress(OSError):
+                        conn.send(REFUSED)
+                    conn.close()
+                    continue
+                self.stats.open += 1
+                if ssl_context is None:
+                    await self._hand_over(conn, None)
+                else:  # the TLS handshake must not hold the accept loop
+                    task = asyncio.create_task(self._hand_over(conn, ssl_context))
+                    handshakes.add(task)
+                    task.add_done_callback(handshakes.discard)
+        finally:
+            for task in list(handshakes):
+                task.cancel()
 
     async def _hand_over(self, conn: socket.socket, ssl_context: ssl.SSLContext | None) -> None:
         made: list[_Guarded] = []
@@ -121,10 +126,12 @@ class ConnectionGuard:
                 ssl=ssl_context,
                 ssl_handshake_timeout=self.header_timeout if ssl_context is not None else None,
             )
-        except Exception:  # a failed TLS handshake: the connection never reached aiohttp
-            conn.close()
-            if not (made and made[0].made):
+        except (Exception, asyncio.CancelledError) as exc:  # a failed TLS handshake, or shutdown
+            if not (made and made[0].made):  # it never reached aiohttp
+                conn.close()
                 self.stats.open -= 1
+            if isinstance(exc, asyncio.CancelledError):
+                raise
 
     def refuse(self) -> None:
         """Count a refused connection, logging at most once every 10 s."""

@@ -13,6 +13,7 @@ import re
 import resource
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -34,6 +35,7 @@ def standin_daemon(
     args: tuple[str, ...] = ("--no-engine",),
     env: dict[str, str] | None = None,
     preexec: Callable[[], None] | None = None,
+    context: ssl.SSLContext | None = None,
 ) -> Iterator[Daemon]:
     """Run the daemon with `gpus` stand-in GPUs until the block exits."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -49,9 +51,9 @@ def standin_daemon(
         proc = subprocess.Popen(
             cmd, cwd=ROOT, env=environ, stdout=out, stderr=subprocess.STDOUT, preexec_fn=preexec
         )
-    daemon = Daemon(port, log, proc)
+    daemon = Daemon(port, log, proc, "https" if context is not None else "http")
     try:
-        _wait_http(proc, daemon.metrics_url, log, 60.0)
+        _wait_http(proc, daemon.metrics_url, log, 60.0, context)
         yield daemon
     finally:
         _stop(proc)
@@ -277,3 +279,30 @@ def test_at_a_hard_1024_descriptor_limit_excess_connections_get_503_not_emfile(t
         for sock in held:
             sock.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_tls_client_that_never_finishes_its_handshake_or_head_is_cut_off(tmp_path):
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert.cert_chain_pems[0].write_to_path(str(tmp_path / "cert.pem"))
+    cert.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    env = {
+        "BOUNDWATCH_WEB__TLS_CERT_FILE": str(tmp_path / "cert.pem"),
+        "BOUNDWATCH_WEB__TLS_KEY_FILE": str(tmp_path / "key.pem"),
+    }
+    trust = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
+    with standin_daemon(tmp_path / "d", env=env, context=trust) as daemon:  # 10 s header timeout
+        silent = socket.create_connection(("127.0.0.1", daemon.port), timeout=5)  # no handshake
+        raw = socket.create_connection(("127.0.0.1", daemon.port), timeout=5)
+        slow = trust.wrap_socket(raw, server_hostname="127.0.0.1")
+        slow.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        try:
+            assert _closed_within(slow, 14.0, dribble=b"X-A: b\r\n")
+            assert _closed_within(silent, 2.0)
+        finally:
+            slow.close()
+            silent.close()
+        assert http_get(daemon.metrics_url, context=trust)[0] == 200

@@ -64,6 +64,14 @@ METRICS: tuple[MetricSpec, ...] = (
     _m("boundwatch_ticks_total", "counter", "Sampling ticks completed."),
     _m("boundwatch_tick_interval_seconds", "gauge", "Configured time between sampling ticks."),
     _m("boundwatch_snapshot_age_seconds", "gauge", "Age of the snapshot this scrape rendered."),
+    _m("boundwatch_http_connections", "gauge", "HTTP connections open now."),
+    _m(
+        "boundwatch_http_refused_total",
+        "counter",
+        "HTTP connections and requests refused, by cause: connection_limit, header_timeout, "
+        "auth_failed, auth_rate_limited.",
+        ["cause"],
+    ),
     # --- GPU, from NVML --------------------------------------------------------------------
     _m("boundwatch_gpu_info", "gauge", "GPU identity; always 1.", ["gpu", "uuid", "name", "driver"], "gpu"),
     _m("boundwatch_gpu_power_watts", "gauge", "Power draw.", ["gpu"], "gpu"),

@@ -28,7 +28,11 @@ class _Group:
 
     def add_argument(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("default", argparse.SUPPRESS)
-        self._group.add_argument(*args, **kwargs)
+        action = self._group.add_argument(*args, **kwargs)
+        FLAG_NAMES.setdefault(action.dest, "/".join(action.option_strings))
+
+
+FLAG_NAMES: dict[str, str] = {}  # configuration key -> the flag that sets it, for error messages
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -86,7 +90,7 @@ _TOP = {
 
 def config_from(args: argparse.Namespace) -> Config:
     """Build the configuration from parsed flags, the environment and the TOML file."""
-    return load(getattr(args, "config", None), overrides=overrides(args))
+    return load(getattr(args, "config", None), overrides=overrides(args), override_origins=FLAG_NAMES)
 
 
 def _commands() -> list[Any]:
@@ -139,7 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg = config_from(args)
     except ConfigError as exc:
-        print(f"boundwatch: configuration error: {exc}", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"boundwatch: configuration error: {problem}", file=sys.stderr)
         return 2
     if getattr(args, "check_config", False):
         print(json.dumps(cfg.as_dict(), indent=2, sort_keys=True))

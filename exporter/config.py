@@ -7,9 +7,13 @@ Every default runs anywhere: no GPU, no engine, no root.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import math
 import os
 import tomllib
-from collections.abc import Mapping
+import types
+import typing
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -20,7 +24,11 @@ ENV_PREFIX = "BOUNDWATCH_"
 
 
 class ConfigError(ValueError):
-    """The configuration is invalid; the message says which key and why."""
+    """The configuration is invalid; `problems` holds one line per bad key (where it came from, and why)."""
+
+    def __init__(self, problems: str | Sequence[str]) -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("; ".join(self.problems))
 
 
 @dataclass(frozen=True)
@@ -153,6 +161,13 @@ class WebConfig:
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
     basic_auth_file: str | None = None  # lines of "user:bcrypt-hash" (htpasswd -nB) or "user:sha256-hex"
+    max_connections: int = 4096  # open at once; beyond, 503 and close (capped below RLIMIT_NOFILE)
+    header_timeout_seconds: float = 10.0  # a request line and its headers must arrive within this
+    idle_timeout_seconds: float = 75.0  # a kept-alive connection with no request is closed after this
+    body_timeout_seconds: float = 10.0  # an unread request body is drained at most this long
+    auth_failure_burst: int = 10  # wrong credentials allowed at once from one address...
+    auth_failures_per_second: float = 0.5  # ...and refilled at this rate; beyond, 429 without a check
+    auth_checks_at_once: int = 2  # bcrypt checks running in worker threads at once
 
 
 @dataclass(frozen=True)
@@ -173,94 +188,164 @@ class Config:
     probe: ProbeConfig = field(default_factory=ProbeConfig)
 
     def validate(self) -> Config:
-        """Return self, or raise ConfigError naming the first bad key."""
-        if not 0.05 <= self.tick_seconds <= 60:
-            raise ConfigError(f"tick_seconds must be in [0.05, 60], got {self.tick_seconds}")
-        if self.history_seconds < self.tick_seconds:
-            raise ConfigError("history_seconds must be at least tick_seconds")
-        if self.log_level.lower() not in {"debug", "info", "warning", "error"}:
-            raise ConfigError(f"log_level must be debug, info, warning or error, got {self.log_level!r}")
-        if self.log_format not in {"auto", "json", "console"}:
-            raise ConfigError(f"log_format must be auto, json or console, got {self.log_format!r}")
-        if not 0 <= self.web.port <= 65535:
-            raise ConfigError(f"web.port must be 0-65535, got {self.web.port}")
-        if (self.web.tls_cert_file is None) != (self.web.tls_key_file is None):
-            raise ConfigError("web.tls_cert_file and web.tls_key_file go together")
-        v = self.verdict
-        if not 0 < v.busy_low <= v.busy_high <= 1:
-            raise ConfigError("verdict thresholds need 0 < busy_low <= busy_high <= 1")
-        if v.window_seconds <= 0 or v.busy_window_seconds <= 0:
-            raise ConfigError("verdict windows must be positive (a window shorter than a tick is one tick)")
-        if v.busy_source not in {"fresh", "best"}:
-            raise ConfigError(f"verdict.busy_source must be fresh or best, got {v.busy_source!r}")
-        if v.hold_ticks < 1:
-            raise ConfigError("verdict.hold_ticks must be at least 1")
-        e = self.engine
-        if e.max_page_bytes < 1024 or e.max_page_lines < 10 or e.max_label_chars < 8:
-            raise ConfigError("engine.max_page_bytes >= 1024, max_page_lines >= 10, max_label_chars >= 8")
-        for url in self.engine.urls:
-            if not url.startswith(("http://", "https://", "file://", "/")):
-                raise ConfigError(f"engine.urls: {url!r} is not an http(s) URL, file:// URL or path")
+        """Return self, or raise ConfigError naming every bad key."""
+        problems = self.problems()
+        if problems:
+            raise ConfigError([f"{key}: {message}" for key, message in problems])
         return self
+
+    def problems(self) -> list[tuple[str, str]]:
+        """Return (key, message) for every value out of its range or inconsistent with another."""
+        out: list[tuple[str, str]] = []
+
+        def check(ok: bool, key: str, message: str) -> None:
+            if not ok:
+                out.append((key, message))
+
+        check(
+            0.05 <= self.tick_seconds <= 60, "tick_seconds", f"must be in [0.05, 60], got {self.tick_seconds}"
+        )
+        check(self.history_seconds >= self.tick_seconds, "history_seconds", "must be at least tick_seconds")
+        check(
+            self.log_level.lower() in {"debug", "info", "warning", "error"},
+            "log_level",
+            f"must be debug, info, warning or error, got {self.log_level!r}",
+        )
+        check(
+            self.log_format in {"auto", "json", "console"},
+            "log_format",
+            f"must be auto, json or console, got {self.log_format!r}",
+        )
+        w = self.web
+        check(0 <= w.port <= 65535, "web.port", f"must be 0-65535, got {w.port}")
+        check(bool(w.address.strip()), "web.address", "must not be empty")
+        check(
+            (w.tls_cert_file is None) == (w.tls_key_file is None),
+            "web.tls_cert_file",
+            "web.tls_cert_file and web.tls_key_file go together",
+        )
+        for name in ("max_connections", "auth_failure_burst", "auth_checks_at_once"):
+            check(getattr(w, name) >= 1, f"web.{name}", f"must be at least 1, got {getattr(w, name)}")
+        check(w.auth_failures_per_second > 0, "web.auth_failures_per_second", "must be > 0")
+        v = self.verdict
+        check(
+            0 < v.busy_low <= v.busy_high <= 1,
+            "verdict.busy_low",
+            "verdict thresholds need 0 < busy_low <= busy_high <= 1",
+        )
+        check(
+            v.window_seconds > 0 and v.busy_window_seconds > 0,
+            "verdict.window_seconds",
+            "verdict windows must be positive (a window shorter than a tick is one tick)",
+        )
+        check(
+            v.busy_source in {"fresh", "best"},
+            "verdict.busy_source",
+            f"must be fresh or best, got {v.busy_source!r}",
+        )
+        check(v.hold_ticks >= 1, "verdict.hold_ticks", "must be at least 1")
+        e = self.engine
+        check(
+            e.max_page_bytes >= 1024,
+            "engine.max_page_bytes",
+            f"must be at least 1024, got {e.max_page_bytes}",
+        )
+        check(e.max_page_lines >= 10, "engine.max_page_lines", f"must be at least 10, got {e.max_page_lines}")
+        check(
+            e.max_label_chars >= 8, "engine.max_label_chars", f"must be at least 8, got {e.max_label_chars}"
+        )
+        for url in self.engine.urls:
+            check(
+                url.startswith(("http://", "https://", "file://", "/")),
+                "engine.urls",
+                f"{url!r} is not an http(s) URL, file:// URL or path",
+            )
+        for key, value in _leaves(self):
+            if key.endswith("timeout_seconds") and isinstance(value, float):
+                check(value > 0, key, f"must be > 0, got {value}")
+        return out
 
     def as_dict(self) -> dict[str, Any]:
         """Return the configuration as plain data (for --check-config and the status page)."""
         return dataclasses.asdict(self)
 
 
-def _coerce(value: Any, current: Any, key: str, annotation: str) -> Any:
-    """Convert a TOML, env or flag value to the type of the field it sets."""
-    if isinstance(value, str):
-        if "tuple" in annotation:
-            return tuple(part.strip() for part in value.split(",") if part.strip())
-        if isinstance(current, bool) or annotation.startswith("bool"):
-            lowered = value.strip().lower()
-            if lowered in {"1", "true", "yes", "on"}:
-                return True
-            if lowered in {"0", "false", "no", "off"}:
-                return False
-            raise ConfigError(f"{key}: expected a boolean, got {value!r}")
-        if value.strip().lower() in {"", "none"} and "None" in annotation:
-            return None
-        try:
-            if isinstance(current, int) or annotation.startswith("int"):
-                return int(value)
-            if isinstance(current, float) or annotation.startswith("float"):
-                return float(value)
-        except ValueError as exc:
-            raise ConfigError(f"{key}: expected a number, got {value!r}") from exc
-        return value
-    if isinstance(value, list):
-        return tuple(value)
-    if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    return value
+# --- loading: every layer's keys are checked against the field types, every problem is reported ---
+
+_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 
 
-def _apply(obj: Any, updates: Mapping[str, Any], prefix: str = "") -> Any:
-    """Return a copy of a config dataclass with dotted-key updates applied."""
-    known = {f.name: f for f in fields(obj)}
-    changes: dict[str, Any] = {}
-    nested: dict[str, dict[str, Any]] = {}
-    for key, value in updates.items():
-        head, _, rest = key.partition(".")
-        if head not in known:
-            raise ConfigError(f"unknown configuration key {prefix}{key!r}")
-        current = getattr(obj, head)
-        if dataclasses.is_dataclass(current):
-            if rest:
-                nested.setdefault(head, {})[rest] = value
-            elif isinstance(value, Mapping):
-                nested.setdefault(head, {}).update(value)
-            else:
-                raise ConfigError(f"{prefix}{key} is a section, not a value")
+def _leaves(obj: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """Yield (dotted key, value) for every value field of a config dataclass."""
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from _leaves(value, f"{prefix}{f.name}.")
         else:
-            if rest:
-                raise ConfigError(f"{prefix}{head} is a value, not a section")
-            changes[head] = _coerce(value, current, prefix + key, str(known[head].type))
-    for head, sub in nested.items():
-        changes[head] = _apply(getattr(obj, head), sub, f"{prefix}{head}.")
-    return dataclasses.replace(obj, **changes)
+            yield f"{prefix}{f.name}", value
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _describe(tp: Any) -> str:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+        return f"{_describe(inner[0])} or none"
+    if typing.get_origin(tp) is tuple:
+        item = typing.get_args(tp)[0]
+        return "a list of " + {bool: "booleans", int: "integers", float: "numbers"}.get(item, "strings")
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}.get(tp, str(tp))
+
+
+def parse_value(value: Any, tp: Any, text: bool) -> Any:
+    """Return a value converted to a field's type, or raise ValueError; `text` marks env strings."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+        if text and isinstance(value, str) and value.strip().lower() in {"", "none"}:
+            return None
+        return parse_value(value, inner[0], text)
+    if typing.get_origin(tp) is tuple:
+        item = typing.get_args(tp)[0]
+        if text and isinstance(value, str):
+            return tuple(parse_value(p.strip(), item, True) for p in value.split(",") if p.strip())
+        if not isinstance(value, list | tuple):
+            raise ValueError(f"expected {_describe(tp)}")
+        return tuple(parse_value(v, item, text) for v in value)
+    if text and isinstance(value, str):
+        word = value.strip().lower()
+        if tp is bool and word in _TRUE | _FALSE:
+            return word in _TRUE
+        if tp is int and word.lstrip("+-").isdigit():
+            return int(word)
+        if tp is float:
+            try:
+                value = float(word)
+            except ValueError:
+                raise ValueError(f"expected {_describe(tp)}") from None
+        elif tp is str:
+            return value
+    if tp is bool and isinstance(value, bool):
+        return value
+    if tp is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if tp is float and isinstance(value, int | float) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise ValueError("expected a finite number")
+        return float(value)
+    if tp is str and isinstance(value, str):
+        return value
+    raise ValueError(f"expected {_describe(tp)}")
+
+
+def _coerce(value: Any, current: Any, key: str, annotation: str) -> Any:
+    """Convert an environment string to the type of the value it replaces (kept for older callers)."""
+    tp = type(current) if current is not None else str
+    try:
+        return parse_value(value, tuple[str, ...] if tp is tuple else tp, isinstance(value, str))
+    except ValueError as exc:
+        raise ConfigError(f"{key}: {exc}, got {value!r}") from None
 
 
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -275,36 +360,109 @@ def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def env_updates(environ: Mapping[str, str]) -> dict[str, str]:
     """Map BOUNDWATCH_SECTION__KEY=value (double underscore = dot) to dotted keys."""
-    out: dict[str, str] = {}
+    return {key: value for key, (value, _) in _env_layer(environ).items()}
+
+
+def _env_layer(environ: Mapping[str, str]) -> dict[str, tuple[Any, str]]:
+    out: dict[str, tuple[Any, str]] = {}
     for name, value in environ.items():
         if not name.startswith(ENV_PREFIX) or name in {"BOUNDWATCH_CONFIG", "BOUNDWATCH_AGENT"}:
             continue
         if name.startswith("BOUNDWATCH_AGENT_") and not name.startswith("BOUNDWATCH_AGENT__"):
             continue  # the in-process agent's own variables (BOUNDWATCH_AGENT_SOCKET, ...)
-        key = name[len(ENV_PREFIX) :].lower().replace("__", ".")
-        out[key] = value
+        out[name[len(ENV_PREFIX) :].lower().replace("__", ".")] = (value, name)
     return out
+
+
+def _field_type(key: str) -> tuple[Any, str | None]:
+    """Return (the field's type, None) for a dotted key, or (None, why it is not a value key)."""
+    cls: Any = Config
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        hints = _hints(cls)
+        if part not in hints:
+            known = [".".join([*parts[:i], k]) for k in hints]
+            near = difflib.get_close_matches(".".join(parts[: i + 1]), known, n=1)
+            return None, "unknown configuration key" + (f" (did you mean {near[0]}?)" if near else "")
+        tp = hints[part]
+        if dataclasses.is_dataclass(tp):
+            if i == len(parts) - 1:
+                return None, "is a section, not a value"
+            cls = tp
+        elif i < len(parts) - 1:
+            return None, f"{'.'.join(parts[: i + 1])} is a value, not a section"
+        else:
+            return tp, None
+    return None, "unknown configuration key"  # pragma: no cover
+
+
+def _build(values: Mapping[str, Any], origins: Mapping[str, str], problems: list[str]) -> Config:
+    """Return the Config with checked values set; errors raised by a section go to `problems`."""
+
+    def make(cls: Any, prefix: str) -> Any:
+        kwargs: dict[str, Any] = {}
+        for name, tp in _hints(cls).items():
+            key = prefix + name
+            if dataclasses.is_dataclass(tp):
+                kwargs[name] = make(tp, key + ".")
+            elif key in values:
+                kwargs[name] = values[key]
+        try:
+            return cls(**kwargs)
+        except ConfigError as exc:
+            where = sorted({origins[k] for k in values if k.startswith(prefix)}) or ["default"]
+            problems.extend(f"{', '.join(where)}: {p}" for p in exc.problems)
+            return cls(**{k: v for k, v in kwargs.items() if dataclasses.is_dataclass(v)})
+
+    return typing.cast(Config, make(Config, ""))
 
 
 def load(
     path: str | None = None,
     environ: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
+    override_origins: Mapping[str, str] | None = None,
 ) -> Config:
-    """Build the configuration from a TOML file, the environment and flag overrides."""
-    cfg = Config()
+    """Build the configuration from a TOML file, the environment and flag overrides.
+
+    Raises ConfigError listing every unknown key, wrong type and out-of-range value, each with
+    where it came from (the file, the variable or the flag).
+    """
     environ = os.environ if environ is None else environ
     path = path or environ.get("BOUNDWATCH_CONFIG")
+    layers: list[dict[str, tuple[Any, str]]] = []
     if path:
         try:
             with open(path, "rb") as fh:
                 data = tomllib.load(fh)
         except FileNotFoundError as exc:
             raise ConfigError(f"config file {path} does not exist") from exc
-        except tomllib.TOMLDecodeError as exc:
+        except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"config file {path}: {exc}") from exc
-        cfg = _apply(cfg, _flatten(data))
-    cfg = _apply(cfg, env_updates(environ))
-    if overrides:
-        cfg = _apply(cfg, {k: v for k, v in overrides.items() if v is not None})
-    return cfg.validate()
+        layers.append({k: (v, path) for k, v in _flatten(data).items()})
+    layers.append(_env_layer(environ))
+    flag_names = override_origins or {}
+    layers.append(
+        {k: (v, flag_names.get(k, f"flag {k}")) for k, v in (overrides or {}).items() if v is not None}
+    )
+    values: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+    problems: list[str] = []
+    for layer in layers:
+        for key, (value, origin) in layer.items():
+            tp, why = _field_type(key)
+            if tp is None:
+                problems.append(f"{origin}: {key}: {why}")
+                continue
+            try:
+                values[key] = parse_value(value, tp, origin.startswith(ENV_PREFIX))
+            except ValueError as exc:
+                problems.append(f"{origin}: {key} = {value!r}: {exc}")
+                continue
+            origins[key] = origin
+    cfg = _build(values, origins, problems)
+    for key, message in cfg.problems():
+        problems.append(f"{origins.get(key, 'default')}: {key}: {message}")
+    if problems:
+        raise ConfigError(problems)
+    return cfg

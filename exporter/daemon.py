@@ -1,4 +1,7 @@
-"""The daemon's lifecycle: build the sources, tick, serve HTTP, stop cleanly on SIGTERM/SIGINT."""
+"""The daemon's lifecycle: build the sources, tick, serve HTTP, stop cleanly on SIGTERM/SIGINT.
+
+SIGHUP is logged and ignored (a new configuration needs a restart), never a kill without cleanup.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +18,14 @@ from aiohttp import web
 
 from exporter import __version__
 from exporter.config import Config
-from exporter.export.web import make_app
+from exporter.export.listener import (
+    BACKLOG,
+    ConnectionGuard,
+    RateLimitedLoopErrors,
+    connection_cap,
+    raise_descriptor_limit,
+)
+from exporter.export.web import LISTENER, make_app
 from exporter.sampling import Sampler
 from exporter.sources.base import Source
 from exporter.sources.host import HostSource
@@ -66,6 +76,27 @@ def _ssl_context(cfg: Config) -> ssl.SSLContext | None:
     return ctx
 
 
+def _on_sighup() -> None:
+    log.warning("sighup_ignored", reason="configuration reload is not supported: restart to apply it")
+
+
+def _listening_socket(address: str, port: int) -> socket.socket:
+    """Return a non-blocking TCP socket listening on address:port."""
+    family, kind, proto, _, where = socket.getaddrinfo(
+        address, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(where)
+        sock.listen(BACKLOG)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 async def serve(
     cfg: Config,
     sources: list[Source] | None = None,
@@ -75,9 +106,12 @@ async def serve(
     """Run the daemon until stop is set (or SIGTERM/SIGINT arrives)."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
+    loop.set_exception_handler(RateLimitedLoopErrors())
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        loop.add_signal_handler(signal.SIGHUP, _on_sighup)
     sources = build_sources(cfg) if sources is None else sources
     for source in sources:
         start = getattr(source, "start", None)
@@ -95,21 +129,39 @@ async def serve(
     sampler = Sampler(cfg, sources, on_tick=on_tick)
     await sampler.tick()  # serve a first Snapshot from the start
     app = make_app(cfg, sampler)
-    runner = web.AppRunner(app, access_log=None)
+    w = cfg.web
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        keepalive_timeout=w.idle_timeout_seconds,
+        lingering_time=w.body_timeout_seconds,
+        max_line_size=8190,
+        max_field_size=8190,
+    )
     await runner.setup()
-    site = web.TCPSite(runner, cfg.web.address, cfg.web.port, ssl_context=_ssl_context(cfg))
-    await site.start()
-    port = cfg.web.port
-    server = getattr(site, "_server", None)
-    if server is not None and server.sockets:
-        port = server.sockets[0].getsockname()[1]
+    guard = ConnectionGuard(
+        runner.server,  # type: ignore[arg-type]
+        connection_cap(w.max_connections, raise_descriptor_limit()),
+        w.header_timeout_seconds,
+        stats=app[LISTENER],
+    )
+    try:
+        tls = _ssl_context(cfg)
+        listener = _listening_socket(w.address, w.port)
+    except BaseException:
+        await runner.cleanup()
+        await sampler.aclose()
+        raise
+    accepting = asyncio.create_task(guard.serve(listener, tls), name="accept")
+    port = listener.getsockname()[1]
     log.info(
         "listening",
         version=__version__,
-        address=cfg.web.address,
+        address=w.address,
         port=port,
         tick_seconds=cfg.tick_seconds,
         sources=[s.name for s in sources],
+        max_connections=guard.max_connections,
     )
     sd_notify("READY=1")
     if on_ready is not None:
@@ -123,6 +175,10 @@ async def serve(
         ticking.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await ticking
+        accepting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await accepting
+        listener.close()
         await runner.cleanup()
         for source in sources:
             aclose = getattr(source, "aclose", None)

@@ -68,7 +68,7 @@ def test_recording_lines_read_back_without_counters() -> None:
 
 def test_reads_the_daemons_snapshot_page() -> None:
     snap = seed_snapshots()[-1]
-    page = web._plain(dataclasses.replace(snap, counters={}, histograms={}))
+    page = web.served(dataclasses.replace(snap, counters={}, histograms={}))
     page["counters"] = {f"{n}{{{','.join(labels)}}}": x for (n, labels), x in snap.counters.items()}
     back = codec.from_json(json.loads(json.dumps(page)))
     assert back.engines == snap.engines

@@ -70,6 +70,7 @@ class SnapshotCollector:
         self._max_age = max_age
         self._clock = clock
         self._areas = areas
+        self._stale = False
 
     def collect(self) -> Iterator[Metric]:
         """Yield every family for the newest fresh Snapshot."""
@@ -77,9 +78,13 @@ class SnapshotCollector:
         age = None if snap is None else max(0.0, self._clock() - snap.mono)
         yield from render_self(snap, age, self._interval)
         if snap is None or age is None or age > self._max_age:
-            if snap is not None:
+            if snap is not None and not self._stale:  # once per change of state, not per scrape
                 log.warning("snapshot_stale", age=round(age or 0.0, 3))
+                self._stale = True
             return
+        if self._stale:
+            log.info("snapshot_fresh", age=round(age, 3))
+            self._stale = False
         for area in (*self._areas, totals):
             try:
                 families = list(area.render(snap))

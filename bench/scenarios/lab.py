@@ -163,27 +163,28 @@ class Stack:
 
 
 class ApiSampler:
-    """Sample every API server's main-thread CPU (cores) every 0.25 s (the truth beside the daemon's)."""
+    """Sample every API server's main-thread CPU and demand (cores) every 0.25 s (the truth beside the daemon's)."""
 
     def __init__(self, stack: Stack) -> None:
         self.stack = stack
         self.rows: list[tr.ApiSample] = []
         self._stop = threading.Event()
-        self._hz = os.sysconf("SC_CLK_TCK")
         self._t = threading.Thread(target=self._run, daemon=True)
         self._t.start()
 
     def _run(self) -> None:
-        prev: dict[int, tuple[float, int]] = {}
+        prev: dict[int, tuple[float, int, int]] = {}
         while not self._stop.wait(0.25):
             now, row = time.time(), {}
             for pid in list(self.stack.api_pids):
-                ticks = tr.main_thread_ticks("/proc", pid)
-                if ticks is None:
+                got = tr.main_thread_ns("/proc", pid)
+                if got is None:
                     continue
                 if pid in prev and now > prev[pid][0]:
-                    row[pid] = (ticks - prev[pid][1]) / self._hz / (now - prev[pid][0])
-                prev[pid] = (now, ticks)
+                    span = (now - prev[pid][0]) * 1e9
+                    cpu = (got[0] - prev[pid][1]) / span
+                    row[pid] = (cpu, cpu + (got[1] - prev[pid][2]) / span)
+                prev[pid] = (now, *got)
             if row:
                 self.rows.append((now, row))
 
@@ -191,6 +192,7 @@ class ApiSampler:
         """Stop sampling."""
         self._stop.set()
         self._t.join()
+
 
 # --- reading the daemon -------------------------------------------------------------------
 
@@ -285,7 +287,9 @@ def gpu_info() -> dict[str, Any]:
         return {"gpu": None, "nvml": str(exc)}
 
 
-def start_daemon(args: argparse.Namespace, port: int, env: dict[str, str], work: Path) -> subprocess.Popen[Any]:
+def start_daemon(
+    args: argparse.Namespace, port: int, env: dict[str, str], work: Path
+) -> subprocess.Popen[Any]:
     """Start the real daemon with its defaults (discovery finds the lab's `vllm serve`)."""
     denv = dict(env)
     if args.device == "cpu":  # NVML stand-in: the engine's "GPU" busy time (bench/scenarios/standin)
@@ -316,7 +320,9 @@ def switch(stack: Stack, quota: Quota, sc: Scenario, args: argparse.Namespace, u
         stack.send(f"load short {8 * sc.servers}")  # warm, unscored, until the daemon sees them all
         t = time.monotonic()
         try:
-            wait_for(f"the daemon to see {sc.servers} API servers", lambda: api_servers_seen(url, sc.servers), 20)
+            wait_for(
+                f"the daemon to see {sc.servers} API servers", lambda: api_servers_seen(url, sc.servers), 20
+            )
         except TimeoutError as exc:
             log(f"warning: {exc}")
         time.sleep(max(0.0, 2.0 - (time.monotonic() - t)))
@@ -443,7 +449,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--api-quota-cores", type=float, default=0.2)
     p.add_argument("--container-quota-cores", type=float, default=0.6)
     p.add_argument("--us-per-token", type=float, default=2.5, help="API-server CPU per prompt token")
-    p.add_argument("--engine-json", default="", help="engine settings to override (JSON, see engine.DEFAULTS)")
+    p.add_argument(
+        "--engine-json", default="", help="engine settings to override (JSON, see engine.DEFAULTS)"
+    )
     return p.parse_args(argv)
 
 

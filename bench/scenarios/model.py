@@ -31,7 +31,9 @@ class Gpm:
             uuid = str(getattr(torch.cuda.get_device_properties(0), "uuid", "") or "")
             if uuid:
                 try:
-                    handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else "GPU-" + uuid)
+                    handle = pynvml.nvmlDeviceGetHandleByUUID(
+                        uuid if uuid.startswith("GPU-") else "GPU-" + uuid
+                    )
                 except Exception:
                     handle = None
             self.handle = handle if handle is not None else pynvml.nvmlDeviceGetHandleByIndex(0)
@@ -120,9 +122,10 @@ class GpuModel:
         self.x_in = w(self.bmax, h)
         self.tok_out = torch.zeros(self.bmax, device=self.dev, dtype=torch.int64)
         self._rows(rows)
-        self.info["weight_bytes"] = sum(
-            t.numel() * t.element_size() for lay in self.layers for k, t in lay.items() if k[0] in "wn"
-        ) + self.lm.numel() * self.lm.element_size()
+        self.info["weight_bytes"] = (
+            sum(t.numel() * t.element_size() for lay in self.layers for k, t in lay.items() if k[0] in "wn")
+            + self.lm.numel() * self.lm.element_size()
+        )
 
     def _rows(self, rows: int) -> None:
         self.rows = rows
@@ -294,7 +297,9 @@ class GpuModel:
                 torch.cuda.synchronize()
                 walls.append(time.perf_counter() - t)
             w = statistics.median(walls[3:])
-            tries.append({"ffn": self.ffn, "graph_ms": round(g8 * 1e3, 3), "eager_wall_ms": round(w * 1e3, 3)})
+            tries.append(
+                {"ffn": self.ffn, "graph_ms": round(g8 * 1e3, 3), "eager_wall_ms": round(w * 1e3, 3)}
+            )
             ratio = g8 / w
             if ratio >= 0.9 or self.ffn >= 65536:
                 break
@@ -340,4 +345,8 @@ class GpuModel:
                 break
             want = wall * busy / target
             self.views = max(0, self.views + round((want - wall) / (self.cfg["layers"] * per_view)))
-        self.info["eager_tune"] = {"per_view_us": round(per_view * 1e6, 3), "trials": trials, "views": self.views}
+        self.info["eager_tune"] = {
+            "per_view_us": round(per_view * 1e6, 3),
+            "trials": trials,
+            "views": self.views,
+        }

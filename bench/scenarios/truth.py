@@ -3,7 +3,8 @@
 Engine bins (engine.py `Truth`, one JSON line per `bin` seconds of wall time): `busy` = GPU
 seconds in the bin (CUDA events per step; for eager steps the captured graph's GPU time of the
 same work), `busy_span` = event spans (with launch gaps), `running` / `waiting` = requests x
-seconds. API samples: (unix time, {pid: cores of the main thread over the sample}).
+seconds. API samples: (unix time, {pid: (cores of the main thread, its demand: CPU plus
+run-queue wait, in cores)} over the sample).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-ApiSample = tuple[float, dict[int, float]]
+ApiSample = tuple[float, dict[int, tuple[float, float]]]
 
 
 def read_bins(path: Path) -> list[dict[str, float]]:
@@ -51,12 +52,17 @@ def tick_truth(
         for k in got:
             got[k] += float(b.get(k, 0.0)) * frac
     out: dict[str, Any] = {k: (v / dt if dt > 0 else None) for k, v in got.items()}
-    per_pid: dict[int, list[float]] = {}
+    per_pid: dict[int, list[tuple[float, float]]] = {}
     for t, row in api:
         if t0 < t <= at:
             for pid, cores in row.items():
                 per_pid.setdefault(pid, []).append(cores)
-    out["api_main"] = sorted((statistics.fmean(v) for v in per_pid.values()), reverse=True)
+    means = sorted(
+        ((statistics.fmean(c for c, _ in v), statistics.fmean(d for _, d in v)) for v in per_pid.values()),
+        reverse=True,
+    )
+    out["api_main"] = [c for c, _ in means]
+    out["api_main_demand"] = [d for _, d in means]
     out["covered"] = covered / dt if dt > 0 else 0.0
     return out
 
@@ -70,10 +76,12 @@ def summarise(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
         return round(statistics.median(vals), 3) if vals else None
 
     servers = max((len(r["api_main"]) for r in rows), default=0)
-    api = []
+    api, demand = [], []
     for i in range(servers):
         vals = [r["api_main"][i] for r in rows if len(r["api_main"]) > i]
         api.append(round(statistics.median(vals), 2))
+        vals = [r["api_main_demand"][i] for r in rows if len(r.get("api_main_demand", ())) > i]
+        demand.append(round(statistics.median(vals), 2) if vals else None)
     return {
         "busy": med("busy"),
         "busy_span": med("busy_span"),
@@ -81,6 +89,7 @@ def summarise(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
         "waiting": med("waiting"),
         "running_mean": round(statistics.fmean(r["running"] for r in rows), 3) if rows else None,
         "api_main_cores": api,
+        "api_main_demand": demand,
         "ticks": len(rows),
     }
 
@@ -97,14 +106,10 @@ def describe(s: dict[str, Any]) -> str:
     return f"{s['busy']:.2f}, {s['running']:.1f} / {s['waiting']:.1f}, {api_text}"
 
 
-def main_thread_ticks(proc_root: str, pid: int) -> int | None:
-    """Return utime + stime of a process's main thread, in clock ticks (None when it is gone)."""
+def main_thread_ns(proc_root: str, pid: int) -> tuple[int, int] | None:
+    """Return (CPU ns, run-queue wait ns) of a process's main thread from schedstat (None when it is gone)."""
     try:
-        text = Path(proc_root, str(pid), "task", str(pid), "stat").read_text()
-    except OSError:
-        return None
-    fields = text[text.rfind(")") + 2 :].split()
-    try:
-        return int(fields[11]) + int(fields[12])
-    except (IndexError, ValueError):
+        fields = Path(proc_root, str(pid), "task", str(pid), "schedstat").read_text().split()
+        return int(fields[0]), int(fields[1])
+    except (OSError, IndexError, ValueError):
         return None

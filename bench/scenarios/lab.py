@@ -347,11 +347,15 @@ def switch(stack: Stack, quota: Quota, sc: Scenario, args: argparse.Namespace, u
 def observed(snaps: list[Snapshot]) -> dict[str, Any]:
     """Return the medians of what the daemon read over a scenario's scored ticks."""
 
-    def med(vals: list[float]) -> float | None:
-        vals = [v for v in vals if v is not None]
-        return round(sorted(vals)[len(vals) // 2], 3) if vals else None
+    def med(vals: list[float | None]) -> float | None:
+        got = sorted(v for v in vals if v is not None)
+        return round(got[len(got) // 2], 3) if got else None
 
-    gpm, agent, running, waiting, api = [], [], [], [], []
+    gpm: list[float | None] = []
+    agent: list[float | None] = []
+    running: list[float | None] = []
+    waiting: list[float | None] = []
+    api: list[float | None] = []
     for s in snaps:
         g = s.gpu(0)
         if g is not None and g.gpm is not None:

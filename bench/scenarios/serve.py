@@ -140,7 +140,7 @@ class Launcher:
             p.start()
             msg = ctl.recv()
             assert msg[0] == "ready", msg
-            self.servers.append((p, ctl, p.pid))
+            self.servers.append((p, ctl, int(p.pid or 0)))
         while len(self.servers) > n:
             p, ctl, _ = self.servers.pop()
             ctl.send(("stop",))

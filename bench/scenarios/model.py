@@ -204,6 +204,7 @@ class GpuModel:
         self._pool = self.torch.cuda.graph_pool_handle()
         for b in reversed(self.caps):
             self.graphs[b] = self._capture(lambda b=b: self.forward(b))
+        self._pool = self.torch.cuda.graph_pool_handle()  # its own pool: replayed right after a decode graph
         self.pgraph = self._capture(self.prefill)
         for b, g in self.graphs.items():
             self.graph_s[b] = self._gpu_time(g.replay)

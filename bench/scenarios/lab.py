@@ -68,7 +68,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("quota_container", 4, "short", 32, "graph", "container", "host", "cpu_quota_throttled"),
     Scenario("idle", 4, "idle", 0, "graph", None, "idle", None),
 )
-SECONDS = 25.0
+SECONDS = 30.0
 BIN_SECONDS = 0.25
 
 

@@ -1,13 +1,25 @@
-"""The scenario lab's API server and engine core, on the CPU: modes drive vLLM-style /metrics."""
+"""The scenario lab on the CPU path: API servers that hold requests before the engine, read by the real daemon.
+
+The lab (bench/scenarios/lab.py --device cpu) runs its whole stack without a GPU: the engine
+sleeps for each step's GPU time and publishes it to an NVML stand-in the daemon loads, quotas are
+emulated. In its own PID namespace the daemon discovers only the lab's `vllm serve`.
+"""
 
 from __future__ import annotations
 
+import gzip
+import json
+import shutil
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
+
+import pytest
+
+from exporter.snapshot.codec import read_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,7 +38,7 @@ def _gauge(port: int, name: str) -> float | None:
     return None
 
 
-def _until(check, timeout: float = 10.0) -> bool:
+def _until(check, timeout: float = 15.0) -> bool:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if check():
@@ -35,32 +47,91 @@ def _until(check, timeout: float = 10.0) -> bool:
     return False
 
 
-def test_modes_drive_running_and_waiting_like_vllm() -> None:
+def _titles(pids: list[int]) -> list[str]:
+    return [Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode() for pid in pids]
+
+
+def test_serve_titles_processes_and_drives_vllm_gauges(tmp_path: Path) -> None:
     port = _port()
     proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "bench/scenarios/vllm"), "serve", "--port", str(port), "--device", "cpu"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
+        [sys.executable, str(ROOT / "bench/scenarios/vllm"), "serve", "--port", str(port), "--device", "cpu",
+         "--work", str(tmp_path)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
     try:
         assert proc.stdout is not None and proc.stdin is not None
-        assert proc.stdout.readline().startswith("READY ")
-        assert _gauge(port, "vllm:num_requests_running") == 0
-        proc.stdin.write("gpu\n")
-        proc.stdin.flush()
-        # 72 clients against a batch of 64: the batch fills and 8 wait
-        assert _until(lambda: _gauge(port, "vllm:num_requests_running") == 64)
-        assert _until(lambda: (_gauge(port, "vllm:num_requests_waiting") or 0) > 0)
-        assert _until(lambda: (_gauge(port, "vllm:generation_tokens_total") or 0) > 1000)
-        proc.stdin.write("idle\n")
-        proc.stdin.flush()
+        ready = json.loads(proc.stdout.readline().removeprefix("READY "))
+        assert _titles([ready["engine_pid"], *ready["api_server_pids"]]) == [
+            "VLLM::EngineCore",
+            "VLLM::APIServer_0",
+        ]
+
+        def cmd(line: str) -> dict:
+            proc.stdin.write(line + "\n")
+            proc.stdin.flush()
+            got = proc.stdout.readline()
+            assert got.startswith("OK "), got
+            return json.loads(got.split(" ", 2)[2])
+
+        pids = cmd("servers 4")["pids"]
+        assert _titles(pids) == [f"VLLM::APIServer_{i}" for i in range(4)]
+        cmd("load short 32")
+        # 32 closed-loop clients against max_num_seqs 8: the batch fills and the rest wait in the engine
+        assert _until(lambda: _gauge(port, "vllm:num_requests_running") == 8)
+        assert _until(lambda: (_gauge(port, "vllm:num_requests_waiting") or 0) >= 10)
+        assert _until(lambda: (_gauge(port, "vllm:iteration_tokens_total_count") or 0) > 50)
+        cmd("load idle 0")
         assert _until(lambda: _gauge(port, "vllm:num_requests_running") == 0)
+        assert _gauge(port, "vllm:num_requests_waiting") == 0
         proc.stdin.write("stop\n")
         proc.stdin.flush()
-        assert proc.wait(15) == 0
+        assert proc.wait(30) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait(5)
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare (util-linux)")
+def test_lab_on_cpu_scores_work_held_before_the_engine(tmp_path: Path) -> None:
+    """Every scenario runs; the saturated API server and idle are scored against the truth."""
+    done = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "bench/scenarios/lab.py",
+         "--device", "cpu", "--seconds", "6", "--out", str(tmp_path), "--name", "lab-cpu"],
+        capture_output=True, text=True, cwd=ROOT, timeout=400,
+    )  # fmt: skip
+    results = json.loads((tmp_path / "lab-cpu.json").read_text())
+    assert "error" not in results, results.get("error")
+    print(done.stdout[-3000:])  # the lab's table, shown when an assertion below fails
+    rows = {r["scenario"]: r for r in results["scores"]}
+    assert list(rows) == [
+        "api_server_saturated",
+        "gpu_bound_decode",
+        "fix_four_api_servers",
+        "eager_decode",
+        "quota_api_servers",
+        "quota_container",
+        "idle",
+    ], done.stdout[-2000:]
+
+    # The truth is the field's: one API server's main thread saturated by tokenising (its demand:
+    # CPU plus run-queue wait, as a shared CI machine may not give it a whole core) while the
+    # engine's queue is empty and it runs under one request on average.
+    sat = rows["api_server_saturated"]["truth"]
+    assert sat["api_main_demand"][0] >= 0.8
+    assert sat["waiting"] == 0 and sat["running_mean"] < 1.0
+    assert 0.05 < sat["busy"] < 0.7
+    assert rows["idle"]["truth"]["busy"] == 0 and rows["idle"]["truth"]["running_mean"] == 0
+    assert len(rows["gpu_bound_decode"]["truth"]["api_main_cores"]) == 4
+
+    # The verdicts: work stuck before the engine is host-bound, nothing offered is idle.
+    assert rows["idle"]["right_share"] >= 0.8, rows["idle"]
+    assert rows["api_server_saturated"]["right_share"] >= 0.8, rows["api_server_saturated"]
+
+    rec = tmp_path / "lab-cpu.jsonl.gz"
+    assert rec.stat().st_size < 2_000_000
+    with gzip.open(rec, "rt") as fh:
+        head, snaps = read_lines(fh)
+        servers = {len(e.api_servers) for s in snaps for e in s.engines}
+    assert [s["name"] for s in head["schedule"]] == list(rows)
+    assert {1, 4} <= servers

@@ -1,8 +1,11 @@
-"""The H200 scenario lab's recording, replayed through today's classifier, still passes the lab.
+"""The H200 scenario labs' recordings, replayed through today's classifier, still pass.
 
-`bench/results/scenarios-recording.jsonl.gz` holds every Snapshot the real daemon took on the H200
-while the lab ran its scenarios (real agent, real cgroup quota). Replaying it re-runs the verdict on
-real GPU data, so a change to the classifier that would fail the lab fails here first.
+`bench/results/scenarios-recording.jsonl.gz` and `scenarios-run2-recording.jsonl.gz` hold every
+Snapshot the real daemon took on the H200 while the first lab ran (real agent, real cgroup
+quota); `scenarios-field-<mode>.jsonl.gz` those of the field-hard lab (API servers that hold
+requests before the engine, quotas, eager decode; one per agent mode), with the schedule in the
+recording's header. Replaying them re-runs the verdict on real GPU data, so a change to the
+classifier that would fail a lab fails here first.
 """
 
 import gzip
@@ -17,6 +20,17 @@ from exporter.config import Config
 from exporter.snapshot.codec import read_lines
 
 RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
+FIELD = sorted(RESULTS.glob("scenarios-field-*.jsonl.gz"))
+
+
+def _replayed(recording: Path) -> tuple[dict, list[Tick]]:
+    with gzip.open(recording, "rt") as fh:
+        head, snaps = read_lines(fh)
+        replayed = replay(list(snaps), Config())
+    ticks = [
+        Tick(s.seq, s.at, v.verdict, tuple(v.reasons)) for s in replayed for v in s.verdicts if v.gpu == 0
+    ]
+    return head, ticks
 
 
 @pytest.mark.parametrize(
@@ -29,13 +43,23 @@ RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
 def test_h200_lab_recording_replayed_still_passes(results, recording):
     lab = json.loads((RESULTS / results).read_text())
     segments = [Segment(**s) for s in lab["schedule"]]
-    with gzip.open(RESULTS / recording, "rt") as fh:
-        _, snaps = read_lines(fh)
-        replayed = replay(list(snaps), Config())
-    ticks = [
-        Tick(s.seq, s.at, v.verdict, tuple(v.reasons)) for s in replayed for v in s.verdicts if v.gpu == 0
-    ]
+    _, ticks = _replayed(RESULTS / recording)
     assert len(ticks) >= 150
     rows = score(ticks, segments)
     result = passed(rows)
     assert result["every_scenario_right"] and result["every_switch_in_time"], rows
+
+
+@pytest.mark.parametrize(
+    "recording",
+    FIELD
+    or [pytest.param(None, marks=pytest.mark.skip(reason="no scenarios-field-*.jsonl.gz recorded yet"))],
+    ids=[p.name for p in FIELD] or ["none"],
+)
+def test_field_lab_recording_replayed_every_scenario_right(recording):
+    head, ticks = _replayed(recording)
+    segments = [Segment(**s) for s in head["schedule"]]
+    assert len(segments) >= 7 and len(ticks) >= 10 * len(segments)
+    assert recording.stat().st_size < 2_000_000
+    rows = score(ticks, segments)
+    assert passed(rows)["every_scenario_right"], [(r["scenario"], r["right_share"], r["wrong"]) for r in rows]

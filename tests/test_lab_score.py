@@ -42,3 +42,30 @@ def test_wrong_reason_and_late_switch_fail() -> None:
     result = passed(rows)
     assert result["every_switch_in_time"] is False
     assert rows[1]["wrong"] == []
+
+
+def test_tick_truth_prorates_bins_and_averages_api_samples() -> None:
+    from bench.scenarios.truth import describe, summarise, tick_truth
+
+    # 0.25 s bins: busy 0.2 s of each, 2 requests running all the time, nothing waiting
+    bins = [
+        {"t": 100.0 + 0.25 * i, "busy": 0.2, "busy_span": 0.22, "running": 0.5, "waiting": 0.0}
+        for i in range(8)
+    ]
+    api = [(100.1 + 0.25 * i, {7: (1.0, 1.0), 8: (0.2, 0.3)}) for i in range(8)]
+    t = tick_truth(101.125, 0.5, bins, 0.25, api)  # [100.625, 101.125): halves of two bins, one whole
+    assert abs(t["busy"] - 0.8) < 1e-9
+    assert abs(t["running"] - 2.0) < 1e-9 and t["waiting"] == 0
+    assert t["api_main"] == [1.0, 0.2] and t["api_main_demand"] == [1.0, 0.3]
+    assert abs(t["covered"] - 1.0) < 1e-9
+    s = summarise([t, tick_truth(101.625, 0.5, bins, 0.25, api)])
+    assert s["busy"] == 0.8 and s["api_main_cores"] == [1.0, 0.2]
+    assert describe(s) == "0.80, 2.0 / 0.0, 1.00 / 0.20"
+
+
+def test_tick_truth_outside_the_bins_is_zero_and_uncovered() -> None:
+    from bench.scenarios.truth import tick_truth
+
+    bins = [{"t": 10.0, "busy": 0.25, "running": 0.25, "waiting": 0.0}]
+    t = tick_truth(50.0, 0.5, bins, 0.25, [])
+    assert t["busy"] == 0 and t["covered"] == 0 and t["api_main"] == []

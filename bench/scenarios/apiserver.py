@@ -1,192 +1,161 @@
-"""The lab's API server: admits requests (tokenising their prompts in pure Python), feeds the engine, serves /metrics.
+"""One lab API server (`VLLM::APIServer_<i>`): renders a chat template and tokenises prompts in pure Python, then hands requests to the engine.
 
-Like a vLLM API server it is one Python event loop that tokenises prompts, hands requests to the
-engine core (a child process, bench/scenarios/engine.py), processes each step's outputs
-(detokenise, stream, acknowledge) and serves a vLLM-style /metrics page
-(vllm:num_requests_running / waiting, token counters, iteration_tokens_total) on 127.0.0.1.
-Started as `python3 bench/scenarios/vllm serve --port P` so boundwatch's engine discovery finds
-it like a real `vllm serve`.
+Like a vLLM API server it holds every request until its prompt is tokenised, on its main thread,
+with real CPU: a 60-90k-token prompt keeps the thread busy for ~200 ms, and only then does the
+engine core (bench/scenarios/engine.py) see the request. Its "clients" are closed loops: each one
+sends a request, waits for the last token, and sends the next. So one API server with long
+prompts saturates its main thread while the engine's queue reads empty most instants.
 
-The load it generates (its own "clients", `concurrency` requests in flight) follows a mode read
-from stdin, one word a line:
-  gpu    short prompts, the engine replays CUDA graphs: the GPU is the bottleneck
-  api    60k-word prompts: tokenising one blocks the loop ~60 ms, step outputs wait, the engine stalls
-  quota  like api; the lab puts this process in a cgroup with a CPU quota
-  quota-sim:C  like quota where no cgroup is writable: the loop sleeps to use at most C cores
-  eager  short prompts, the engine runs eager (no CUDA graphs)
-  idle   abort every request, admit none
-  stop   shut down
+Started by the launcher (bench/scenarios/serve.py) with a pipe for control messages:
+("load", kind, clients, quota_cores | None), ("stop",). Kinds: "idle", "short", "long" (LOADS).
 """
 
 from __future__ import annotations
 
-import argparse
-import multiprocessing
 import os
-import sys
-import threading
+import random
 import time
+from multiprocessing.connection import Client, Connection, wait
+from typing import Any
 
-WORDS = ("the", "model", "serves", "tokens", "from", "a", "long", "prompt", "with", "tool", "schemas", "json")
+from bench.scenarios.titles import set_title
+
+# kind -> (prompt tokens low, high, max_tokens)
+LOADS: dict[str, tuple[int, int, int]] = {
+    "idle": (0, 0, 0),
+    "short": (8000, 12000, 64),  # still a chat template around a real prompt: ~25 ms to tokenise
+    "long": (60000, 90000, 12),
+}
+WORDS = tuple(
+    "the model serves tokens from a long prompt with tool schemas json system user assistant call "
+    "function arguments name description type object string required properties".split()
+)
+TEMPLATE = "<|im_start|>system\nYou are a helpful assistant with {n} tools.<|im_end|>\n<|im_start|>user\n"
 
 
-def tokenise(n_words: int, seed: int = 0) -> list[int]:
-    """Tokenise a prompt of n words the slow way (pure Python, one core, holds the GIL)."""
+def render(n_tokens: int, seed: int) -> list[str]:
+    """Render a chat template around a prompt of about n_tokens words (pure Python)."""
+    rnd = random.Random(seed)
+    words = [TEMPLATE.format(n=93)]
+    words.extend(WORDS[rnd.randrange(len(WORDS))] for _ in range(n_tokens))
+    return words
+
+
+def tokenise(words: list[str], rounds: int) -> list[int]:
+    """Tokenise words the slow way: a byte-pair-like hash per character, `rounds` times (holds the GIL)."""
     out: list[int] = []
-    h = seed
-    for i in range(n_words):
-        w = WORDS[(i + seed) % len(WORDS)]
-        for ch in w:
-            h = (h * 131 + ord(ch)) & 0xFFFFF
+    for w in words:
+        h = 0
+        for _ in range(rounds):
+            for ch in w:
+                h = (h * 131 + ord(ch)) & 0xFFFFF
         out.append(h % 32000)
     return out
 
 
-def calibrate(target_ms: float) -> int:
-    """Return how many words take target_ms to tokenise on this core."""
-    n = 20000
+def calibrate(us_per_token: float) -> int:
+    """Return the rounds that make render + tokenise cost about us_per_token per token on this core."""
+    words = render(4000, 0)
+    best = None
+    for _ in range(3):
+        t = time.perf_counter()
+        tokenise(words, 1)
+        dt = time.perf_counter() - t
+        best = dt if best is None else min(best, dt)
     t = time.perf_counter()
-    tokenise(n)
-    per_word = (time.perf_counter() - t) / n
-    return max(1000, int(target_ms / 1000 / per_word))
+    render(4000, 1)
+    render_us = (time.perf_counter() - t) / 4000 * 1e6
+    one_round_us = (best or 1e-3) / 4000 * 1e6
+    return max(1, round((us_per_token - render_us) / max(one_round_us, 1e-3)))
 
 
-class Server:
-    """One API server: clients, the engine pipe, metrics."""
+class ApiServer:
+    """Clients, the engine connection and the tokeniser of one API server."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
-        from prometheus_client import Counter, Gauge, Histogram, start_http_server
+    def __init__(self, index: int, ctl: Connection, engine_address: str, cfg: dict[str, Any]) -> None:
+        self.index = index
+        self.ctl = ctl
+        self.cfg = cfg
+        self.engine = Client(engine_address, family="AF_UNIX")
+        self.engine.send(("hello", index, os.getpid()))
+        self.rounds = calibrate(cfg.get("us_per_token", 2.5))
+        self.kind = "idle"
+        self.clients = 0
+        self.pending: list[int] = []  # clients whose next request is not tokenised yet
+        self.inflight: dict[int, int] = {}  # rid -> client
+        self.next_rid = index * 10_000_000
+        self.rnd = random.Random(index)
+        self.cap: float | None = None
+        self.cap_at, self.cap_cpu = time.monotonic(), time.process_time()
+        self.gen_tokens = 0
 
-        self.args = args
-        labels = ["model_name"]
-        self.g_running = Gauge("vllm:num_requests_running", "Requests running.", labels).labels("toy")
-        self.g_waiting = Gauge("vllm:num_requests_waiting", "Requests waiting.", labels).labels("toy")
-        self.c_prompt = Counter("vllm:prompt_tokens", "Prompt tokens.", labels).labels("toy")
-        self.c_gen = Counter("vllm:generation_tokens", "Generation tokens.", labels).labels("toy")
-        self.h_iter = Histogram(
-            "vllm:iteration_tokens_total",
-            "Tokens per engine step.",
-            labels,
-            buckets=(1, 8, 16, 32, 64, 128, 256),
-        ).labels("toy")
-        start_http_server(args.port, addr="127.0.0.1")
-        self.mode = "idle"
-        self.cores: float | None = None
-        self.budget_at, self.cpu_at = time.monotonic(), time.process_time()
-        self.modes: list[str] = []
-        self.lock = threading.Lock()
-        self.inflight: set[int] = set()
-        self.next_rid = 0
-        self.long_words = calibrate(args.long_prompt_ms)
-        self.short_words = 200
-        ctx = multiprocessing.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        from bench.scenarios import engine
-
-        overrides = {"device": args.device, "batch": args.batch}
-        self.engine = ctx.Process(
-            target=engine.run, args=(child, overrides), name="EngineCore_0", daemon=True
-        )
-        self.engine.start()
-        kind, info = self.conn.recv()
-        assert kind == "ready", kind
-        info.update(long_prompt_words=self.long_words, pid=os.getpid(), engine_pid=self.engine.pid)
-        print("READY " + repr(info), flush=True)
-
-    def read_modes(self) -> None:
-        """Take modes from stdin (a thread)."""
-        for line in sys.stdin:
-            word = line.strip()
-            if word:
-                with self.lock:
-                    self.modes.append(word)
-        with self.lock:
-            self.modes.append("stop")
-
-    def set_mode(self, mode: str) -> None:
-        """Switch the load and the engine mode."""
-        if mode == "idle":
-            self.conn.send(("abort",))
+    def set_load(self, kind: str, clients: int, cap: float | None) -> None:
+        """Switch what the clients send; idle aborts every request."""
+        if kind != self.kind or clients != self.clients:
+            self.engine.send(("abort", self.index))
             self.inflight.clear()
-            self.g_running.set(0)
-            self.g_waiting.set(0)
-        self.conn.send(("mode", "eager" if mode == "eager" else "graph"))
-        self.mode, _, cores = mode.partition(":")
-        self.cores = float(cores) if cores else None
-        self.budget_at, self.cpu_at = time.monotonic(), time.process_time()
+            self.kind, self.clients = kind, clients if kind != "idle" else 0
+            self.pending = list(range(self.clients))
+        self.cap = cap
+        self.cap_at, self.cap_cpu = time.monotonic(), time.process_time()
 
-    def admit(self) -> None:
-        """Admit requests up to the concurrency; a long prompt blocks the loop while it tokenises."""
-        if self.mode == "idle":
+    def admit_one(self) -> None:
+        """Render and tokenise one client's prompt on this (main) thread, then hand it to the engine."""
+        if not self.pending or self.kind == "idle":
             return
-        long = self.mode in ("api", "quota", "quota-sim")
-        batch: list[tuple[int, int]] = []
-        while len(self.inflight) + len(batch) < self.args.concurrency:
-            ids = tokenise(self.long_words if long else self.short_words, self.next_rid)
-            self.c_prompt.inc(len(ids))
-            batch.append((self.next_rid, self.args.max_tokens))
-            self.next_rid += 1
-            if long:
-                break  # one huge prompt per turn of the loop, then outputs get their turn
-        if batch:
-            self.conn.send(("add", batch))
-            self.inflight.update(rid for rid, _ in batch)
+        client = self.pending.pop(0)
+        lo, hi, max_tokens = LOADS[self.kind]
+        n = self.rnd.randint(lo, hi)
+        ids = tokenise(render(n, self.next_rid), self.rounds)
+        self.engine.send(("add", self.index, self.next_rid, len(ids), max_tokens))
+        self.inflight[self.next_rid] = client
+        self.next_rid += 1
 
-    def outputs(self, timeout: float) -> None:
-        """Process every step output that is ready: detokenise, count, acknowledge."""
-        if not self.conn.poll(timeout):
-            return
-        while self.conn.poll():
-            msg = self.conn.recv()
+    def outputs(self) -> None:
+        """Process the engine's step outputs: detokenise, stream, and start a finished client's next request."""
+        while self.engine.poll():
+            msg = self.engine.recv()
             if msg[0] != "out":
                 continue
-            _, step, out, finished, running, waiting = msg
-            text = [WORDS[token % len(WORDS)] for _, token in out]  # detokenise
-            self.c_gen.inc(len(text))
-            self.h_iter.observe(len(out))
+            _, tokens, finished = msg
+            text = "".join(WORDS[t % len(WORDS)] + " " for _, t in tokens)  # detokenise, stream
+            self.gen_tokens += len(tokens) if text else 0
             for rid in finished:
-                self.inflight.discard(rid)
-            if self.mode != "idle":
-                self.g_running.set(running)
-                self.g_waiting.set(waiting)
-            self.conn.send(("ack", step))
-
-    def serve(self) -> None:
-        """Run the loop until stop."""
-        threading.Thread(target=self.read_modes, daemon=True).start()
-        while True:
-            with self.lock:
-                todo, self.modes = self.modes, []
-            for mode in todo:
-                if mode == "stop":
-                    self.conn.send(("stop",))
-                    self.engine.join(10)
-                    return
-                self.set_mode(mode)
-            self.admit()
-            self.outputs(0.001 if self.inflight else 0.02)
-            self.throttle()
+                client = self.inflight.pop(rid, None)
+                if client is not None and client < self.clients:
+                    self.pending.append(client)
 
     def throttle(self) -> None:
-        """Under quota-sim, sleep off the CPU used beyond `cores` (what the kernel's CFS quota does)."""
-        if self.cores is None:
+        """Where no cgroup is writable: sleep off the CPU used beyond the emulated quota."""
+        if self.cap is None:
             return
-        used = time.process_time() - self.cpu_at
-        allowed = (time.monotonic() - self.budget_at) * self.cores
+        used = time.process_time() - self.cap_cpu
+        allowed = (time.monotonic() - self.cap_at) * self.cap
         if used > allowed:
-            time.sleep((used - allowed) / self.cores)
+            time.sleep(min(1.0, (used - allowed) / self.cap))
+
+    def serve(self) -> None:
+        """Run the main loop until ("stop",)."""
+        while True:
+            while self.ctl.poll():
+                msg = self.ctl.recv()
+                if msg[0] == "stop":
+                    return
+                if msg[0] == "load":
+                    self.set_load(msg[1], msg[2], msg[3])
+            self.outputs()
+            self.admit_one()
+            self.throttle()
+            if not self.pending or self.kind == "idle":
+                wait([self.ctl, self.engine], timeout=0.05)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Parse `serve --port P ...` and run."""
-    p = argparse.ArgumentParser(prog="vllm")
-    p.add_argument("command", choices=["serve"])
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    p.add_argument("--batch", type=int, default=64, help="max_num_seqs of the engine")
-    p.add_argument("--concurrency", type=int, default=72, help="requests the clients keep in flight")
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--long-prompt-ms", type=float, default=60.0, help="CPU time to tokenise one long prompt")
-    args = p.parse_args(argv)
-    Server(args).serve()
-    return 0
+def run(index: int, ctl: Connection, engine_address: str, cfg: dict[str, Any]) -> None:
+    """Process entry: title the process, connect to the engine and serve."""
+    set_title(f"VLLM::APIServer_{index}")
+    server = ApiServer(index, ctl, engine_address, cfg)
+    ctl.send(("ready", index, os.getpid(), server.rounds))
+    try:
+        server.serve()
+    except (EOFError, OSError):
+        pass

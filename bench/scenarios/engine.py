@@ -1,229 +1,365 @@
-"""The lab's engine core: decode steps on a toy model, fed by the API server over a pipe.
+"""The lab's engine core (`VLLM::EngineCore`): a vLLM-like scheduler over a 16-layer bf16 decoder, one plain torch process.
 
-It behaves like an inference engine's core loop: requests arrive tokenised from the API server,
-each step decodes one token for every running request (a fixed batch shape, padded, as CUDA-graph
-engines run), and step outputs go back to the API server, which must process them (detokenise,
-stream) and acknowledge; at most `depth` steps may be unacknowledged. So an API server that is
-busy elsewhere (tokenising huge prompts) stalls the engine with requests running: the GPU waits
-on the host.
+Requests come from the API servers (bench/scenarios/apiserver.py) over a Unix socket, already
+tokenised. Every step admits waiting requests up to `max_num_seqs`, decodes one token for every
+request past its prefill, and runs one prefill chunk (`chunk_tokens` of a prompt) for the first
+request still prefilling. In "graph" mode decode replays a CUDA graph captured per batch size
+(1, 2, 4, 8, padded up, like vLLM's capture sizes; about 800 kernels each) and prefill replays a
+captured chunk graph; in "eager" mode (CUDA graphs off) the same model runs op by op, with the
+framework's per-op CPU work (views) that graphs remove. After each step the gauges are published
+(running, waiting as vLLM's scheduler stats show them) and outputs go to the API servers; the
+engine never waits for them.
 
-Modes: "graph" replays one captured CUDA graph per step; "eager" runs the same model op by op,
-with the per-op framework work (views, slices) that graphs remove. With `device="cpu"` (no torch)
-a step sleeps for the GPU time instead, so the whole lab runs on a machine without a GPU.
+The only call into boundwatch is `exporter.agent.start()` (mode none / light / cupti), after CUDA
+has initialised and before any graph is captured, as the field lab did.
 
-Messages in: ("add", [(rid, max_tokens), ...]), ("ack", step), ("mode", m), ("abort",), ("stop",).
-Messages out: ("ready", info), ("out", step, [(rid, token), ...], [finished rids], running, waiting).
+Truth: every step's GPU time (CUDA events around the step; for eager steps also the captured
+graph's GPU time for the same work, since events there include launch gaps), the scheduler's
+running / waiting, binned in 0.25 s of wall time into `truth_path` (JSON lines).
+
+With `device="cpu"` (no torch) a step sleeps for its GPU time (an eager step spins), and the
+cumulative busy time goes to a small shared file that the lab's NVML stand-in reads
+(bench/scenarios/standin/pynvml.py), so the lab runs on a machine without a GPU.
 """
 
 from __future__ import annotations
 
 import collections
+import json
+import mmap
 import os
+import struct
+import threading
 import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, Listener, wait
 from typing import Any
+
+from bench.scenarios.titles import set_title
 
 DEFAULTS: dict[str, Any] = {
     "device": "cuda",
-    "layers": 32,
+    "agent": "none",  # none | light | cupti
+    "max_num_seqs": 8,
+    "capture_sizes": (1, 2, 4, 8),
+    "layers": 16,
     "hidden": 2048,
-    "ffn": 16384,
-    "tiny_ops": 16,  # small kernels per layer (norms, activations, bookkeeping)
-    "views": 160,  # CPU-only framework ops per layer in eager mode (views, slices)
-    "batch": 64,  # max running requests (max_num_seqs), the captured batch
+    "ffn": 8192,  # grown at calibration until the eager step is near GPU-bound
+    "ctx": 256,  # toy KV-cache positions attended per decode step
     "vocab": 32000,
-    "depth": 2,  # unacknowledged steps allowed
-    "agent": True,
-    "cpu_step_ms": 2.0,  # device="cpu": the "GPU" time of a step
-    "cpu_eager_ms": 8.0,  # device="cpu": the wall time of an eager step
+    "tiny_ops": 8,  # bookkeeping kernels per layer
+    "views": 0,  # CPU-only framework ops per layer in eager mode (calibrated)
+    "chunk_tokens": 8192,  # prompt tokens per prefill chunk (vLLM's max_num_batched_tokens)
+    "prefill_chunk_ms": 4.5,  # GPU time of one prefill chunk (rows calibrated to it)
+    "eager_target_busy": 0.78,  # calibrate the eager decode step's busy share to this (GPM where NVML has it)
+    "calibrate": True,
+    "cpu_decode_ms": 4.0,  # device="cpu": "GPU" time of a decode step at the largest batch
+    "cpu_prefill_ms": 4.5,
+    "cpu_eager_ms": 6.0,  # device="cpu": wall time of an eager decode step (spins), 78% of it "GPU"
+    "truth_path": "",
+    "standin_path": "",  # device="cpu": where the cumulative busy time goes for the NVML stand-in
+    "bin_seconds": 0.25,
 }
 
 
-class ToyModel:
-    """A decode step of a toy transformer on the GPU, replayable as one CUDA graph."""
+@dataclass
+class Req:
+    """One request inside the engine."""
 
-    def __init__(self, cfg: dict[str, Any]) -> None:
-        import torch
+    server: int
+    rid: int
+    prefill_left: int
+    decode_left: int
 
-        self.torch = torch
-        self.cfg = cfg
-        dev = torch.device("cuda")
-        b, h, f, v = cfg["batch"], cfg["hidden"], cfg["ffn"], cfg["vocab"]
-        gen = torch.Generator(device=dev).manual_seed(0)
-        dt = torch.bfloat16
-        self.w1 = [
-            torch.randn(h, f, device=dev, dtype=dt, generator=gen) * 0.01 for _ in range(cfg["layers"])
-        ]
-        self.w2 = [
-            torch.randn(f, h, device=dev, dtype=dt, generator=gen) * 0.01 for _ in range(cfg["layers"])
-        ]
-        self.wout = torch.randn(h, v, device=dev, dtype=dt, generator=gen) * 0.01
-        self.x = torch.randn(b, h, device=dev, dtype=dt, generator=gen)
-        self.side = torch.ones(b, 64, device=dev, dtype=torch.float32)
-        self.tokens = torch.zeros(b, device=dev, dtype=torch.int64)
-        self.host = [torch.zeros(b, dtype=torch.int64).pin_memory() for _ in range(2)]
-        self.events = [torch.cuda.Event() for _ in range(2)]
-        self.weight_bytes = sum(w.numel() * w.element_size() for w in (*self.w1, *self.w2, self.wout))
-        self.graph: Any = None
-        self.i = 0
 
-    def forward(self, views: bool) -> None:
-        """Run one decode step into self.tokens."""
-        torch = self.torch
-        h = self.x
-        for w1, w2 in zip(self.w1, self.w2, strict=True):
-            a = torch.nn.functional.gelu(h @ w1)
-            h = h + a @ w2
-            for _ in range(self.cfg["tiny_ops"] // 2):
-                self.side.mul_(0.5).add_(0.5)
-            if views:
-                for k in range(self.cfg["views"]):
-                    h.narrow(1, k % 64, 1).squeeze(1)
-        self.tokens.copy_((h @ self.wout).argmax(dim=-1))
+class Truth:
+    """Bin the GPU's busy time and the scheduler's counts by wall time; append finished bins as JSON lines."""
 
-    def capture(self) -> None:
-        """Warm up and capture the step as a CUDA graph."""
-        torch = self.torch
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                self.forward(views=False)
-        torch.cuda.current_stream().wait_stream(s)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.forward(views=False)
-        torch.cuda.synchronize()
+    def __init__(self, path: str, bin_s: float, standin: str = "") -> None:
+        self.path, self.bin = path, bin_s
+        self.bins: dict[int, dict[str, float]] = {}
+        self.at = time.time()
+        self.running = self.waiting = 0
+        self.flushed_at = time.monotonic()
+        self.busy_total = 0.0
+        self._mm: mmap.mmap | None = None
+        if standin:
+            with open(standin, "wb") as fh:
+                fh.write(b"\0" * 32)
+            fd = os.open(standin, os.O_RDWR)
+            self._mm = mmap.mmap(fd, 32)
+            os.close(fd)
+            self._publish()
 
-    def step(self, mode: str) -> list[int]:
-        """Launch this step, then return the tokens of the previous one (keeps one step queued)."""
-        if mode == "graph":
-            self.graph.replay()
-        else:
-            self.forward(views=True)
-        slot = self.i % 2
-        self.host[slot].copy_(self.tokens, non_blocking=True)
-        self.events[slot].record()
-        prev = (self.i - 1) % 2
-        self.i += 1
-        if self.i == 1:
-            self.events[slot].synchronize()
-            return self.host[slot].tolist()
-        self.events[prev].synchronize()
-        return self.host[prev].tolist()
+    def _row(self, k: int) -> dict[str, float]:
+        return self.bins.setdefault(
+            k, {"busy": 0.0, "busy_span": 0.0, "running": 0.0, "waiting": 0.0, "steps": 0, "graph_steps": 0}
+        )
 
-    def drain(self) -> None:
-        """Wait for the queued step (before the engine blocks with nothing to do)."""
-        self.torch.cuda.synchronize()
-        self.i = 0
+    def _spread(self, key: str, t0: float, t1: float, weight: float = 1.0) -> None:
+        """Add weight x the overlap of [t0, t1) with each bin."""
+        k = int(t0 // self.bin)
+        while t0 < t1:
+            edge = min(t1, (k + 1) * self.bin)
+            self._row(k)[key] += (edge - t0) * weight
+            t0, k = edge, k + 1
+
+    def state(self, running: int, waiting: int) -> None:
+        """Integrate the scheduler's counts up to now, then take the new ones."""
+        now = time.time()
+        if self.running:
+            self._spread("running", self.at, now, self.running)
+        if self.waiting:
+            self._spread("waiting", self.at, now, self.waiting)
+        self.at, self.running, self.waiting = now, running, waiting
+
+    def gpu(self, t0: float, t1: float, span: tuple[float, float], graph: bool) -> None:
+        """Count one step's GPU time [t0, t1) (and its event span) in the bins."""
+        if t1 > t0:
+            self._spread("busy", t0, t1)
+            self.busy_total += t1 - t0
+        if span[1] > span[0]:
+            self._spread("busy_span", *span)
+        row = self._row(int(t1 // self.bin))
+        row["steps"] += 1
+        row["graph_steps"] += int(graph)
+        self._publish()
+
+    def _publish(self) -> None:
+        if self._mm is not None:  # seqlock-free: the stand-in rereads until two reads agree
+            self._mm[0:16] = struct.pack("dd", time.time(), self.busy_total)
+
+    def flush(self, force: bool = False) -> None:
+        """Append the bins older than one bin to the truth file (every second)."""
+        if not force and time.monotonic() - self.flushed_at < 1.0:
+            return
+        self.flushed_at = time.monotonic()
+        self.state(self.running, self.waiting)
+        done = int(time.time() // self.bin) - (0 if force else 1)
+        rows = [(k, self.bins.pop(k)) for k in sorted(self.bins) if k < done or force]
+        if self.path and rows:
+            with open(self.path, "a") as fh:
+                for k, r in rows:
+                    fh.write(json.dumps({"t": round(k * self.bin, 3), **r}) + "\n")
 
 
 class CpuModel:
-    """A stand-in without torch: a step sleeps for its GPU time."""
+    """A stand-in without torch: a step sleeps for its GPU time (an eager decode step spins)."""
 
-    def __init__(self, cfg: dict[str, Any]) -> None:
-        self.cfg = cfg
-        self.weight_bytes = 0
+    def __init__(self, cfg: dict[str, Any], truth: Truth) -> None:
+        self.cfg, self.truth = cfg, truth
+        self.info: dict[str, Any] = {"weight_bytes": 0}
 
-    def capture(self) -> None:
-        """Nothing to capture."""
+    def calibrate(self) -> None:
+        """Nothing to calibrate."""
 
-    def step(self, mode: str) -> list[int]:
-        """Sleep like a step and return tokens."""
-        ms = self.cfg["cpu_step_ms"] if mode == "graph" else self.cfg["cpu_eager_ms"]
-        end = time.perf_counter() + ms / 1000
-        if mode == "eager":  # eager steps burn CPU in the framework
-            while time.perf_counter() < end:
+    def step(self, b: int, prefill: bool, mode: str) -> list[int]:
+        """Run a step: decode b sequences and maybe one prefill chunk."""
+        t0 = time.time()
+        gpu = 0.0
+        if b:
+            cap = max(self.cfg["capture_sizes"])
+            gpu += self.cfg["cpu_decode_ms"] / 1000 * (0.7 + 0.3 * b / cap)
+        if prefill:
+            gpu += self.cfg["cpu_prefill_ms"] / 1000
+        if mode == "eager" and b:
+            wall = gpu / self.cfg["eager_target_busy"]
+            end = time.perf_counter() + wall
+            while time.perf_counter() < end:  # eager steps burn CPU in the framework
                 pass
+            t1 = time.time()
+            self.truth.gpu(t1 - gpu, t1, (t0, t1), graph=False)
         else:
-            time.sleep(ms / 1000)
-        return [1] * self.cfg["batch"]
+            time.sleep(gpu)
+            t1 = time.time()
+            self.truth.gpu(t1 - gpu, t1, (t0, t1), graph=True)
+        return [7] * b
 
-    def drain(self) -> None:
-        """Nothing queued."""
+
+def _agent_start(mode: str) -> str:
+    """Start boundwatch's agent the way an operator would (the engine's only call into boundwatch)."""
+    if mode == "none":
+        return "off"
+    try:
+        from exporter import agent
+
+        if mode == "cupti":
+            try:
+                return str(agent.start(role="generic", mode="cupti"))
+            except TypeError:
+                return str(agent.start(role="generic")) + " (no mode argument)"
+        return str(agent.start(role="generic"))
+    except Exception as exc:  # the lab still runs; the sidecar falls back to NVML
+        return f"failed: {type(exc).__name__}: {exc}"
 
 
-def run(conn: Any, overrides: dict[str, Any]) -> None:
-    """Serve the API server on conn until ("stop",)."""
-    cfg = {**DEFAULTS, **overrides}
-    info: dict[str, Any] = {"pid": os.getpid(), "device": cfg["device"]}
-    recorder = None
-    if cfg["device"] == "cuda":
-        import torch  # noqa: F401  (first, as the agent's own benchmarks do: the agent reuses torch's libcupti)
-    if cfg["agent"]:
+class Engine:
+    """The scheduler loop: API-server connections in, steps on the model, gauges and outputs out."""
+
+    def __init__(self, cfg: dict[str, Any], ctl: Connection, listener: Listener) -> None:
+        self.cfg, self.ctl, self.listener = cfg, ctl, listener
+        self.truth = Truth(cfg["truth_path"], cfg["bin_seconds"], cfg["standin_path"])
+        self.model: Any = None
+        self.mode = "graph"
+        self.waiting: collections.deque[Req] = collections.deque()
+        self.running: list[Req] = []
+        self.servers: dict[int, Connection] = {}
+        self.conns: list[Connection] = []
+        self.stats = {"steps": 0, "prompt": 0, "gen": 0, "success": 0}
+        self.iters: list[int] = []  # tokens per (step, API server with output in it): vLLM's page
+        self.stats_at = time.monotonic()
+        self.new_conns: list[Connection] = []
+        self.cap: float | None = None  # emulated CPU quota (cores) where no cgroup is writable
+        self.cap_at, self.cap_cpu = time.monotonic(), time.process_time()
+
+    def accept(self) -> None:
+        """Take API-server connections as they come (a thread: accept blocks)."""
+        while True:
+            try:
+                self.new_conns.append(self.listener.accept())
+            except OSError:
+                return
+
+    def handle(self, conn: Connection) -> None:
+        """Read everything an API server sent."""
         try:
-            from exporter import agent
+            while conn.poll():
+                msg = conn.recv()
+                kind = msg[0]
+                if kind == "hello":
+                    self.servers[msg[1]] = conn
+                elif kind == "add":
+                    _, server, rid, n_prompt, max_tokens = msg
+                    self.waiting.append(Req(server, rid, n_prompt, max_tokens))
+                    self.stats["prompt"] += n_prompt
+                elif kind == "abort":
+                    self.waiting = collections.deque(r for r in self.waiting if r.server != msg[1])
+                    self.running = [r for r in self.running if r.server != msg[1]]
+        except (EOFError, OSError):
+            self.conns.remove(conn)
+            self.servers = {i: c for i, c in self.servers.items() if c is not conn}
 
-            info["agent"] = agent.start(
-                role="generic", mode="cupti"
-            )  # before CUDA: GRAPH_TRACE stays possible
-            a = agent.current()
-            if a is not None:
-                info["agent_mode"] = getattr(a, "mode", "")
-                recorder = a.steps
-        except Exception as exc:  # the lab still runs, the sidecar falls back to NVML
-            info["agent"] = f"failed: {type(exc).__name__}: {exc}"
-    model: Any = ToyModel(cfg) if cfg["device"] == "cuda" else CpuModel(cfg)
-    t = time.perf_counter()
-    model.capture()
-    info["capture_seconds"] = round(time.perf_counter() - t, 3)
-    info["weight_bytes"] = model.weight_bytes
-    conn.send(("ready", info))
-
-    mode = "graph"
-    queue: collections.deque[tuple[int, int]] = collections.deque()
-    running: dict[int, int] = {}  # rid -> tokens left
-    step_no = acked = 0
-    queued_step: list[int] | None = None  # rids of the step still on the GPU
-
-    def handle(msg: tuple[Any, ...]) -> bool:
-        nonlocal mode, acked, queued_step
-        kind = msg[0]
-        if kind == "add":
-            queue.extend(msg[1])
-        elif kind == "ack":
-            acked = max(acked, msg[1])
-        elif kind == "mode":
-            mode = msg[1]
-        elif kind == "abort":
-            queue.clear()
-            running.clear()
-        elif kind == "stop":
-            return False
+    def control(self) -> bool:
+        """Read the launcher's messages; False on stop."""
+        while self.ctl.poll():
+            msg = self.ctl.recv()
+            if msg[0] == "stop":
+                return False
+            if msg[0] == "mode":
+                self.mode = msg[1]
+            elif msg[0] == "cap":
+                self.cap = msg[1]
+                self.cap_at, self.cap_cpu = time.monotonic(), time.process_time()
         return True
 
-    while True:
-        idle = not running and not queue
-        if idle or step_no - acked >= cfg["depth"]:
-            if idle and queued_step is not None:
-                model.drain()
-                queued_step = None
-            if not handle(conn.recv()):
-                break
-        while conn.poll():
-            if not handle(conn.recv()):
-                return
-        if (not running and not queue) or step_no - acked >= cfg["depth"]:
-            continue
-        while queue and len(running) < cfg["batch"]:
-            rid, n = queue.popleft()
-            running[rid] = n
-        rids = list(running)
-        t0 = time.time_ns()
-        tokens = model.step(mode)
-        t1 = time.time_ns()
-        step_no += 1
-        if recorder is not None:
-            recorder.record("vllm", t0, t1, len(rids), len(rids))
-        out, finished = [], []
-        for i, rid in enumerate(rids):
-            left = running.get(rid)
-            if left is None:
-                continue
-            out.append((rid, tokens[i % len(tokens)]))
-            if left <= 1:
-                del running[rid]
-                finished.append(rid)
+    def throttle(self) -> None:
+        """Where no cgroup is writable: sleep off the CPU used beyond the emulated quota."""
+        if self.cap is None:
+            return
+        used = time.process_time() - self.cap_cpu
+        allowed = (time.monotonic() - self.cap_at) * self.cap
+        if used > allowed:
+            time.sleep(min(1.0, (used - allowed) / self.cap))
+
+    def step(self) -> None:
+        """Schedule and run one step, then publish the gauges and send the outputs."""
+        while self.waiting and len(self.running) < self.cfg["max_num_seqs"]:
+            self.running.append(self.waiting.popleft())
+        decode = [r for r in self.running if r.prefill_left <= 0]
+        prefill = next((r for r in self.running if r.prefill_left > 0), None)
+        tokens = self.model.step(len(decode), prefill is not None, self.mode)
+        out: dict[int, list[tuple[int, int]]] = collections.defaultdict(list)
+        finished: dict[int, list[int]] = collections.defaultdict(list)
+        sched: dict[int, int] = collections.Counter()
+        for r, tok in zip(decode, tokens, strict=False):
+            out[r.server].append((r.rid, tok))
+            sched[r.server] += 1
+            r.decode_left -= 1
+        if prefill is not None:
+            chunk = min(self.cfg["chunk_tokens"], prefill.prefill_left)
+            prefill.prefill_left -= chunk
+            sched[prefill.server] += chunk
+            if prefill.prefill_left <= 0:  # the last chunk samples the first token
+                out[prefill.server].append((prefill.rid, 1))
+                prefill.decode_left -= 1
+        self.stats["gen"] += sum(len(v) for v in out.values())
+        still = []
+        for r in self.running:
+            if r.prefill_left <= 0 and r.decode_left <= 0:
+                finished[r.server].append(r.rid)
+                self.stats["success"] += 1
             else:
-                running[rid] = left - 1
-        queued_step = rids
-        conn.send(("out", step_no, out, finished, len(running), len(queue)))
+                still.append(r)
+        self.running = still
+        self.stats["steps"] += 1
+        self.iters.extend(sched.values())
+        self.truth.state(len(self.running), len(self.waiting))
+        for server in set(out) | set(finished):
+            conn = self.servers.get(server)
+            if conn is not None:
+                try:
+                    conn.send(("out", out.get(server, []), finished.get(server, [])))
+                except OSError:
+                    pass
+
+    def publish(self, force: bool = False) -> None:
+        """Send the launcher what vLLM's stat loggers see (every 50 ms)."""
+        if not force and time.monotonic() - self.stats_at < 0.05:
+            return
+        self.stats_at = time.monotonic()
+        self.ctl.send(("stats", len(self.running), len(self.waiting), dict(self.stats), self.iters))
+        self.iters = []
+        self.truth.flush()
+
+    def serve(self) -> None:
+        """Run until stop."""
+        threading.Thread(target=self.accept, daemon=True).start()
+        while True:
+            while self.new_conns:
+                self.conns.append(self.new_conns.pop())
+            busy = bool(self.running or self.waiting)
+            for r in wait([self.ctl, *self.conns], timeout=0 if busy else 0.05):
+                if r is self.ctl:
+                    if not self.control():
+                        self.publish(force=True)
+                        self.truth.flush(force=True)
+                        return
+                else:
+                    self.handle(r)  # type: ignore[arg-type]
+            if self.running or self.waiting:
+                self.step()
+            else:
+                self.truth.state(0, 0)
+            self.publish()
+            self.throttle()
+
+
+def run(ctl: Connection, address: str, overrides: dict[str, Any]) -> None:
+    """Process entry: title, agent, model, calibration, then serve API servers at `address`."""
+    set_title("VLLM::EngineCore")
+    cfg = {**DEFAULTS, **overrides}
+    info: dict[str, Any] = {"pid": os.getpid(), "device": cfg["device"], "agent_mode": cfg["agent"]}
+    listener = Listener(address, family="AF_UNIX")
+    engine = Engine(cfg, ctl, listener)
+    if cfg["device"] == "cuda":
+        import torch
+
+        torch.cuda.init()
+        torch.zeros(1, device="cuda")  # CUDA initialised before the agent, as in the field lab
+        info["agent"] = _agent_start(cfg["agent"])
+        from bench.scenarios.model import GpuModel
+
+        engine.model = GpuModel(cfg, engine.truth)
+    else:
+        info["agent"] = _agent_start(cfg["agent"])
+        engine.model = CpuModel(cfg, engine.truth)
+    t = time.perf_counter()
+    engine.model.calibrate()
+    info["calibrate_seconds"] = round(time.perf_counter() - t, 3)
+    info.update(engine.model.info)
+    info["kernels_per_decode_step"] = engine.model.info.get("kernels_per_decode_step")
+    ctl.send(("ready", info))
+    try:
+        engine.serve()
+    finally:
+        listener.close()

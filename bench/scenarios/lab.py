@@ -1,26 +1,29 @@
-"""The scenario lab: real workloads that reproduce the field cases, watched by the real sidecar and agent.
+"""The scenario lab, as hard as the field: API servers that hold requests before the engine, quotas, eager decode.
 
-One API server (bench/scenarios/apiserver.py, started as `vllm serve` so discovery finds it) feeds
-one engine core (bench/scenarios/engine.py, with `exporter.agent.start()` inside); the real daemon
-(`python -m exporter`) samples NVML, /proc, cgroups, the engine's /metrics and the agent. The lab
-switches the load through the scenarios and reads every tick's verdict from the daemon's
-/api/snapshot and /metrics, then scores them (bench/scenarios/score.py).
+bench/scenarios/serve.py (started as `vllm serve`) runs a `VLLM::EngineCore` process (a 16-layer
+bf16 decoder with per-batch CUDA graphs, engine.py / model.py) behind 1 or 4 `VLLM::APIServer_<i>`
+processes that render a chat template and tokenise 60-90k-token prompts in pure Python on their
+main thread before the engine sees a request (apiserver.py). The real daemon (`python -m
+exporter`, its defaults: discovery finds the engine and its API servers) samples NVML, /proc,
+cgroups, the page and the agent; the lab reads every tick's verdict, records the engine's and
+the API servers' truth beside it, and scores the verdicts after each scenario's first 2 s.
 
-    python3 bench/scenarios/lab.py                 # on a GPU host (cgroup v2 writable for the quota case)
-    python3 bench/scenarios/lab.py --device cpu    # the harness alone: no GPU, verdicts come out unknown
+    python3 bench/scenarios/lab.py --agent none|light|cupti      # on the GPU host (cgroup v2, root)
+    python3 bench/scenarios/lab.py --device cpu --scale 0.25     # without a GPU: NVML stand-in
 
-Writes bench/results/scenarios.json (scores, pass/fail, environment) and the daemon's Snapshots
-as a recording (`boundwatch replay` reads it).
+Writes <out>/<name>.json (scores, truth, environment) and <out>/<name>.jsonl.gz (the daemon's
+Snapshots, `boundwatch record` format, the schedule in its header); name defaults to
+scenarios-field-<agent> (scenarios-field-cpu-<agent> on the CPU path).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import gzip
 import json
 import os
 import platform
-import shutil
 import socket
 import subprocess
 import sys
@@ -28,47 +31,45 @@ import tempfile
 import threading
 import time
 import urllib.request
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from bench.scenarios import truth as tr  # noqa: E402
+from bench.scenarios.quota import Quota  # noqa: E402
 from bench.scenarios.score import Segment, Tick, passed, score  # noqa: E402
-from exporter.commands._live import daemon_answers, from_daemon  # noqa: E402
+from exporter.commands._live import daemon_answers  # noqa: E402
 from exporter.snapshot import Snapshot, codec  # noqa: E402
 
-# (scenario, API-server mode, seconds, expected verdict, expected reason)
-SCHEDULE: tuple[tuple[str, str, float, str, str | None], ...] = (
-    ("idle", "idle", 8, "idle", None),
-    ("gpu_bound_decode", "gpu", 16, "gpu", None),
-    ("api_server_saturated", "api", 16, "host", "api_server_saturated"),
-    ("gpu_bound_decode_again", "gpu", 12, "gpu", None),
-    ("cpu_quota_throttled", "quota", 16, "host", "cpu_quota_throttled"),
-    ("eager_decode", "eager", 16, "host", "cuda_graph_fallback"),
-    ("idle_again", "idle", 8, "idle", None),
+
+@dataclass(frozen=True)
+class Scenario:
+    """One scenario: API servers, load, engine mode, quota, expected verdict and reason."""
+
+    name: str
+    servers: int
+    load: str  # idle | short | long (apiserver.LOADS)
+    clients: int
+    mode: str  # graph | eager
+    quota: str | None  # None | "api" (the API servers alone) | "container" (engine + API servers)
+    verdict: str
+    reason: str | None
+
+
+SCENARIOS: tuple[Scenario, ...] = (
+    Scenario("api_server_saturated", 1, "long", 8, "graph", None, "host", "api_server_saturated"),
+    Scenario("gpu_bound_decode", 4, "short", 32, "graph", None, "gpu", None),
+    Scenario("fix_four_api_servers", 4, "long", 8, "graph", None, "gpu", None),
+    Scenario("eager_decode", 4, "short", 32, "eager", None, "host", "cuda_graph_fallback"),
+    Scenario("quota_api_servers", 4, "long", 8, "graph", "api", "host", "cpu_quota_throttled"),
+    Scenario("quota_container", 4, "short", 32, "graph", "container", "host", "cpu_quota_throttled"),
+    Scenario("idle", 4, "idle", 0, "graph", None, "idle", None),
 )
-QUOTA_CORES = 0.2
-H200_COPY_BYTES_PER_SECOND = 4.281e12  # torch copy_ on this H200 (shared/research/device-probe.md)
-
-
-# Scenarios during which `boundwatch diagnose` reads the daemon (from 3 s in), to show its report.
-DIAGNOSE = ("api_server_saturated", "cpu_quota_throttled", "eager_decode")
-
-
-def diagnose(url: str, seconds: float, env: dict[str, str], into: dict[str, str], name: str) -> None:
-    """Run `boundwatch diagnose --url` against the daemon and keep its report."""
-    time.sleep(3)
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "exporter", "diagnose", "--url", url, "--seconds", f"{seconds:g}"],
-            capture_output=True, text=True, env=env, cwd=ROOT, timeout=seconds + 30,
-        )  # fmt: skip
-        into[name] = done.stdout + (
-            f"\n[rc={done.returncode}] {done.stderr[-500:]}" if done.returncode else ""
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        into[name] = f"failed: {exc}"
+SECONDS = 30.0
+BIN_SECONDS = 0.25
 
 
 def free_port() -> int:
@@ -83,107 +84,114 @@ def log(msg: str) -> None:
     print(f"[lab {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-# --- the CPU quota: a real cgroup v2 cpu.max, or an emulation when none is writable -------
+class Stack:
+    """The lab's `vllm serve` process: commands in on stdin, answers out on stdout."""
 
+    def __init__(self, args: argparse.Namespace, port: int, work: Path, env: dict[str, str]) -> None:
+        cmd = [
+            sys.executable, str(ROOT / "bench/scenarios/vllm"), "serve", "--port", str(port),
+            "--device", args.device, "--agent", args.agent, "--max-num-seqs", "8", "--api-servers", "1",
+            "--us-per-token", str(args.us_per_token), "--work", str(work / "serve"),
+        ]  # fmt: skip
+        if args.engine_json:
+            cmd += ["--engine-json", args.engine_json]
+        self.log_path = work / "serve.log"
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(self.log_path, "w"),
+            text=True, env=env, cwd=ROOT,
+        )  # fmt: skip
+        self.lines: collections.deque[str] = collections.deque()
+        self.cond = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+        ready = self.expect("READY ", 600)
+        self.info: dict[str, Any] = json.loads(ready[6:])
+        self.api_pids: list[int] = list(self.info["api_server_pids"])
 
-class Quota:
-    """Put a process under a CPU quota and take it out again."""
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self.cond:
+                self.lines.append(line.rstrip("\n"))
+                self.cond.notify_all()
+        with self.cond:
+            self.cond.notify_all()
 
-    def __init__(self, cores: float, workdir: Path) -> None:
-        self.cores = cores
-        self.mode = "off"
-        self.detail = ""
-        self.cg: Path | None = None
-        self.fake_root: Path | None = None
-        self._sim: threading.Thread | None = None
-        self._sim_stop = threading.Event()
-        root = Path("/sys/fs/cgroup")
-        try:
-            if not (root / "cgroup.controllers").exists():
-                raise OSError("no cgroup v2 at /sys/fs/cgroup")
-            if "cpu" not in (root / "cgroup.controllers").read_text().split():
-                raise OSError("the cpu controller is not available at the root")
-            if "cpu" not in (root / "cgroup.subtree_control").read_text().split():
-                (root / "cgroup.subtree_control").write_text("+cpu")
-            cg = root / "boundwatch-lab-quota"
-            cg.mkdir(exist_ok=True)
-            (cg / "cpu.max").write_text(f"{int(cores * 100000)} 100000")
-            self.cg, self.mode = cg, "cgroup_v2"
-            self.detail = f"{cg}/cpu.max = {int(cores * 100000)} 100000"
-        except OSError as exc:
-            self.mode = "emulated"
-            self.detail = (
-                f"cgroup v2 cpu.max not writable ({exc}); the API server sleeps to {cores:g} cores and the "
-                "lab writes the matching cpu.max/cpu.stat in a cgroup tree the daemon reads (host.cgroup_root)"
-            )
-            self.fake_root = workdir / "cgroupfs"
-            self.fake_root.mkdir(parents=True, exist_ok=True)
-            (self.fake_root / "cgroup.controllers").write_text("cpu memory\n")
+    def expect(self, prefix: str, timeout: float) -> str:
+        """Return the next stdout line starting with prefix (raise if the process exits first)."""
+        end = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                while self.lines:
+                    line = self.lines.popleft()
+                    if line.startswith(prefix):
+                        return line
+                    if line.startswith("ERR "):
+                        raise RuntimeError(line)
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"the lab server exited: {self.log_path.read_text()[-3000:]}")
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no {prefix!r} from the lab server")
+                self.cond.wait(min(left, 1.0))
 
-    def daemon_env(self) -> dict[str, str]:
-        """Return what the daemon needs to read this quota."""
-        return {"BOUNDWATCH_HOST__CGROUP_ROOT": str(self.fake_root)} if self.fake_root else {}
+    def send(self, line: str, timeout: float = 120) -> dict[str, Any]:
+        """Send one command and return its answer."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        got = self.expect(f"OK {line.split()[0]} ", timeout)
+        out: dict[str, Any] = json.loads(got.split(" ", 2)[2])
+        if "pids" in out:
+            self.api_pids = list(out["pids"])
+        return out
 
-    def prepare(self, pid: int) -> None:
-        """Lay out the emulated cgroup of a process (no quota yet)."""
-        if self.fake_root is None:
-            return
-        self._path = self.fake_root / cgroup_of(pid).lstrip("/")
-        self._path.mkdir(parents=True, exist_ok=True)
-        (self._path / "cpu.max").write_text("max 100000\n")
-        self._stat = [0, 0, 0]  # periods, throttled, throttled_usec
-        self._write_stat()
+    def pids(self) -> list[int]:
+        """Return the launcher, the engine and the API servers."""
+        return [self.proc.pid, int(self.info["engine_pid"]), *self.api_pids]
 
-    def _write_stat(self) -> None:
-        p, t, u = self._stat
-        (self._path / "cpu.stat.tmp").write_text(
-            f"usage_usec 0\nuser_usec 0\nsystem_usec 0\nnr_periods {p}\nnr_throttled {t}\nthrottled_usec {u}\n"
-        )
-        os.replace(self._path / "cpu.stat.tmp", self._path / "cpu.stat")
-
-    def _simulate(self) -> None:
-        while not self._sim_stop.wait(0.1):
-            self._stat[0] += 1
-            self._stat[1] += 1
-            self._stat[2] += int(100000 * (1 - self.cores))
-            self._write_stat()
-
-    def enter(self, pid: int) -> None:
-        """Apply the quota to a process."""
-        if self.cg is not None:
-            self._home = cgroup_of(pid)
-            (self.cg / "cgroup.procs").write_text(str(pid))
-        elif self.fake_root is not None:
-            (self._path / "cpu.max").write_text(f"{int(self.cores * 100000)} 100000\n")
-            self._sim_stop.clear()
-            self._sim = threading.Thread(target=self._simulate, daemon=True)
-            self._sim.start()
-
-    def leave(self, pid: int) -> None:
-        """Lift the quota."""
-        if self.cg is not None:
-            Path("/sys/fs/cgroup", self._home.lstrip("/"), "cgroup.procs").write_text(str(pid))
-        elif self.fake_root is not None:
-            self._sim_stop.set()
-            if self._sim is not None:
-                self._sim.join()
-            (self._path / "cpu.max").write_text("max 100000\n")
-
-    def remove(self) -> None:
-        """Remove the lab's cgroup."""
-        if self.cg is not None:
+    def stop(self) -> None:
+        """Stop the stack."""
+        if self.proc.poll() is None:
             try:
-                self.cg.rmdir()
-            except OSError:
-                pass
+                assert self.proc.stdin is not None
+                self.proc.stdin.write("stop\n")
+                self.proc.stdin.flush()
+                self.proc.wait(30)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait(10)
 
 
-def cgroup_of(pid: int) -> str:
-    """Return the unified cgroup path of a process."""
-    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
-        if line.startswith("0::"):
-            return line[3:] or "/"
-    return "/"
+class ApiSampler:
+    """Sample every API server's main-thread CPU and demand (cores) every 0.25 s (the truth beside the daemon's)."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.stack = stack
+        self.rows: list[tr.ApiSample] = []
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        prev: dict[int, tuple[float, int, int]] = {}
+        while not self._stop.wait(0.25):
+            now, row = time.time(), {}
+            for pid in list(self.stack.api_pids):
+                got = tr.main_thread_ns("/proc", pid)
+                if got is None:
+                    continue
+                if pid in prev and now > prev[pid][0]:
+                    span = (now - prev[pid][0]) * 1e9
+                    cpu = (got[0] - prev[pid][1]) / span
+                    row[pid] = (cpu, cpu + (got[1] - prev[pid][2]) / span)
+                prev[pid] = (now, *got)
+            if row:
+                self.rows.append((now, row))
+
+    def stop(self) -> None:
+        """Stop sampling."""
+        self._stop.set()
+        self._t.join()
 
 
 # --- reading the daemon -------------------------------------------------------------------
@@ -208,22 +216,31 @@ def scrape_bound(url: str) -> tuple[int | None, str | None, tuple[str, ...]]:
 
 
 class Watch:
-    """Collect the daemon's Snapshots and its /metrics verdicts in the background."""
+    """Collect the daemon's Snapshots (every tick) and its /metrics verdicts in the background until end()."""
 
     def __init__(self, url: str, seconds: float) -> None:
         self.url = url
         self.snaps: list[Snapshot] = []
         self.metrics: dict[int, tuple[str | None, tuple[str, ...]]] = {}
         self._stop = threading.Event()
+        self._deadline = time.monotonic() + seconds
         self._threads = [
-            threading.Thread(target=lambda: from_daemon(url, seconds, 0.5, self.snaps.append), daemon=True),
+            threading.Thread(target=self._snapshots, daemon=True),
             threading.Thread(target=self._scrape, daemon=True),
         ]
         for t in self._threads:
             t.start()
 
+    def _snapshots(self) -> None:
+        seen = -1
+        while not self._stop.wait(0.2) and time.monotonic() < self._deadline:
+            snap = latest(self.url)
+            if snap is not None and snap.seq != seen:
+                seen = snap.seq
+                self.snaps.append(snap)
+
     def _scrape(self) -> None:
-        while not self._stop.wait(0.2):
+        while not self._stop.wait(0.5) and time.monotonic() < self._deadline:
             try:
                 ticks, verdict, reasons = scrape_bound(self.url)
             except OSError:
@@ -231,11 +248,11 @@ class Watch:
             if ticks is not None:
                 self.metrics[ticks] = (verdict, reasons)
 
-    def stop(self) -> None:
-        """Wait for the Snapshot reader to finish and stop scraping."""
-        self._threads[0].join()
+    def end(self) -> None:
+        """Stop collecting."""
         self._stop.set()
-        self._threads[1].join()
+        for t in self._threads:
+            t.join()
 
 
 def wait_for(what: str, check: Any, timeout: float) -> Any:
@@ -270,199 +287,274 @@ def gpu_info() -> dict[str, Any]:
         return {"gpu": None, "nvml": str(exc)}
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the lab and write the results."""
+def start_daemon(
+    args: argparse.Namespace, port: int, env: dict[str, str], work: Path
+) -> subprocess.Popen[Any]:
+    """Start the real daemon with its defaults (discovery finds the lab's `vllm serve`)."""
+    denv = dict(env)
+    if args.device == "cpu":  # NVML stand-in: the engine's "GPU" busy time (bench/scenarios/standin)
+        denv["PYTHONPATH"] = f"{ROOT / 'bench/scenarios/standin'}{os.pathsep}{env['PYTHONPATH']}"
+        denv["LAB_NVML_STANDIN"] = str(work / "serve" / "standin-gpu.bin")
+    return subprocess.Popen(
+        [sys.executable, "-m", "exporter", "--address", "127.0.0.1", "--port", str(port),
+         "--agent-socket", env["BOUNDWATCH_AGENT_SOCKET"], "--log-level", "warning", "--log-format", "json"],
+        stdout=open(work / "daemon.out", "w"), stderr=subprocess.STDOUT, env=denv, cwd=ROOT,
+    )  # fmt: skip
+
+
+def api_servers_seen(url: str, n: int) -> bool:
+    """Say whether the daemon's newest Snapshot shows n API servers of the engine."""
+    snap = latest(url)
+    return bool(snap and any(len(e.api_servers) == n for e in snap.engines))
+
+
+def switch(stack: Stack, quota: Quota, sc: Scenario, args: argparse.Namespace, url: str) -> dict[str, Any]:
+    """Set the stack up for a scenario (servers, load, engine mode, quota); return what was done."""
+    done: dict[str, Any] = {}
+    if quota.active:
+        quota.leave()
+        if quota.emulated:
+            stack.send("cap -")
+    if len(stack.api_pids) != sc.servers:
+        stack.send(f"servers {sc.servers}")
+        stack.send(f"load short {8 * sc.servers}")  # warm, unscored, until the daemon sees them all
+        t = time.monotonic()
+        try:
+            wait_for(
+                f"the daemon to see {sc.servers} API servers", lambda: api_servers_seen(url, sc.servers), 20
+            )
+        except TimeoutError as exc:
+            log(f"warning: {exc}")
+        time.sleep(max(0.0, 2.0 - (time.monotonic() - t)))
+        done["transition_seconds"] = round(time.monotonic() - t, 2)
+        quota.prepare(stack.pids())
+    cap: float | None = None
+    if sc.quota == "api":
+        cores = args.api_quota_cores
+        done["quota"] = quota.enter("api", cores, stack.api_pids)
+        cap = cores if quota.emulated else None
+    elif sc.quota == "container":
+        cores = args.container_quota_cores
+        done["quota"] = quota.enter("container", cores, stack.pids())
+        if quota.emulated:  # share the emulated quota: API servers 4/5, the engine 1/5
+            cap = cores * 0.8
+            stack.send(f"cap {cores * 0.2:g}")
+    stack.send(f"load {sc.load} {sc.clients} {cap if cap else '-'}")
+    stack.send(f"mode {sc.mode}")
+    return done
+
+
+def observed(snaps: list[Snapshot]) -> dict[str, Any]:
+    """Return the medians of what the daemon read over a scenario's scored ticks."""
+
+    def med(vals: list[float | None]) -> float | None:
+        got = sorted(v for v in vals if v is not None)
+        return round(got[len(got) // 2], 3) if got else None
+
+    gpm: list[float | None] = []
+    agent: list[float | None] = []
+    running: list[float | None] = []
+    waiting: list[float | None] = []
+    api: list[float | None] = []
+    for s in snaps:
+        g = s.gpu(0)
+        if g is not None and g.gpm is not None:
+            gpm.append(g.gpm.graphics)
+        if s.agent is not None:
+            for a in s.agent.activity:
+                if a.gpu == 0 and a.observed_ns:
+                    agent.append(a.busy_ns / a.observed_ns)
+        for e in s.engines:
+            running.append(e.running)
+            waiting.append(e.waiting)
+            threads = [p.busiest_thread.cpu for p in e.api_servers if p.busiest_thread is not None]
+            if threads:
+                api.append(max(threads))
+    return {"gpm_busy": med(gpm), "agent_busy": med(agent), "page_running": med(running),
+            "page_waiting": med(waiting), "api_busiest_thread": med(api)}  # fmt: skip
+
+
+def said(ticks: list[Tick]) -> str:
+    """Return what boundwatch said most often, with its share."""
+    if not ticks:
+        return "-"
+    counts = collections.Counter((t.verdict, t.reasons[:2]) for t in ticks)
+    (verdict, reasons), n = counts.most_common(1)[0]
+    text = verdict + (f" ({', '.join(reasons)})" if reasons else "")
+    return f"{text} {n / len(ticks):.0%}"
+
+
+def run_schedule(
+    args: argparse.Namespace, stack: Stack, quota: Quota, url: str, scenarios: list[Scenario]
+) -> tuple[list[Segment], dict[str, Any], list[Snapshot]]:
+    """Run every scenario while a Watch collects the daemon's Snapshots."""
+    seconds = args.seconds * args.scale
+    watch = Watch(url, len(scenarios) * (seconds + 25) + 30)
+    segments: list[Segment] = []
+    notes: dict[str, Any] = {}
+    try:
+        for sc in scenarios:
+            notes[sc.name] = switch(stack, quota, sc, args, url)
+            start = time.time()
+            exp = sc.verdict + (f" {sc.reason}" if sc.reason else "")
+            log(f"scenario {sc.name}: {sc.servers} API servers, {sc.load} x{sc.clients}, {sc.mode}, "
+                f"quota {sc.quota or '-'} for {seconds:g} s (expect {exp}) {notes[sc.name]}")  # fmt: skip
+            time.sleep(seconds)
+            segments.append(Segment(sc.name, sc.verdict, sc.reason, start, time.time()))
+        if quota.active:
+            quota.leave()
+    finally:
+        watch.end()
+    return segments, notes, watch.snaps
+
+
+def analyse(
+    segments: list[Segment], snaps: list[Snapshot], bins: list[dict[str, float]], api: list[tr.ApiSample]
+) -> tuple[list[dict[str, Any]], list[list[Any]]]:
+    """Score the verdicts and put the truth and what the daemon read beside each scenario."""
+    ticks = [Tick(s.seq, s.at, v.verdict, tuple(v.reasons)) for s in snaps for v in s.verdicts if v.gpu == 0]
+    rows = score(ticks, segments)
+    per_tick: list[list[Any]] = []
+    for row, seg in zip(rows, segments, strict=True):
+        scored = [s for s in snaps if seg.start + 2.0 <= s.at < seg.end and s.dt > 0]
+        truths = [tr.tick_truth(s.at, s.dt, bins, BIN_SECONDS, api) for s in scored]
+        row["truth"] = tr.summarise(truths)
+        row["truth_text"] = tr.describe(row["truth"])
+        row["observed"] = observed(scored)
+        row["said"] = said([t for t in ticks if seg.start + 2.0 <= t.at < seg.end])
+        for s, t in zip(scored, truths, strict=True):
+            v = next((v for v in s.verdicts if v.gpu == 0), None)
+            per_tick.append(
+                [s.seq, seg.name, round(t["busy"] or 0, 3), round(t["running"] or 0, 2),
+                 round(t["waiting"] or 0, 2), [round(a, 2) for a in t["api_main"]],
+                 v.verdict if v else None, list(v.reasons) if v else []]
+            )  # fmt: skip
+    return rows, per_tick
+
+
+def write_recording(path: Path, snaps: list[Snapshot], meta: dict[str, Any]) -> None:
+    """Write the Snapshots as a gzip recording (`boundwatch replay` reads it)."""
+    with gzip.open(path, "wt", compresslevel=9) as fh:
+        fh.write(codec.header(tick_seconds=0.5, lab=True, **meta) + "\n")
+        for s in snaps:
+            fh.write(codec.dumps(s) + "\n")
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    """Return the lab's arguments."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    p.add_argument("--agent", choices=["none", "light", "cupti"], default="none")
     p.add_argument("--out", default=str(ROOT / "bench" / "results"), help="results folder")
+    p.add_argument("--name", default="", help="result file name (default scenarios-field[-cpu]-<agent>)")
+    p.add_argument("--seconds", type=float, default=SECONDS, help="length of each scenario")
     p.add_argument("--scale", type=float, default=1.0, help="multiply every scenario's length")
-    p.add_argument("--quota-cores", type=float, default=QUOTA_CORES)
-    args = p.parse_args(argv)
+    p.add_argument("--only", default="", help="comma-separated scenario names (default all, in order)")
+    p.add_argument("--api-quota-cores", type=float, default=0.2)
+    p.add_argument("--container-quota-cores", type=float, default=0.6)
+    p.add_argument("--us-per-token", type=float, default=2.5, help="API-server CPU per prompt token")
+    p.add_argument(
+        "--engine-json", default="", help="engine settings to override (JSON, see engine.DEFAULTS)"
+    )
+    return p.parse_args(argv)
 
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the lab and write the results."""
+    args = parse(argv)
+    name = args.name or f"scenarios-field-{'cpu-' if args.device == 'cpu' else ''}{args.agent}"
+    only = [n for n in args.only.split(",") if n]
+    scenarios = [sc for sc in SCENARIOS if not only or sc.name in only]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bwlab-"))
-    sock = work / "agent.sock"
-    api_port, bw_port = free_port(), free_port()
-    url = f"http://127.0.0.1:{bw_port}"
-    quota = Quota(args.quota_cores, work)
+    url = f"http://127.0.0.1:{(bw_port := free_port())}"
+    quota = Quota(work)
     log(f"quota: {quota.mode}: {quota.detail}")
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    env.update(
-        {
-            "PYTHONUNBUFFERED": "1",
-            "BOUNDWATCH_AGENT_SOCKET": str(sock),
-            "BOUNDWATCH_AGENT_SAMPLING": "off",  # exact kernel records throughout (the eager case launches ~100k/s)
-        }
-    )
-    procs: list[subprocess.Popen[Any]] = []
-    results: dict[str, Any] = {"started": time.time(), "host": platform.node(), **gpu_info()}
+    env.update(PYTHONUNBUFFERED="1", BOUNDWATCH_AGENT_SOCKET=str(work / "agent.sock"))
+    results: dict[str, Any] = {"name": name, "started": time.time(), "host": platform.node(), **gpu_info(),
+                               "agent_mode": args.agent, "device": args.device}  # fmt: skip
+    stack: Stack | None = None
+    daemon: subprocess.Popen[Any] | None = None
     try:
-        api = subprocess.Popen(
-            [sys.executable, str(ROOT / "bench/scenarios/vllm"), "serve", "--port", str(api_port),
-             "--device", args.device],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(work / "apiserver.log", "w"),
-            text=True, env=env, cwd=ROOT,
-        )  # fmt: skip
-        procs.append(api)
-        lines: list[str] = []
-        threading.Thread(target=lambda: lines.extend(api.stdout or ()), daemon=True).start()
-
-        def api_ready() -> str | None:
-            if api.poll() is not None:
-                raise RuntimeError(f"API server exited: {(work / 'apiserver.log').read_text()[-3000:]}")
-            return next((line for line in lines if line.startswith("READY ")), None)
-
-        ready = wait_for("the engine", api_ready, 300)
-        info = eval(ready[6:], {})  # our own repr of a dict of literals
-        log(f"engine ready: {info}")
-        results["engine"] = info
-        quota.prepare(api.pid)
-        denv = {
-            **env,
-            **quota.daemon_env(),
-            "BOUNDWATCH_VERDICT__MAX_BATCH": "64",
-            "BOUNDWATCH_ROOFLINE__WEIGHT_BYTES_PER_STEP": str(info.get("weight_bytes") or ""),
-            "BOUNDWATCH_ROOFLINE__HBM_BANDWIDTH_BYTES_PER_SECOND": str(H200_COPY_BYTES_PER_SECOND),
-        }
-        if not info.get("weight_bytes"):
-            denv.pop("BOUNDWATCH_ROOFLINE__WEIGHT_BYTES_PER_STEP")
-        daemon = subprocess.Popen(
-            [sys.executable, "-m", "exporter", "--address", "127.0.0.1", "--port", str(bw_port),
-             "--engine-url", f"http://127.0.0.1:{api_port}/metrics", "--agent-socket", str(sock),
-             "--log-level", "warning", "--log-format", "json"],
-            stdout=open(work / "daemon.out", "w"), stderr=subprocess.STDOUT, env=denv, cwd=ROOT,
-        )  # fmt: skip
-        procs.append(daemon)
+        stack = Stack(args, free_port(), work, env)
+        log(f"engine ready: {stack.info}")
+        results["engine"] = stack.info
+        quota.prepare(stack.pids())
+        daemon = start_daemon(args, bw_port, {**env, **quota.daemon_env()}, work)
         wait_for("the daemon", lambda: daemon_answers(url), 60)
-
-        def engine_seen() -> bool:
-            snap = latest(url)
-            return bool(snap and any(e.api_servers for e in snap.engines))
-
-        wait_for("the daemon to find the API server", engine_seen, 30)
-        if args.device == "cuda":
+        wait_for("the daemon to find the API server", lambda: api_servers_seen(url, 1), 30)
+        if args.agent != "none":
             try:
                 wait_for("the agent", lambda: (s := latest(url)) and s.agent and s.agent.agents, 20)
             except TimeoutError as exc:
                 log(f"warning: {exc}")
         snap = latest(url)
         results["daemon_sources"] = {s.name: s.up for s in snap.sources} if snap else {}
-        results["agents"] = [a.__dict__ for a in snap.agent.agents] if snap and snap.agent else []
+        results["agents"] = [asdict(a) for a in snap.agent.agents] if snap and snap.agent else []
         log(f"daemon sources: {results['daemon_sources']}; agents: {results['agents']}")
-
-        total = sum(sec for _, _, sec, _, _ in SCHEDULE) * args.scale
-        watch = Watch(url, total + 1.0)
-        segments: list[Segment] = []
-        reports: dict[str, str] = {}
-        in_quota = False
-        for name, mode, seconds, verdict, reason in SCHEDULE:
-            seconds *= args.scale
-            if mode == "quota" and not in_quota:
-                quota.enter(api.pid)
-                in_quota = True
-            elif mode != "quota" and in_quota:
-                quota.leave(api.pid)
-                in_quota = False
-            assert api.stdin is not None
-            sim = mode == "quota" and quota.mode == "emulated"
-            api.stdin.write((f"quota-sim:{quota.cores:g}" if sim else mode) + "\n")
-            api.stdin.flush()
-            start = time.time()
-            log(
-                f"scenario {name}: {mode} for {seconds:g} s (expect {verdict}{' ' + reason if reason else ''})"
-            )
-            if name in DIAGNOSE and seconds > 8:
-                threading.Thread(
-                    target=diagnose, args=(url, seconds - 5, denv, reports, name), daemon=True
-                ).start()
-            time.sleep(seconds)
-            segments.append(Segment(name, verdict, reason, start, time.time()))
-        if in_quota:
-            quota.leave(api.pid)
-        watch.stop()
-
-        ticks = [
-            Tick(s.seq, s.at, v.verdict, v.reasons) for s in watch.snaps for v in s.verdicts if v.gpu == 0
-        ]
-        rows = score(ticks, segments)
-        agree = [s.seq for s in watch.snaps if s.seq in watch.metrics]
-        same = [q for q in agree if watch.metrics[q][0] == gpu0_verdict(snap_of(watch.snaps, q))]
+        sampler = ApiSampler(stack)
+        segments, notes, snaps = run_schedule(args, stack, quota, url, scenarios)
+        sampler.stop()
+        stack.stop()
+        bins = tr.read_bins(work / "serve" / "truth-engine.jsonl")
+        rows, per_tick = analyse(segments, snaps, bins, sampler.rows)
+        kept = [s for s in snaps if segments and segments[0].start - 1 <= s.at <= segments[-1].end + 1]
+        schedule = [asdict(s) for s in segments]
         results.update(
-            schedule=[s.__dict__ for s in segments],
-            diagnose=reports,
-            quota={"mode": quota.mode, "detail": quota.detail, "cores": quota.cores},
-            scores=rows,
-            verdict_ticks=len(ticks),
-            metrics_ticks_matched=len(agree),
-            metrics_agree_share=round(len(same) / len(agree), 4) if agree else None,
-            passed=passed(rows),
-            device=args.device,
+            schedule=schedule, scenarios=[asdict(sc) for sc in scenarios], notes=notes,
+            quota={"mode": quota.mode, "detail": quota.detail, "api_cores": args.api_quota_cores,
+                   "container_cores": args.container_quota_cores},
+            scores=rows, passed=passed(rows), verdict_ticks=len(per_tick), truth_ticks=per_tick,
             finished=time.time(),
-        )
-        rec = out / "scenarios-recording.jsonl.gz"
-        with gzip.open(rec, "wt") as fh:
-            fh.write(codec.header(tick_seconds=0.5, lab=True) + "\n")
-            for s in watch.snaps:
-                fh.write(codec.dumps(s) + "\n")
-        results["recording"] = str(rec.relative_to(ROOT)) if rec.is_relative_to(ROOT) else str(rec)
-        if api.stdin is not None:
-            api.stdin.write("stop\n")
-            api.stdin.flush()
-        api.wait(20)
+        )  # fmt: skip
+        rec = out / f"{name}.jsonl.gz"
+        write_recording(rec, kept, {"schedule": schedule, "agent_mode": args.agent, "device": args.device})
+        results["recording"] = rec.name
+        results["recording_bytes"] = rec.stat().st_size
     except Exception as exc:
         import traceback
 
         results["error"] = "".join(traceback.format_exception(exc))[-4000:]
         log(f"failed: {exc!r}")
     finally:
-        for proc in reversed(procs):
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+        if stack is not None:
+            stack.stop()
+        if daemon is not None and daemon.poll() is None:
+            daemon.terminate()
+            try:
+                daemon.wait(10)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
         quota.remove()
-        for name in ("apiserver.log", "daemon.out"):
-            if (work / name).exists():
-                shutil.copy(work / name, out / f"scenarios-{name}")
-    (out / "scenarios.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+        for log_name in ("serve.log", "daemon.out"):
+            if (work / log_name).exists():
+                results[f"{log_name.replace('.', '_')}_tail"] = (work / log_name).read_text()[-3000:]
+    (out / f"{name}.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
     print(table(results))
     ok = results.get("passed", {})
-    return 0 if ok.get("every_scenario_right") and ok.get("every_switch_in_time") else 1
-
-
-def gpu0_verdict(snap: Snapshot) -> str | None:
-    """Return GPU 0's verdict in a Snapshot."""
-    return next((v.verdict for v in snap.verdicts if v.gpu == 0), None)
-
-
-def snap_of(snaps: list[Snapshot], seq: int) -> Snapshot:
-    """Return the Snapshot with a sequence number."""
-    return next(s for s in snaps if s.seq == seq)
+    return 0 if ok.get("every_scenario_right") else 1
 
 
 def table(results: dict[str, Any]) -> str:
-    """Return the scores as a Markdown table."""
+    """Return the scores as a Markdown table, with the issue's columns."""
     lines = [
-        "| scenario | expected | ticks scored | right | verdict right | primary reason | verdict switch | right after |",
-        "|---|---|---|---|---|---|---|---|",
+        f"agent: {results.get('agent_mode')}",
+        "| scenario | expected | truth: GPU busy, running / waiting, API main thread | right | GPM busy "
+        "| agent busy | what boundwatch said |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in results.get("scores", []):
+        o = r.get("observed", {})
+        share = "-" if r["right_share"] is None else f"{r['right_share']:.0%}"
 
-        def pct(x: float | None) -> str:
-            return "-" if x is None else f"{x:.1%}"
+        def f(x: float | None) -> str:
+            return "-" if x is None else f"{x:.2f}"
 
-        sw = (
-            f"{r['switch_seconds']:.2f} s"
-            if r["verdict_changed"] and r["switch_seconds"] is not None
-            else "-"
-        )
-        ra = "-" if r["right_after_seconds"] is None else f"{r['right_after_seconds']:.2f} s"
         lines.append(
-            f"| {r['scenario']} | {r['expected']} | {r['ticks_scored']} | {pct(r['right_share'])} | "
-            f"{pct(r['verdict_share'])} | {pct(r['primary_reason_share'])} | {sw} | {ra} |"
+            f"| {r['scenario']} | {r['expected']} | {r.get('truth_text', '-')} | {share} | "
+            f"{f(o.get('gpm_busy'))} | {f(o.get('agent_busy'))} | {r.get('said', '-')} |"
         )
     return "\n".join(lines)
 

@@ -433,6 +433,12 @@ METRICS: tuple[MetricSpec, ...] = (
         ["gpu"],
         "probe",
     ),
+    # --- appended ----------------------------------------------------------------------------
+    _m(
+        "boundwatch_demo",
+        "gauge",
+        "1 when every figure is synthetic data from `boundwatch demo`, never on a real host.",
+    ),
 )
 
 BY_NAME: dict[str, MetricSpec] = {spec.name: spec for spec in METRICS}

@@ -15,8 +15,8 @@ import pytest
 from exporter.catalogue import BY_NAME
 from tests.promql import (
     ROOT,
-    RULE_FILES,
     exposed_names,
+    gen_alerts,
     known_names,
     label_values_query,
     labels_of,
@@ -267,7 +267,10 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         serving_full_page() as full_page,
     ):
         jobs = {"boundwatch": [daemon.target], "boundwatch-full-page": [full_page]}
-        with running_prometheus(workdir / "prom", jobs, RULE_FILES) as prom:
+        # The shipped rules with a selector that takes both jobs in (tools/gen_alerts.py's `selector`).
+        rules = workdir / "boundwatch.rules.yml"
+        rules.write_text(gen_alerts().render({"selector": 'job=~"boundwatch.*"'}))
+        with running_prometheus(workdir / "prom", jobs, [rules]) as prom:
             prom.daemon = daemon
             prom.full_page = full_page
             prom.wait_for('up{job="boundwatch"} == 1')

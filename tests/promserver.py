@@ -290,10 +290,12 @@ def running_prometheus(
     interval: str = "1s",
     timeout: float = 30.0,
     job_options: dict[str, dict[str, Any]] | None = None,
+    alertmanagers: Sequence[str] = (),
 ) -> Iterator[Prometheus]:
     """Run a real Prometheus scraping each job's targets every `interval`, with rule files, until the block exits.
 
-    `job_options` adds scrape settings per job (scheme, tls_config, basic_auth...)."""
+    `job_options` adds scrape settings per job (scheme, tls_config, basic_auth...); alerts go to
+    `alertmanagers` (host:port each) when given."""
     if PROMETHEUS is None:
         raise FileNotFoundError("prometheus is not installed")
     workdir.mkdir(parents=True, exist_ok=True)
@@ -309,6 +311,8 @@ def running_prometheus(
             for job, targets in jobs.items()
         ],
     }
+    if alertmanagers:
+        config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": list(alertmanagers)}]}]}
     config_path = workdir / "prometheus.yml"
     config_path.write_text(json.dumps(config, indent=2))  # JSON is YAML
     port = free_port()

@@ -163,6 +163,25 @@ def running_daemon(
         _stop(proc)
 
 
+@contextlib.contextmanager
+def running_demo(workdir: Path, *flags: str) -> Iterator[tuple[str, float]]:
+    """Run `boundwatch demo` on a free loopback port; yield (host:port, its start on time.monotonic())."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    log = workdir / "demo.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BOUNDWATCH_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    args = [sys.executable, "-m", "exporter", "demo", "--address", "127.0.0.1", "--port", str(port), *flags]
+    started = time.monotonic()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        _wait_http(proc, f"http://127.0.0.1:{port}/metrics", log, 30.0)
+        yield f"127.0.0.1:{port}", started
+    finally:
+        _stop(proc)
+
+
 # Label values for the full page: every bounded enum the exporter documents, two of everything else.
 FULL_PAGE_VALUES: dict[str, tuple[str, ...]] = {
     "gpu": ("0", "1"),

@@ -14,10 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -27,8 +25,16 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from tests.promql import ROOT, gen_alerts
-from tests.promserver import PROMETHEUS, _stop, _wait_http, free_port, running_daemon, running_prometheus
+from tests.promql import gen_alerts
+from tests.promserver import (
+    PROMETHEUS,
+    _stop,
+    _wait_http,
+    free_port,
+    running_daemon,
+    running_demo,
+    running_prometheus,
+)
 
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 PAGE = "BoundwatchGPUStarvedWhileWorkPending"
@@ -50,25 +56,6 @@ pytestmark = [
     pytest.mark.prometheus,
     pytest.mark.skipif(PROMETHEUS is None or ALERTMANAGER is None, reason="prometheus/alertmanager missing"),
 ]
-
-
-@contextlib.contextmanager
-def running_demo(workdir: Path, *flags: str) -> Iterator[tuple[str, float]]:
-    """Run `boundwatch demo` on a free loopback port; yield (host:port, its start on time.monotonic())."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    log = workdir / "demo.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BOUNDWATCH_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    args = [sys.executable, "-m", "exporter", "demo", "--address", "127.0.0.1", "--port", str(port), *flags]
-    started = time.monotonic()
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        _wait_http(proc, f"http://127.0.0.1:{port}/metrics", log, 30.0)
-        yield f"127.0.0.1:{port}", started
-    finally:
-        _stop(proc)
 
 
 class Receiver:

@@ -171,7 +171,9 @@ class DemoNvml(_Reader):
                     energy_joules=1.0e6 + self.energy[i],
                     sm_clock_hz=1.98e9 if busy else 0.345e9,
                     sm_clock_max_hz=1.98e9,
-                    clock_event_mask=0x1 if not busy else 0x0,
+                    clock_event_mask=0x1
+                    if not busy
+                    else (0x4 if busy > 0.9 else 0x0),  # power cap at full load
                     utilization=min(1.0, busy * 1.15 + 0.03) if busy else 0.0,
                     memory_used_bytes=int(71.5e9),
                     memory_total_bytes=int(80e9),
@@ -279,6 +281,7 @@ class DemoEngine(_Reader):
             prompt_tokens_total=t.prompt,
             generation_tokens_total=t.generation,
             preemptions_total=0.0,
+            spec_acceptance=0.71,  # an engine-computed acceptance ratio, as SGLang gives one
             steps=StepCount("iteration_count", t.steps),
             iteration_count=t.steps,
             iteration_tokens_sum=t.generation,
@@ -390,6 +393,17 @@ class DemoAgent(_Reader):
             graphs=tuple(graphs),
             messages=len(activity),
         )
+
+
+def demo_config(cfg: Any) -> Any:
+    """Return the configuration with the demo model's roofline (8B in bf16 on an H100) unless one is set."""
+    import dataclasses
+
+    from exporter.config import RooflineConfig
+
+    if cfg.roofline.weight_bytes_per_step:
+        return cfg
+    return dataclasses.replace(cfg, roofline=RooflineConfig(16.1e9, 3.35e12))
 
 
 def demo_sources(world: World, cfg: Any) -> list[Any]:
@@ -517,7 +531,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"demo: {error}", file=sys.stderr)
         return 2
     try:
-        asyncio.run(serve(args.cfg, world, args.seconds))
+        asyncio.run(serve(demo_config(args.cfg), world, args.seconds))
     except OSError as exc:
         print(f"demo: cannot listen on {args.cfg.web.address}:{args.cfg.web.port}: {exc}", file=sys.stderr)
         return 1

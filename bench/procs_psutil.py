@@ -1,5 +1,6 @@
 """Reading the process table and per-thread CPU: boundwatch's /proc reader against psutil, same data.
 
+    pip install psutil   # no longer a dependency of boundwatch; only this bench needs it
     python bench/procs_psutil.py --out bench/results/procs_psutil.json
 
 Two jobs the host source does every tick: (1) the process table with pid, ppid, name, cmdline and
@@ -23,9 +24,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import psutil  # noqa: E402
+import psutil
 
-from exporter.sources import procs  # noqa: E402
+from exporter.sources import procs
 
 
 def _time(fn: Callable[[], object], repeat: int) -> dict[str, float]:
@@ -89,7 +90,11 @@ def main() -> int:
         w.start()
     me = os.getpid()
     result = {
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "psutil": psutil.__version__},
+        "machine": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "psutil": psutil.__version__,
+        },
         "processes": table_proc(),
         "threads": threads_proc(me),
         "table_proc": _time(table_proc, args.repeat),

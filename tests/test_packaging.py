@@ -98,7 +98,9 @@ def test_wheel_carries_the_assets_license_and_no_test_toolchain(wheel: Path) -> 
             assert packed in names, packed
             assert zf.read(packed) == asset.read_bytes(), packed
     assert "exporter/py.typed" in names and "exporter/commands/assets.py" in names
-    assert any(n.endswith(("dist-info/LICENSE", "dist-info/licenses/LICENSE")) for n in names), sorted(n for n in names if "dist-info" in n)
+    assert any(n.endswith(("dist-info/LICENSE", "dist-info/licenses/LICENSE")) for n in names), sorted(
+        n for n in names if "dist-info" in n
+    )
     required = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
     plain = [line for line in required if "extra ==" not in line]
     assert any("aiohttp" in line for line in plain)

@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
 ARGS   ?=
 
-.PHONY: run demo test lint typecheck system-deps bench clean help
+.PHONY: run demo test lint typecheck system-deps grafana-schema bench clean help
 
 help:
 	@echo "make run    - set up a virtualenv and run the daemon (http://127.0.0.1:9482/metrics)"
@@ -43,7 +43,17 @@ system-deps:
 	  else echo "warning: promtool/prometheus missing and no root: their tests will be skipped"; fi; \
 	fi
 
-test: $(TEST_STAMP) system-deps
+# Grafana's published dashboard schema and tsc, for tests/test_dashboard_schema.py (skipped without npm).
+GRAFANA_SCHEMA := .cache/grafana-schema
+grafana-schema:
+	@if [ ! -x $(GRAFANA_SCHEMA)/node_modules/.bin/tsc ]; then \
+	  if command -v npm >/dev/null 2>&1; then \
+	    mkdir -p $(GRAFANA_SCHEMA) && npm install --silent --no-audit --no-fund --prefix $(GRAFANA_SCHEMA) @grafana/schema@11.6.16 typescript@5.9 >/dev/null \
+	      || echo "warning: npm could not install @grafana/schema: the dashboard schema test will be skipped"; \
+	  else echo "warning: npm missing: the dashboard schema test will be skipped"; fi; \
+	fi
+
+test: $(TEST_STAMP) system-deps grafana-schema
 	$(PY) -m pytest -q $(ARGS)
 
 lint: $(TEST_STAMP)

@@ -111,7 +111,13 @@ async def test_a_source_disabled_by_configuration_is_left_out() -> None:
 
 @pytest.mark.parametrize(
     "flags",
-    [["--phases", "idle,busy"], ["--gpus", "0"], ["--phase-seconds", "0"], ["--phase-seconds", "nan"]],
+    [
+        ["--phases", "idle,busy"],
+        ["--gpus", "0"],
+        ["--phase-seconds", "0"],
+        ["--phase-seconds", "nan"],
+        ["--seconds", "-1"],
+    ],
 )
 def test_bad_flags_exit_2(flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     """Refuse a phase name that does not exist, no GPUs, or a phase length out of range."""

@@ -136,8 +136,8 @@ def _runbook(p: Mapping[str, Any], name: str) -> str:
     return f"{p['runbook']}#{name.lower()}"
 
 
-def alerts(p: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Return the alerting rules."""
+def _page(p: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Return the page: a GPU starved while its engine has work pending."""
     w, tl, s = p["rate_window"], _on(p), lambda extra="": _sel(p, extra)
     gpu_on = _on(p, "gpu")
     page = "BoundwatchGPUStarvedWhileWorkPending"
@@ -147,7 +147,7 @@ def alerts(p: Mapping[str, Any]) -> list[dict[str, Any]]:
         f"  or max by ({tl}) (avg_over_time(boundwatch_bound_reason{s(_eq('reason', 'api_server_saturated'))}[{w}]))"
         f" >= {p['page_min_api_saturated']}\n)"
     )
-    out: list[dict[str, Any]] = [
+    return [
         {
             "comment": "Busy below the line (best source, `source` dropped so a cupti -> gpm switch keeps the\n"
             "alert), idle with the GPU's own engine running requests, and demand on the host: work\n"
@@ -167,6 +167,14 @@ def alerts(p: Mapping[str, Any]) -> list[dict[str, Any]]:
                 f'{{{{ range $i, $r := {_q(p, "boundwatch_bound_reason", "gpu", wrap="{} == 1")} | query | sortByLabel "reason" }}}}{{{{ if $i }}}}, {{{{ end }}}}{{{{ $r.Labels.reason }}}}{{{{ else }}}}none reported{{{{ end }}}}.'
             ),
         },
+    ]
+
+
+def _causes(p: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Return the host-side and GPU-side cause alerts."""
+    w, tl, s = p["rate_window"], _on(p), lambda extra="": _sel(p, extra)
+    gpu_on = _on(p, "gpu")  # noqa: F841
+    return [
         {
             "comment": "One alert per target: the API servers feed every GPU of an engine. Value: GPUs affected.",
             "alert": "BoundwatchHostBoundAPIServerSaturated",
@@ -225,6 +233,14 @@ def alerts(p: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "Check cooling, power delivery and `nvidia-smi -q -d PERFORMANCE`."
             ),
         },
+    ]
+
+
+def _health(p: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Return the alerts about boundwatch itself."""
+    w, tl, s = p["rate_window"], _on(p), lambda extra="": _sel(p, extra)
+    gpu_on = _on(p, "gpu")
+    return [
         {
             "comment": "Down and failing: a source left out by configuration exports no series, and one whose\n"
             "party is absent (no GPU, no engine) is down without counting errors, so neither alerts.",
@@ -270,7 +286,11 @@ def alerts(p: Mapping[str, Any]) -> list[dict[str, Any]]:
             ),
         },
     ]
-    return out
+
+
+def alerts(p: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Return the alerting rules."""
+    return [*_page(p), *_causes(p), *_health(p)]
 
 
 def _block(text: str, indent: int) -> str:

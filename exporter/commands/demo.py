@@ -521,6 +521,8 @@ def validate(args: argparse.Namespace) -> tuple[World | None, str]:
         return None, "--gpus and --idle-gpus must be 0-64, and not both 0"
     if not math.isfinite(args.phase_seconds) or not 1.0 <= args.phase_seconds <= 86400:
         return None, "--phase-seconds must be 1-86400"
+    if args.seconds is not None and not (math.isfinite(args.seconds) and args.seconds > 0):
+        return None, "--seconds must be a positive number"
     return World(args.gpus, args.idle_gpus, order, args.phase_seconds, not args.no_stagger), ""
 
 

@@ -441,6 +441,19 @@ METRICS: tuple[MetricSpec, ...] = (
         ["gpu"],
         "probe",
     ),
+    # --- appended ----------------------------------------------------------------------------
+    _m(
+        "boundwatch_demo",
+        "gauge",
+        "1 when every figure is synthetic data from `boundwatch demo`, never on a real host.",
+    ),
+    _m(
+        "boundwatch_self_cgroup_info",
+        "gauge",
+        "The cgroup boundwatch itself runs in (its cgroup_cpu_* series are the sidecar's own); always 1.",
+        ["cgroup"],
+        "host",
+    ),
 )
 
 BY_NAME: dict[str, MetricSpec] = {spec.name: spec for spec in METRICS}

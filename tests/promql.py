@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -127,3 +128,14 @@ def template_queries(text: str) -> list[str]:
     return [
         bytes(q, "utf-8").decode("unicode_escape") for q in re.findall(r'printf\s+"((?:[^"\\]|\\.)*)"', text)
     ]
+
+
+def gen_alerts() -> Any:
+    """Return tools/gen_alerts.py as a module (it renders the rule file from its PARAMS)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gen_alerts", ROOT / "tools" / "gen_alerts.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -163,6 +163,25 @@ def running_daemon(
         _stop(proc)
 
 
+@contextlib.contextmanager
+def running_demo(workdir: Path, *flags: str) -> Iterator[tuple[str, float]]:
+    """Run `boundwatch demo` on a free loopback port; yield (host:port, its start on time.monotonic())."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    log = workdir / "demo.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BOUNDWATCH_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    args = [sys.executable, "-m", "exporter", "demo", "--address", "127.0.0.1", "--port", str(port), *flags]
+    started = time.monotonic()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        _wait_http(proc, f"http://127.0.0.1:{port}/metrics", log, 30.0)
+        yield f"127.0.0.1:{port}", started
+    finally:
+        _stop(proc)
+
+
 # Label values for the full page: every bounded enum the exporter documents, two of everything else.
 FULL_PAGE_VALUES: dict[str, tuple[str, ...]] = {
     "gpu": ("0", "1"),
@@ -290,10 +309,12 @@ def running_prometheus(
     interval: str = "1s",
     timeout: float = 30.0,
     job_options: dict[str, dict[str, Any]] | None = None,
+    alertmanagers: Sequence[str] = (),
 ) -> Iterator[Prometheus]:
     """Run a real Prometheus scraping each job's targets every `interval`, with rule files, until the block exits.
 
-    `job_options` adds scrape settings per job (scheme, tls_config, basic_auth...)."""
+    `job_options` adds scrape settings per job (scheme, tls_config, basic_auth...); alerts go to
+    `alertmanagers` (host:port each) when given."""
     if PROMETHEUS is None:
         raise FileNotFoundError("prometheus is not installed")
     workdir.mkdir(parents=True, exist_ok=True)
@@ -309,6 +330,8 @@ def running_prometheus(
             for job, targets in jobs.items()
         ],
     }
+    if alertmanagers:
+        config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": list(alertmanagers)}]}]}
     config_path = workdir / "prometheus.yml"
     config_path.write_text(json.dumps(config, indent=2))  # JSON is YAML
     port = free_port()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,7 @@ from tests.promql import (
 )
 
 PROMTOOL = shutil.which("promtool")
+GEN = ROOT / "tools" / "gen_alerts.py"
 UNIT_TEST_FILES = sorted((ROOT / "tests" / "alerts").glob("*.yml"))
 RUNBOOK = ROOT / "docs" / "alerts.md"
 RUNBOOK_URL = "https://github.com/boundwatch/boundwatch/blob/main/docs/alerts.md#"
@@ -57,11 +59,11 @@ def test_rule_files_exist() -> None:
     assert RULE_FILES
     names = {rule["alert"] for rule in _alerts()}
     assert {
-        "GPUStarvedWhileWorkPending",
-        "HostBoundAPIServerSaturated",
-        "CPUQuotaThrottling",
-        "CUDAGraphFallback",
-        "GPUClockThrottled",
+        "BoundwatchGPUStarvedWhileWorkPending",
+        "BoundwatchHostBoundAPIServerSaturated",
+        "BoundwatchCPUQuotaThrottling",
+        "BoundwatchCUDAGraphFallback",
+        "BoundwatchGPUClockThrottled",
         "BoundwatchSourceDown",
         "BoundwatchAgentMissing",
         "BoundwatchDown",
@@ -157,7 +159,7 @@ def test_reason_values_in_rules_are_ones_the_exporter_emits() -> None:
 
 def test_clock_throttle_rule_catches_slowdowns_but_not_the_power_cap() -> None:
     """Match every hardware and thermal slowdown reason, and never sw_power_cap, gpu_idle or sync_boost."""
-    rule = next(r for r in _alerts() if r["alert"] == "GPUClockThrottled")
+    rule = next(r for r in _alerts() if r["alert"] == "BoundwatchGPUClockThrottled")
     pattern = re.search(r'reason=~"([^"]+)"', rule["expr"]).group(1)
     matched = {name for _, name in CLOCK_EVENT_REASONS if re.fullmatch(pattern, name)}
     assert matched == {"hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown"}
@@ -174,7 +176,7 @@ def test_every_alert_has_severity_for_and_annotations() -> None:
         assert "{{" in annotations.get("description", ""), f"{name}: description is not templated"
         assert annotations.get("runbook_url", "").startswith(RUNBOOK_URL), name
     severities = {rule["alert"]: rule["labels"]["severity"] for rule in _alerts()}
-    assert severities["GPUStarvedWhileWorkPending"] == "critical"
+    assert severities["BoundwatchGPUStarvedWhileWorkPending"] == "critical"
     assert severities["BoundwatchAgentMissing"] == "info"
 
 
@@ -186,6 +188,42 @@ def test_every_runbook_anchor_exists_in_docs() -> None:
         anchor = rule["annotations"]["runbook_url"].rsplit("#", 1)[1]
         assert anchor in anchors, f"{rule['alert']}: #{anchor} is not a heading in {RUNBOOK.name}"
         assert anchor == rule["alert"].lower()
+
+
+def test_rule_file_is_the_generators_output() -> None:
+    """Keep alerts/boundwatch.rules.yml what tools/gen_alerts.py writes from its PARAMS (edit PARAMS, not the file)."""
+    result = _run(sys.executable, str(GEN), "--check")
+    assert result.returncode == 0, result.stderr
+
+
+def test_every_alert_is_prefixed_and_every_series_selected_through_the_selector() -> None:
+    """Name alerts Boundwatch*, and put the one configurable selector on every raw series (no job elsewhere)."""
+    recorded = recording_rule_names()
+    for rule in _rules():
+        if "alert" in rule:
+            assert rule["alert"].startswith("Boundwatch"), rule["alert"]
+        for name, labels in selectors(rule["expr"]):
+            if name not in recorded:
+                assert "job" in labels, f"{rule.get('alert') or rule['record']}: {name} lacks the selector"
+    text = RULE_FILES[0].read_text()
+    assert text.count('job="') == text.count('job="boundwatch"')
+
+
+@pytest.mark.prometheus
+@needs_promtool
+def test_generator_parameters_change_selector_joins_and_windows(tmp_path: Path) -> None:
+    """Render with another selector, a cluster join label and short windows: valid rules that use all three."""
+    out = tmp_path / "custom.rules.yml"
+    args = ["--set", 'selector=job=~"gpu-.*"', "--set", "target_labels=cluster,instance,job"]
+    args += ["--set", "rate_window=30s", "--set", "page_for=1m", "-o", str(out)]
+    result = _run(sys.executable, str(GEN), *args)
+    assert result.returncode == 0, result.stderr
+    text = out.read_text()
+    assert 'job="boundwatch"' not in text
+    assert 'job=~"gpu-.*"' in text and "on(cluster, instance, job, gpu)" in text and "[30s]" in text
+    assert "[5m]" not in text
+    check = _run(PROMTOOL, "check", "rules", str(out))
+    assert check.returncode == 0, check.stdout + check.stderr
 
 
 def test_alert_names_are_unique() -> None:
@@ -240,8 +278,8 @@ def test_example_scrape_job_is_the_one_the_rules_select() -> None:
 @pytest.mark.parametrize(
     ("labels", "receiver"),
     [
-        (["severity=critical", "alertname=GPUStarvedWhileWorkPending"], "page"),
-        (["severity=warning", "alertname=CPUQuotaThrottling"], "team-queue"),
+        (["severity=critical", "alertname=BoundwatchGPUStarvedWhileWorkPending"], "page"),
+        (["severity=warning", "alertname=BoundwatchCPUQuotaThrottling"], "team-queue"),
         (["severity=info", "alertname=BoundwatchAgentMissing"], "quiet-log"),
     ],
 )

@@ -15,8 +15,8 @@ import pytest
 from exporter.catalogue import BY_NAME
 from tests.promql import (
     ROOT,
-    RULE_FILES,
     exposed_names,
+    gen_alerts,
     known_names,
     label_values_query,
     labels_of,
@@ -24,7 +24,7 @@ from tests.promql import (
     recording_rule_names,
     selectors,
 )
-from tests.promserver import PROMETHEUS, running_daemon, running_prometheus, serving_full_page
+from tests.promserver import PROMETHEUS, running_daemon, running_demo, running_prometheus, serving_full_page
 
 DASHBOARD_FILES = sorted((ROOT / "dashboards").glob("*.json"))
 OVERVIEW = ROOT / "dashboards" / "boundwatch-overview.json"
@@ -75,6 +75,9 @@ def _concrete(expr: str) -> str:
     """Substitute Grafana's variables the way a dashboard with every GPU of every instance selected would."""
     return (
         expr.replace("$__rate_interval", "1m")
+        .replace("$__range", "5m")
+        .replace("${job}", ".*")
+        .replace("$job", ".*")
         .replace("${instance}", ".*")
         .replace("$instance", ".*")
         .replace("${gpu}", ".*")
@@ -101,16 +104,20 @@ def test_dashboard_has_fixed_uid_title_and_schema(dashboard: dict[str, Any]) -> 
     assert dashboard.get("id") is None  # an exported id would clash on import
 
 
-def test_datasource_instance_and_gpu_variables(dashboard: dict[str, Any]) -> None:
-    """Declare `datasource` (Prometheus), `instance` and `gpu` variables, multi-select with All."""
+def test_datasource_job_instance_and_gpu_variables(dashboard: dict[str, Any]) -> None:
+    """Declare `datasource` (Prometheus), `job`, `instance` (of those jobs) and `gpu` variables, multi-select with All."""
     variables = _variables(dashboard)
     assert variables["datasource"]["type"] == "datasource"
     assert variables["datasource"]["query"] == "prometheus"
-    assert _variable_query(variables["instance"]) == "label_values(boundwatch_build_info, instance)"
+    assert _variable_query(variables["job"]) == "label_values(boundwatch_build_info, job)"
     assert (
-        _variable_query(variables["gpu"]) == 'label_values(boundwatch_gpu_info{instance=~"$instance"}, gpu)'
+        _variable_query(variables["instance"]) == 'label_values(boundwatch_build_info{job=~"$job"}, instance)'
     )
-    for name in ("instance", "gpu"):
+    assert (
+        _variable_query(variables["gpu"])
+        == 'label_values(boundwatch_gpu_info{job=~"$job", instance=~"$instance"}, gpu)'
+    )
+    for name in ("job", "instance", "gpu"):
         assert variables[name]["multi"] is True and variables[name]["includeAll"] is True, name
         assert variables[name]["datasource"] == DATASOURCE, name
 
@@ -151,20 +158,20 @@ def test_every_matcher_uses_labels_the_metric_has(dashboard: dict[str, Any]) -> 
 
 
 def test_every_range_uses_rate_interval(dashboard: dict[str, Any]) -> None:
-    """Use `[$__rate_interval]` for every rate(), increase() and range, never a fixed window."""
+    """Use `[$__rate_interval]` (or the dashboard's `[$__range]`) for every range, never a fixed window."""
     for where, expr in _all_queries(dashboard):
         for window in re.findall(r"\[([^\]]*)\]", expr):
-            assert window == "$__rate_interval", f"{where}: range [{window}]"
+            assert window in ("$__rate_interval", "$__range"), f"{where}: range [{window}]"
         if re.search(r"\b(rate|irate|increase)\(", expr):
-            assert "[$__rate_interval]" in expr, where
+            assert "[$__rate_interval]" in expr or "[$__range]" in expr, where
 
 
 def test_every_selector_filters_instance_and_gpu(dashboard: dict[str, Any]) -> None:
-    """Filter every series by `instance=~"$instance"`, and by `gpu=~"$gpu"` where it has a gpu label."""
+    """Filter every series by `job=~"$job"` and `instance=~"$instance"`, and by `gpu=~"$gpu"` where it has a gpu label."""
     families = exposed_names()
     for where, expr in _all_queries(dashboard):
-        if where == "variable instance":
-            continue  # the instance list itself
+        if where in ("variable job", "variable instance"):
+            continue  # the job and instance lists themselves
         found = dict.fromkeys(metric_names(expr), False)
         for name, _ in selectors(expr):
             found[name] = True
@@ -172,6 +179,7 @@ def test_every_selector_filters_instance_and_gpu(dashboard: dict[str, Any]) -> N
         for match in re.finditer(r"([A-Za-z_:][\w:]*)\s*\{([^{}]*)\}", expr):
             name, matchers = match.group(1), match.group(2)
             assert 'instance=~"$instance"' in matchers, f"{where}: {name} not filtered by $instance"
+            assert 'job=~"$job"' in matchers, f"{where}: {name} not filtered by $job"
             if name in families and "gpu" in BY_NAME[families[name]].labels and where != "variable gpu":
                 assert 'gpu=~"$gpu"' in matchers, f"{where}: {name} not filtered by $gpu"
 
@@ -182,7 +190,8 @@ def test_no_hard_coded_instance_or_host(dashboard: dict[str, Any]) -> None:
         for value in re.findall(r'instance\s*(?:=~|!~|!=|=)\s*"([^"]*)"', expr):
             assert value == "$instance", f"{where}: instance {value!r}"
         assert not re.search(r"\d+\.\d+\.\d+\.\d+|:\d{4,5}\b|localhost", expr), where
-        assert "job=" not in expr.replace(" ", ""), where
+        for value in re.findall(r'job\s*(?:=~|!~|!=|=)\s*"([^"]*)"', expr):
+            assert value == "$job", f"{where}: job {value!r}"
 
 
 def test_panel_ids_unique_and_grid_does_not_overlap(dashboard: dict[str, Any]) -> None:
@@ -257,7 +266,7 @@ def test_docs_describe_every_panel() -> None:
 
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """Run the daemon, a full catalogue page and a Prometheus scraping both every second, rules loaded."""
+    """Run the daemon, a full catalogue page, the demo and a Prometheus scraping all three every second, rules loaded."""
     if PROMETHEUS is None:
         pytest.skip("prometheus is not installed")
     workdir = tmp_path_factory.mktemp("prometheus")
@@ -265,16 +274,24 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     with (
         running_daemon(workdir / "daemon") as daemon,
         serving_full_page() as full_page,
+        running_demo(workdir / "demo", "--phase-seconds", "6") as (demo, _),
     ):
-        jobs = {"boundwatch": [daemon.target], "boundwatch-full-page": [full_page]}
-        with running_prometheus(workdir / "prom", jobs, RULE_FILES) as prom:
+        jobs = {"boundwatch": [daemon.target], "boundwatch-full-page": [full_page], "boundwatch-demo": [demo]}
+        # The shipped rules with a selector that takes every job in and 10 s windows (tools/gen_alerts.py).
+        rules = workdir / "boundwatch.rules.yml"
+        rules.write_text(gen_alerts().render({"selector": 'job=~"boundwatch.*"', "rate_window": "10s"}))
+        with running_prometheus(workdir / "prom", jobs, [rules]) as prom:
             prom.daemon = daemon
             prom.full_page = full_page
+            prom.demo = demo
             prom.wait_for('up{job="boundwatch"} == 1')
             prom.wait_for('up{job="boundwatch-full-page"} == 1')
             # Two scrapes of each: rates over the dashboards' 1m have values.
             prom.wait_for('rate(boundwatch_ticks_total{job="boundwatch"}[1m]) > 0')
             prom.wait_for('rate(boundwatch_host_bound_seconds_total{job="boundwatch-full-page"}[1m]) > 0')
+            # The demo's GPUs cycle 6 s phases; wait until one has been host-bound through a window.
+            prom.wait_for('instance_gpu:boundwatch_host_bound:ratio_rate5m{job="boundwatch-demo"} > 0', 60)
+            prom.wait_for('instance_gpu:boundwatch_gpu_graph_busy:ratio_rate5m{job="boundwatch-demo"}', 30)
             yield prom
 
 
@@ -295,6 +312,80 @@ def test_every_dashboard_query_runs_on_real_prometheus(prometheus: Any) -> None:
                 failures.append(f"{path.name} {where}: no data\n  {_concrete(expr)}")
     assert count >= 40
     assert not failures, "\n".join(failures)
+
+
+# Needs a GPU to run at all: the demo has no self-test probe to show.
+NOT_IN_DEMO = ("boundwatch_probe_",)
+
+
+@pytest.mark.prometheus
+@pytest.mark.timeout(240)
+def test_every_dashboard_query_returns_data_from_the_demo(prometheus: Any) -> None:
+    """Fill every panel and variable of every dashboard from `boundwatch demo` alone (instance = the demo)."""
+    failures = []
+    for path in DASHBOARD_FILES:
+        for where, expr in _all_queries(_load(path)):
+            if where.startswith("annotation") or any(p in expr for p in NOT_IN_DEMO):
+                continue
+            if "ALERTS" in expr:
+                continue  # alerts need minutes of host-bound time (tests/test_alerts_e2e.py)
+            query = _concrete(expr.replace("$instance", prometheus.demo.replace(".", "\\\\.")))
+            answer = prometheus.query(query)
+            if answer.get("status") != "success" or not answer["data"]["result"]:
+                failures.append(f"{path.name} {where}: {answer.get('error') or 'no data'}\n  {query}")
+    assert not failures, "\n".join(failures)
+
+
+def test_panels_show_counts_and_units_right() -> None:
+    """Render counts as counts (CPUs, probe pass/fail), bandwidth in B/s and age in s; heatmap tooltip.mode."""
+    panels = {p["title"]: p for p in _panels(_load(OVERVIEW))}
+
+    def units(panel: dict[str, Any]) -> dict[str, str]:
+        out = {}
+        for o in panel["fieldConfig"]["overrides"]:
+            for prop in o["properties"]:
+                if prop["id"] == "unit":
+                    out[o["matcher"]["options"]] = prop["value"]
+        return out
+
+    cpus = panels["Host CPUs busy"]
+    ref = next(t["refId"] for t in cpus["targets"] if "boundwatch_host_cpus{" in t["expr"])
+    assert cpus["fieldConfig"]["defaults"]["unit"] == "percentunit" and units(cpus)[ref] == "none"
+    probe = panels["Probe"]
+    by_metric = {t["expr"].split("{")[0].split()[-1]: t["refId"] for t in probe["targets"]}
+    assert units(probe)[by_metric["boundwatch_probe_hbm_bandwidth_bytes_per_second"]] == "Bps"
+    assert units(probe)[by_metric["boundwatch_probe_last_run_timestamp_seconds"]] == "s"
+    heatmap = next(p for p in panels.values() if p["type"] == "heatmap")
+    assert (
+        heatmap["options"]["tooltip"]["mode"] in ("single", "multi")
+        and "show" not in heatmap["options"]["tooltip"]
+    )
+
+
+def test_fleet_and_drill_down_link_to_each_other_and_use_the_recording_rules() -> None:
+    """Link fleet -> drill-down (dashboard link and row data links) and back; build the fleet on recording rules."""
+    fleet = _load(ROOT / "dashboards" / "boundwatch-fleet.json")
+    drill = _load(OVERVIEW)
+    assert any(f"/d/{drill['uid']}/" in link.get("url", "") for link in fleet["links"])
+    assert any(f"/d/{fleet['uid']}/" in link.get("url", "") for link in drill["links"])
+    data_links = [
+        link["url"]
+        for p in _panels(fleet)
+        for link in p.get("fieldConfig", {}).get("defaults", {}).get("links", [])
+    ]
+    assert data_links and all(f"/d/{drill['uid']}/" in u and "var-instance=" in u for u in data_links)
+    for dashboard in (fleet, drill):
+        assert {tuple(link.get("tags", [])) for link in dashboard["links"]} >= {("vllm",), ("dcgm",)}
+    rules = recording_rule_names()
+    fleet_names = {n for _, e in _all_queries(fleet) for n in metric_names(e)}
+    drill_names = {n for _, e in _all_queries(drill) for n in metric_names(e)}
+    assert {
+        "instance_verdict:boundwatch_gpus:count",
+        "instance:boundwatch_host_bound_gpus:rate5m",
+    } <= fleet_names
+    assert "instance_gpu:boundwatch_host_bound:ratio_rate5m" in fleet_names & rules
+    assert drill_names & rules
+    assert any("topk(" in e for _, e in _all_queries(fleet))
 
 
 @pytest.mark.prometheus
@@ -319,9 +410,13 @@ def test_instance_variable_lists_the_daemon(prometheus: Any) -> None:
     """Resolve the instance variable's label_values() query to the scraped daemon."""
     variable = _variables(_load(OVERVIEW))["instance"]
     expr, label = label_values_query(_variable_query(variable)) or ("", "")
-    answer = prometheus.api("series", **{"match[]": expr})
+    answer = prometheus.api("series", **{"match[]": _concrete(expr)})
     assert answer["status"] == "success"
-    assert {s[label] for s in answer["data"]} == {prometheus.daemon.target, prometheus.full_page}
+    assert {s[label] for s in answer["data"]} == {
+        prometheus.daemon.target,
+        prometheus.full_page,
+        prometheus.demo,
+    }
 
 
 @pytest.mark.prometheus

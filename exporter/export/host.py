@@ -59,6 +59,10 @@ def render(snap: Snapshot) -> Iterator[Metric]:
             busy = c.gauge("boundwatch_host_cpu_ratio")
             busy.add_metric([], snap.host.cpu_busy)
             yield busy
+    if snap.host is not None and snap.host.own_cgroup is not None:
+        own = c.gauge("boundwatch_self_cgroup_info")
+        own.add_metric([snap.host.own_cgroup.path], 1.0)
+        yield own
     groups = cgroups_of(snap)
     if groups:
         yield from render_cgroups(groups)

@@ -100,6 +100,39 @@ def timed_loop(fn: Any, seconds: float) -> dict[str, Any]:
     }
 
 
+def interleaved(raw: Any, hooked: Any, seconds: float, block: int = 50) -> dict[str, Any]:
+    """Alternate blocks of `block` calls of raw() and hooked() in this process; return the per-call cost.
+
+    Fresh processes differ by several percent in throughput on this machine (same code, same GPU), so a
+    0.1% cost can only be seen side by side in one process: same graph, same CUDA context, same thread.
+    """
+    for _ in range(20):
+        raw()
+        hooked()
+    per: dict[str, list[float]] = {"raw": [], "hooked": []}
+    t_end = time.perf_counter() + seconds
+    i = 0
+    while time.perf_counter() < t_end:
+        order = (("raw", raw), ("hooked", hooked)) if i % 2 == 0 else (("hooked", hooked), ("raw", raw))
+        for name, fn in order:
+            a = time.perf_counter_ns()
+            for _ in range(block):
+                fn()
+            per[name].append((time.perf_counter_ns() - a) / block)
+        i += 1
+    r = statistics.median(per["raw"])
+    h = statistics.median(per["hooked"])
+    return {
+        "blocks": len(per["raw"]),
+        "block_calls": block,
+        "raw_us": round(r / 1e3, 3),
+        "hooked_us": round(h / 1e3, 3),
+        "added_us": round((h - r) / 1e3, 3),
+        "ratio": round(r / h, 6),
+        "cost_pct": round(100 * (h - r) / r, 4),
+    }
+
+
 def pause_probe(seconds: float) -> dict[str, Any]:
     """Spin in pure Python and return the longest gaps between iterations (GIL taken by another thread)."""
     gaps: list[int] = []
@@ -155,6 +188,16 @@ def gpu_workloads(light: bool, seconds: float) -> dict[str, Any]:
 
         engine = cls(batch, decode_step)
         out[f"decode_b{batch}"] = timed_loop(engine.step, seconds)
+        if light:  # the same step without the wrapper and the replay hook, side by side in this process
+            original = getattr(type(g).replay, "__wrapped__", None)
+
+            def raw_step(g: Any = g, tokens: Any = tokens, host: Any = host, original: Any = original) -> Any:
+                (original or type(g).replay)(g)
+                host.copy_(tokens)
+                return host
+
+            bare = Engine(batch, raw_step)
+            out[f"decode_b{batch}_same_process"] = interleaved(bare.step, engine.step, seconds)
     small = torch.zeros(16, device="cuda")
 
     def eager() -> None:
@@ -184,6 +227,10 @@ def child(mode: str, seconds: float) -> dict[str, Any]:
         return sum(range(200))
 
     res["cpu_steps"] = timed_loop(engine_class(light)(8, cpu_body).step, seconds)
+    if light:
+        res["cpu_steps_same_process"] = interleaved(
+            Engine(8, cpu_body).step, engine_class(True)(8, cpu_body).step, seconds
+        )
     res["pause"] = pause_probe(min(seconds, 5.0))
     if light:
         from exporter import agent
@@ -239,6 +286,31 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
             by[r["mode"]].setdefault(name, []).append(v)
         by[r["mode"]].setdefault("pause", []).append(r["pause"])
     out: dict[str, Any] = {}
+    same: dict[str, list[dict[str, Any]]] = {}
+    for r in runs:
+        if r.get("mode") != "light" or "error" in r:
+            continue
+        for name, v in {
+            **r.get("gpu", {}),
+            "cpu_steps_same_process": r.get("cpu_steps_same_process"),
+        }.items():
+            if name.endswith("_same_process") and isinstance(v, dict):
+                same.setdefault(name, []).append(v)
+    for name, vs in same.items():
+        out[name] = {
+            "cost_pct_median": round(statistics.median(v["cost_pct"] for v in vs), 4),
+            "added_us_median": round(statistics.median(v["added_us"] for v in vs), 3),
+            "raw_us_median": round(statistics.median(v["raw_us"] for v in vs), 3),
+            "processes": len(vs),
+        }
+    nones = [r for r in runs if r.get("mode") == "none" and "error" not in r]
+    if len(nones) >= 2:  # the noise floor: two processes of the same code
+        a, b = nones[0], nones[1]
+        out["noise_none_vs_none"] = {
+            k: round(b["gpu"][k]["per_s"] / a["gpu"][k]["per_s"], 4)
+            for k in a.get("gpu", {})
+            if isinstance(a["gpu"].get(k), dict) and k in b.get("gpu", {})
+        }
     for name, none_runs in by["none"].items():
         light_runs = by["light"].get(name)
         if not light_runs:

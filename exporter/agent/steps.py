@@ -48,6 +48,7 @@ class StepTracker:
         self._hist: dict[tuple[str, int], list[int]] = {}
         self._taken: dict[tuple[str, int], tuple[tuple[int, ...], list[int]]] = {}
         self._modes_taken: dict[tuple[str, int], tuple[int, int]] = {}
+        self._raw: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=MAX_STEPS)
 
     def record(
         self,
@@ -62,7 +63,21 @@ class StepTracker:
         dp: int = -1,
         mode: int = MODE_UNKNOWN,
     ) -> None:
-        """Record one step (CLOCK_REALTIME ns) with the counts read after it; cheap, on the engine's thread."""
+        """Record one step (CLOCK_REALTIME ns) with the counts read after it; cheap, on the engine's thread.
+
+        The light path only appends the raw figures (one tuple, ~0.2 us): the agent's thread folds
+        them into totals, integrals and the histogram when it takes them.
+        """
+        if not self.per_step:
+            self._raw.append((engine, t0, t1, tokens, seqs, running, waiting, max_seqs, dp, mode))
+            return
+        run_ns, wait_ns = self._integrate(engine, dp, t1, running, waiting)
+        self._steps.append(
+            [engine, t0, t1, tokens, 0, seqs, run_ns, wait_ns, running, waiting, max_seqs, dp, mode]
+        )
+
+    def _integrate(self, engine: str, dp: int, t1: int, running: int, waiting: int) -> tuple[int, int]:
+        """Return the request-ns since the previous step of this engine (left rule), and remember this one."""
         run_ns = wait_ns = 0
         if running >= 0 or waiting >= 0:
             key = (engine, dp)
@@ -77,26 +92,28 @@ class StepTracker:
                 self._last[key] = (t1, running, waiting)
             elif len(self._last) < MAX_KEYS:
                 self._last[key] = (t1, running, waiting)
-        if self.per_step:
-            self._steps.append(
-                [engine, t0, t1, tokens, 0, seqs, run_ns, wait_ns, running, waiting, max_seqs, dp, mode]
-            )
-            return
-        key = (engine, dp)
-        c = self._cum.get(key)
-        if c is None:
-            if len(self._cum) >= MAX_KEYS:
-                return
-            c = (0, 0, 0, 0, 0, 0, 0, 0, t0, t1, -1, -1, 0)
-            self._hist[key] = [0] * (len(STEP_BOUNDS_NS) + 1)
-        wall = t1 - t0
-        self._hist[key][bisect.bisect_left(STEP_BOUNDS_NS, wall)] += 1
-        # one tuple per step, stored at once: the agent's thread reads a consistent total
-        self._cum[key] = (
-            c[0] + 1, c[1] + wall, c[2] + tokens, c[3] + seqs, c[4] + run_ns, c[5] + wait_ns,
-            c[6] + (mode == MODE_GRAPH), c[7] + (mode == MODE_EAGER), c[8], t1,
-            running, waiting, max_seqs or c[12],
-        )  # fmt: skip
+        return run_ns, wait_ns
+
+    def _fold(self) -> None:
+        """Fold the raw steps the engine's thread appended into the cumulative totals (agent's thread)."""
+        raw = self._raw
+        while raw:
+            engine, t0, t1, tokens, seqs, running, waiting, max_seqs, dp, mode = raw.popleft()
+            run_ns, wait_ns = self._integrate(engine, dp, t1, running, waiting)
+            key = (engine, dp)
+            c = self._cum.get(key)
+            if c is None:
+                if len(self._cum) >= MAX_KEYS:
+                    continue
+                c = (0, 0, 0, 0, 0, 0, 0, 0, t0, t1, -1, -1, 0)
+                self._hist[key] = [0] * (len(STEP_BOUNDS_NS) + 1)
+            wall = t1 - t0
+            self._hist[key][bisect.bisect_left(STEP_BOUNDS_NS, wall)] += 1
+            self._cum[key] = (
+                c[0] + 1, c[1] + wall, c[2] + tokens, c[3] + seqs, c[4] + run_ns, c[5] + wait_ns,
+                c[6] + (mode == MODE_GRAPH), c[7] + (mode == MODE_EAGER), c[8], t1,
+                running, waiting, max_seqs or c[12],
+            )  # fmt: skip
 
     def count_mode(self, engine: str, dp: int, graph: bool) -> None:
         """Count one step's CUDA-graph mode where the step itself is counted elsewhere (a GPU worker)."""
@@ -139,6 +156,7 @@ class StepTracker:
     def take(self, final: bool = False) -> list[wire.Steps]:
         """Return per-(engine, DP rank) totals of the steps whose windows have closed (all when final)."""
         modes = self._take_modes()
+        self._fold()
         totals: dict[tuple[str, int], dict[str, Any]] = {}
         if self._steps:
             ready_until = self._ready_until or (time.time_ns() - self.lag_ns)

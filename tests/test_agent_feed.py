@@ -22,6 +22,10 @@ class Clock:
     def __call__(self) -> float:
         return self.t
 
+    def wall_ns(self) -> int:
+        """Return the receive time: a little after the first window of these tests closed."""
+        return T0 + 2_000_000_000 + int((self.t - 1000.0) * 1e9)
+
 
 def window(t0: int, busy_ivs: list[tuple[int, int]], **kw: object) -> wire.Window:
     packed, slack = wire.pack_intervals(busy_ivs, t0)
@@ -38,7 +42,9 @@ def message(pid: int, windows: tuple[wire.Window, ...] = (), state: str = "runni
 async def feed(tmp_path: Path):  # type: ignore[no-untyped-def]
     clock = Clock()
     f = AgentFeed(
-        AgentFeedConfig(socket=str(tmp_path / "run" / "agent.sock"), stale_seconds=5.0), clock=clock
+        AgentFeedConfig(socket=str(tmp_path / "run" / "agent.sock"), stale_seconds=5.0),
+        clock=clock,
+        wall_ns=clock.wall_ns,
     )
     await f.start()
     f.test_clock = clock  # type: ignore[attr-defined]

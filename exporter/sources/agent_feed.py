@@ -222,6 +222,9 @@ class AgentFeed:
         self._agents[msg.pid] = agent
         agent.last_seen, agent.msg = now, msg
         agent.uuids.update(dict(msg.devices))
+        for dev, uuid in msg.devices:  # each GPU gets its stable index when an agent first names it
+            if self._gpu(uuid or f"cuda{dev}", dev, now) is None:
+                self._refuse("gpus", f"{MAX_GPUS} GPUs already known; {uuid[:96] or dev} refused")
         for w in msg.windows:
             self._take_window(agent, w, now, wall)
         for s in msg.steps:
@@ -489,11 +492,11 @@ class AgentFeed:
             age = now - a.last_seen
             state = "stale" if age > self.cfg.stale_seconds else a.msg.state
             dev, uuid = min(a.uuids.items()) if a.uuids else (-1, "")
-            gpu = self._gpus.get(uuid or f"cuda{dev}") if dev >= 0 else None
+            gpu = self._gpus.get(uuid or f"cuda{dev}")
             out.append(
                 AgentState(
                     pid=pid,
-                    gpu=gpu.index if gpu is not None else dev,
+                    gpu=gpu.index if gpu is not None else -1,
                     state=state,
                     detail=a.msg.detail,
                     role=a.msg.role,

@@ -313,7 +313,7 @@ class AgentFeed:
         if cost > credit:
             self._refuse("limits", f"pid {agent.pid}: {s.n} steps of {s.engine!r} over a plausible rate")
             return False
-        agent.step_budget[s.engine] = (at, credit - cost)
+        agent.step_budget[s.engine] = (max(at, last), credit - cost)  # the budget's clock never runs back
         if s.t1:
             agent.step_ends[s.engine] = s.t1
         self._engines.add(s.engine)

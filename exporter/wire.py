@@ -61,18 +61,23 @@ def agent_socket_choice(run_dir: str = "/run/boundwatch") -> tuple[str, str]:
 
     1. `run_dir/agent.sock` when it exists and this user may send to it (the systemd unit's
        RuntimeDirectory; engine users join its group);
-    2. `run_dir/agent.sock` when `run_dir` is a directory this user may create it in (the sidecar);
+    2. `run_dir/agent.sock` when this user may create it, or `run_dir` itself (the sidecar; root);
     3. a private per-user directory (XDG_RUNTIME_DIR, else the temp dir), which only a sidecar
        running as the same user reaches.
     """
     run = Path(run_dir)
     sock = run / "agent.sock"
+    uid = os.getuid()
     if sock.exists() and os.access(sock, os.W_OK):
-        return str(sock), f"{sock} exists and this user (uid {os.getuid()}) may send to it"
+        return str(sock), f"{sock} exists and this user (uid {uid}) may send to it"
     if run.is_dir() and os.access(run, os.W_OK | os.X_OK):
-        return str(sock), f"{run} is writable by this user (uid {os.getuid()}): the sidecar's place"
-    if sock.exists():
-        why = f"{sock} exists but uid {os.getuid()} may not send to it (join its group)"
+        return str(sock), f"{run} is writable by this user (uid {uid}): the sidecar's place"
+    if not run.exists() and os.access(run.parent, os.W_OK | os.X_OK):
+        return str(sock), f"{run} does not exist and this user (uid {uid}) may create it: the sidecar's place"
+    if run.is_dir() and not os.access(run, os.X_OK):
+        why = f"uid {uid} may not enter {run} (join its group, as the sidecar's unit says)"
+    elif sock.exists():
+        why = f"{sock} exists but uid {uid} may not send to it (join its group)"
     elif run.is_dir():
         why = f"{run} exists but holds no agent.sock (is the sidecar running?)"
     else:

@@ -290,21 +290,18 @@ def test_an_agent_of_another_user_in_the_group_finds_the_units_socket(run_boundw
     assert samples(page, "boundwatch_agents").get('{gpu="0",state="running"}') == 1
 
 
-def test_agent_check_says_where_an_agent_sends_and_why(run_boundwatch: Path) -> None:
+def report_as(uid: int, gid: int) -> dict[str, object]:
+    """Return agent-check's socket report as seen by uid:gid (a forked child)."""
     from exporter.commands.agent_check import socket_report
 
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(str(run_boundwatch / "agent.sock"))
-    os.chmod(run_boundwatch / "agent.sock", 0o660)
-    os.chown(run_boundwatch / "agent.sock", 0, NOBODY)
     r, w = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child: as nobody in the socket's group, ask where an agent would send
+    if pid == 0:  # the child: as another user, ask where an agent would send
         try:
             os.close(r)
             os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
+            os.setgid(gid)
+            os.setuid(uid)
             os.write(w, json.dumps(socket_report()).encode())
         finally:
             os._exit(0)
@@ -312,9 +309,22 @@ def test_agent_check_says_where_an_agent_sends_and_why(run_boundwatch: Path) -> 
     with os.fdopen(r) as fh:
         report = json.loads(fh.read())
     os.waitpid(pid, 0)
-    sock.close()
-    assert report["socket"] == str(run_boundwatch / "agent.sock")
-    assert "may send" in report["socket_reason"] and report["sidecar_listening"] is True
+    return dict(report)
+
+
+def test_agent_check_says_where_an_agent_sends_and_why(run_boundwatch: Path) -> None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(run_boundwatch / "agent.sock"))
+    os.chmod(run_boundwatch / "agent.sock", 0o660)
+    os.chown(run_boundwatch / "agent.sock", 0, NOBODY)
+    try:
+        member = report_as(NOBODY, NOBODY)
+        outsider = report_as(NOBODY, 1)  # same user, not in the socket's group
+    finally:
+        sock.close()
+    assert member["socket"] == str(run_boundwatch / "agent.sock")
+    assert "may send" in str(member["socket_reason"]) and member["sidecar_listening"] is True
+    assert "join its group" in str(outsider["socket_reason"]) and outsider["sidecar_listening"] is False
 
 
 # --- row 6 -------------------------------------------------------------------------------------

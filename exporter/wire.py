@@ -65,20 +65,20 @@ def agent_socket_choice(run_dir: str = "/run/boundwatch") -> tuple[str, str]:
     3. a private per-user directory (XDG_RUNTIME_DIR, else the temp dir), which only a sidecar
        running as the same user reaches.
     """
-    run = Path(run_dir)
+    run = Path(run_dir)  # os.path's tests: Path's raise PermissionError for a directory we may not enter
     sock = run / "agent.sock"
     uid = os.getuid()
-    if sock.exists() and os.access(sock, os.W_OK):
+    if os.path.exists(sock) and os.access(sock, os.W_OK):
         return str(sock), f"{sock} exists and this user (uid {uid}) may send to it"
-    if run.is_dir() and os.access(run, os.W_OK | os.X_OK):
+    if os.path.isdir(run) and os.access(run, os.W_OK | os.X_OK):
         return str(sock), f"{run} is writable by this user (uid {uid}): the sidecar's place"
-    if not run.exists() and os.access(run.parent, os.W_OK | os.X_OK):
+    if not os.path.lexists(run) and os.access(run.parent, os.W_OK | os.X_OK):
         return str(sock), f"{run} does not exist and this user (uid {uid}) may create it: the sidecar's place"
-    if run.is_dir() and not os.access(run, os.X_OK):
+    if os.path.isdir(run) and not os.access(run, os.X_OK):
         why = f"uid {uid} may not enter {run} (join its group, as the sidecar's unit says)"
-    elif sock.exists():
+    elif os.path.exists(sock):
         why = f"{sock} exists but uid {uid} may not send to it (join its group)"
-    elif run.is_dir():
+    elif os.path.isdir(run):
         why = f"{run} exists but holds no agent.sock (is the sidecar running?)"
     else:
         why = f"{run} does not exist (no sidecar installed as a service)"

@@ -76,7 +76,6 @@ class _Gpu:
     last_busy: int = 0
     last_span: int = 0
     last_at: float = 0.0
-    fallback_dev: int = -1
 
 
 class _Throttle:
@@ -243,7 +242,6 @@ class AgentFeed:
             free = [i for i in range(MAX_GPUS) if i not in used]
             gpu = self._gpus[key] = _Gpu(index=dev if 0 <= dev < MAX_GPUS and dev not in used else free[0])
         gpu.last_seen = now
-        gpu.fallback_dev = dev
         return gpu
 
     def _evict_gpu(self) -> bool:
@@ -354,7 +352,7 @@ class AgentFeed:
                 del self._pending[(key, t0)]
                 for pid in by_pid:
                     if pid in self._agents:
-                        self._agents[pid].pending -= 1
+                        self._agents[pid].pending = max(0, self._agents[pid].pending - 1)
         activity = [self._merge(key, sorted(items, key=lambda x: x[0]), now) for key, items in ready.items()]
         for key, gpu in self._gpus.items():  # keep the latest ratio while the agents are alive
             if key not in ready and gpu.last_span and key in running_on:

@@ -202,6 +202,15 @@ METRICS: tuple[MetricSpec, ...] = (
         [],
         "busy",
     ),
+    _m(
+        "boundwatch_agent_refused_total",
+        "counter",
+        "Agent datagrams, windows or step records refused, by reason: peer (sender not allowed), agents, "
+        "devices, gpus or engines (over a bound), clock (end far from now), overlap (replayed or "
+        "overlapping), limits (over a physical limit), backlog (too many windows waiting).",
+        ["reason"],
+        "busy",
+    ),
     # --- engine (vLLM / SGLang) ------------------------------------------------------------
     _m(
         "boundwatch_engine_info", "gauge", "Engine identity; always 1.", ["engine", "kind", "model"], "engine"

@@ -73,6 +73,12 @@ class AgentFeedConfig:
     enabled: bool = True
     socket: str = field(default_factory=default_agent_socket)
     stale_seconds: float = 5.0
+    # Group of the socket (and of a directory the daemon creates); "": `boundwatch` if it exists.
+    socket_group: str = ""
+    # Senders allowed besides root and the daemon's own user (names or uids).
+    allowed_uids: tuple[str, ...] = ()
+    # Groups whose members may send (names or gids); empty: the socket's group.
+    allowed_groups: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -45,20 +45,57 @@ MAX_INTERVALS = 600  # busy intervals per window kept for cross-process unions (
 STEP_BUCKETS_SECONDS: tuple[float, ...] = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0)
 IDLE_GAP_BUCKET_COUNT = 11  # len(IDLE_GAP_BUCKETS_SECONDS) + 1
 STEP_BUCKET_COUNT = len(STEP_BUCKETS_SECONDS) + 1
+# Bounds of one message: no field may claim more than a real agent can report.
+MAX_INT = 2**62  # every integer on the wire (ns timestamps until 2116)
+MAX_ORDINAL = 255  # CUDA device ordinal
+MAX_DEVICES = 64  # devices per message
+MAX_WINDOWS = 64  # windows per message (agents send 2)
+MAX_STEPS = 16  # engines per message
+MAX_STEPS_PER_MESSAGE = 1_000_000
+MAX_TOKENS_PER_STEP = 1 << 24
+MAX_SEQS_PER_STEP = 1 << 20
+MIN_RECORD_NS = 10  # at most one activity record per 10 ns of window (100 M/s)
+IDLE_GAP_MIN_NS = 1_000_000  # the shortest idle gap the gap histogram counts (1 ms)
 
 
 class WireError(ValueError):
     """A datagram is not a valid agent message (bad JSON, version or field)."""
 
 
-def default_agent_socket() -> str:
-    """Return the agent socket path: /run/boundwatch when writable, else a private tmp dir."""
-    run_dir = Path("/run/boundwatch")
-    if run_dir.is_dir() and os.access(run_dir, os.W_OK):
-        return str(run_dir / "agent.sock")
+def agent_socket_choice(run_dir: str = "/run/boundwatch") -> tuple[str, str]:
+    """Return the agent socket path and why it was chosen (the sidecar's and every agent's rule).
+
+    1. `run_dir/agent.sock` when it exists and this user may send to it (the systemd unit's
+       RuntimeDirectory; engine users join its group);
+    2. `run_dir/agent.sock` when this user may create it, or `run_dir` itself (the sidecar; root);
+    3. a private per-user directory (XDG_RUNTIME_DIR, else the temp dir), which only a sidecar
+       running as the same user reaches.
+    """
+    run = Path(run_dir)  # os.path's tests: Path's raise PermissionError for a directory we may not enter
+    sock = run / "agent.sock"
+    uid = os.getuid()
+    if os.path.exists(sock) and os.access(sock, os.W_OK):
+        return str(sock), f"{sock} exists and this user (uid {uid}) may send to it"
+    if os.path.isdir(run) and os.access(run, os.W_OK | os.X_OK):
+        return str(sock), f"{run} is writable by this user (uid {uid}): the sidecar's place"
+    if not os.path.lexists(run) and os.access(run.parent, os.W_OK | os.X_OK):
+        return str(sock), f"{run} does not exist and this user (uid {uid}) may create it: the sidecar's place"
+    if os.path.isdir(run) and not os.access(run, os.X_OK):
+        why = f"uid {uid} may not enter {run} (join its group, as the sidecar's unit says)"
+    elif os.path.exists(sock):
+        why = f"{sock} exists but uid {uid} may not send to it (join its group)"
+    elif os.path.isdir(run):
+        why = f"{run} exists but holds no agent.sock (is the sidecar running?)"
+    else:
+        why = f"{run} does not exist (no sidecar installed as a service)"
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     base = Path(runtime) if runtime and os.access(runtime, os.W_OK) else Path(tempfile.gettempdir())
-    return str(base / f"boundwatch-{os.getuid()}" / "agent.sock")
+    return str(base / f"boundwatch-{os.getuid()}" / "agent.sock"), why + "; using a private per-user path"
+
+
+def default_agent_socket(run_dir: str = "/run/boundwatch") -> str:
+    """Return the agent socket path: run_dir/agent.sock when usable, else a private per-user dir."""
+    return agent_socket_choice(run_dir)[0]
 
 
 @dataclass(frozen=True)
@@ -229,14 +266,16 @@ def encode(msg: Message) -> bytes:
     return data
 
 
-def _int(d: Mapping[str, Any], key: str, default: int | None = None, lo: int = 0) -> int:
+def _int(d: Mapping[str, Any], key: str, default: int | None = None, lo: int = 0, hi: int = MAX_INT) -> int:
     value = d.get(key, default)
     if value is None:
         raise WireError(f"missing {key}")
     if not isinstance(value, int) or isinstance(value, bool):
         raise WireError(f"{key} is not an integer")
     if value < lo:
-        raise WireError(f"{key} is negative")
+        raise WireError(f"{key} is negative" if lo == 0 else f"{key} is below {lo}")
+    if value > hi:
+        raise WireError(f"{key} is over {hi}")
     return value
 
 
@@ -244,25 +283,42 @@ def _str(d: Mapping[str, Any], key: str, default: str = "", limit: int = 512) ->
     value = d.get(key, default)
     if not isinstance(value, str):
         raise WireError(f"{key} is not a string")
-    return value[:limit]
+    value = value[:limit]
+    if not value.isprintable():  # control characters and lone surrogates never reach a label or log
+        value = "".join(c if c.isprintable() else "?" for c in value)
+        value = value.encode("utf-8", "replace").decode("utf-8")
+    return value
 
 
-def _ints(d: Mapping[str, Any], key: str, length: int | None = None) -> tuple[int, ...]:
+def _ints(
+    d: Mapping[str, Any], key: str, length: int | None = None, limit: int = 2 * MAX_INTERVALS
+) -> tuple[int, ...]:
     value = d.get(key, [])
     if not isinstance(value, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in value):
         raise WireError(f"{key} is not a list of integers")
-    if any(x < 0 for x in value):
-        raise WireError(f"{key} holds a negative value")
+    if len(value) > limit:
+        raise WireError(f"{key} has {len(value)} entries, over {limit}")
+    if any(x < 0 or x > MAX_INT for x in value):
+        raise WireError(f"{key} holds a negative or too large value")
     if length is not None and value and len(value) != length:
         raise WireError(f"{key} has {len(value)} entries, expected {length}")
     return tuple(value)
+
+
+def _list(d: Mapping[str, Any], key: str, limit: int) -> list[Any]:
+    value = d.get(key, [])
+    if not isinstance(value, list):
+        raise WireError(f"{key} is not a list")
+    if len(value) > limit:
+        raise WireError(f"{key} has {len(value)} entries, over {limit}")
+    return value
 
 
 def _window(d: Any) -> Window:
     if not isinstance(d, dict):
         raise WireError("window is not an object")
     w = Window(
-        dev=_int(d, "dev"),
+        dev=_int(d, "dev", hi=MAX_ORDINAL),
         t0=_int(d, "t0"),
         t1=_int(d, "t1"),
         busy=_int(d, "busy"),
@@ -280,29 +336,47 @@ def _window(d: Any) -> Window:
     span = w.t1 - w.t0
     if span <= 0:
         raise WireError("window ends before it starts")
-    if w.busy > span or w.graph_busy > span:
-        raise WireError("window busy time exceeds its span")
+    if max(w.busy, w.graph_busy, w.slack) > span:  # gap_sum may not: a gap can start windows earlier
+        raise WireError("window busy, graph or slack time exceeds its span")
+    if w.kernels + w.memcpys + w.memsets + w.graphs + w.dropped > span // MIN_RECORD_NS + 1:
+        raise WireError("window claims more activity records than its span can hold")
+    if sum(w.gaps) > span // IDLE_GAP_MIN_NS + 1:
+        raise WireError("window claims more idle gaps than its span can hold")
     if len(w.iv) % 2:
         raise WireError("iv has an odd number of entries")
+    if sum(w.iv) > span // 1000 + 1:
+        raise WireError("iv reaches past the window's end")
     return w
 
 
 def _steps(d: Any) -> Steps:
     if not isinstance(d, dict):
         raise WireError("steps is not an object")
-    return Steps(
+    n = _int(d, "n", hi=MAX_STEPS_PER_MESSAGE)
+    s = Steps(
         engine=_str(d, "engine", limit=64) or "unknown",
-        n=_int(d, "n"),
+        n=n,
         wall=_int(d, "wall"),
         gpu=_int(d, "gpu", 0),
-        tokens=_int(d, "tokens", 0),
-        seqs=_int(d, "seqs", 0),
+        tokens=_int(d, "tokens", 0, hi=n * MAX_TOKENS_PER_STEP),
+        seqs=_int(d, "seqs", 0, hi=n * MAX_SEQS_PER_STEP),
         measured=1 if _int(d, "measured", 0) else 0,
         hist=_ints(d, "hist", STEP_BUCKET_COUNT),
         t0=_int(d, "t0", 0),
         t1=_int(d, "t1", 0),
         **_steps_light(d),
     )
+    if s.t1 < s.t0:
+        raise WireError("steps end before they start")
+    if s.hist and sum(s.hist) != s.n:
+        raise WireError("steps histogram does not count n steps")
+    if s.gpu > s.wall * MAX_DEVICES:
+        raise WireError("steps claim more GPU time than their devices can hold")
+    return s
+
+
+def _no_constant(name: str) -> Any:
+    raise WireError(f"{name} is not a number on the wire")
 
 
 def _count(d: Mapping[str, Any], key: str, default: int) -> int:
@@ -341,42 +415,52 @@ def _graph_counts(body: Mapping[str, Any]) -> GraphCounts | None:
 
 
 def decode(data: bytes) -> Message:
-    """Return the message in a datagram, or raise WireError saying what is wrong with it."""
+    """Return the message in a datagram, or raise WireError (and only WireError) saying what is wrong."""
     if len(data) > MAX_DATAGRAM_BYTES:
         raise WireError("datagram too large")
     try:
-        body = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise WireError(f"not JSON: {exc}") from exc
+        body = json.loads(data, parse_constant=_no_constant)
+    except WireError:
+        raise
+    except (
+        ValueError,
+        RecursionError,
+        TypeError,
+    ) as exc:  # bad JSON or UTF-8, a 4,300-digit int, deep nesting
+        raise WireError(f"not JSON: {type(exc).__name__}: {str(exc)[:200]}") from None
+    try:
+        return _message(body)
+    except WireError:
+        raise
+    except (ValueError, TypeError, RecursionError, OverflowError) as exc:  # a check this module forgot
+        raise WireError(f"invalid message: {type(exc).__name__}: {str(exc)[:200]}") from None
+
+
+def _message(body: Any) -> Message:
     if not isinstance(body, dict):
         raise WireError("message is not an object")
-    if body.get("v") != VERSION:
-        raise WireError(f"unsupported version {body.get('v')!r}")
-    state = _str(body, "state")
+    if body.get("v") != VERSION or isinstance(body.get("v"), bool):
+        raise WireError(f"unsupported version {str(body.get('v'))[:32]!r}")
+    state = _str(body, "state", limit=32)
     if state not in STATES:
         raise WireError(f"unknown state {state!r}")
-    role = _str(body, "role", "generic")
+    role = _str(body, "role", "generic", limit=32)
     if role not in ROLES:
         role = "generic"
-    devices_raw = body.get("devices", [])
-    if not isinstance(devices_raw, list):
-        raise WireError("devices is not a list")
     devices = []
-    for item in devices_raw:
+    for item in _list(body, "devices", MAX_DEVICES):
         if not isinstance(item, dict):
             raise WireError("device is not an object")
-        devices.append((_int(item, "dev"), _str(item, "uuid", limit=96)))
-    windows_raw = body.get("windows", [])
-    steps_raw = body.get("steps", [])
-    if not isinstance(windows_raw, list) or not isinstance(steps_raw, list):
-        raise WireError("windows and steps must be lists")
+        devices.append((_int(item, "dev", hi=MAX_ORDINAL), _str(item, "uuid", limit=96)))
+    windows_raw = _list(body, "windows", MAX_WINDOWS)
+    steps_raw = _list(body, "steps", MAX_STEPS)
     return Message(
-        pid=_int(body, "pid"),
+        pid=_int(body, "pid", hi=2**31),
         state=state,
         seq=_int(body, "seq", 0),
         role=role,
-        detail=_str(body, "detail"),
-        lib=_str(body, "lib"),
+        detail=_str(body, "detail", limit=256),
+        lib=_str(body, "lib", limit=256),
         mode=_str(body, "mode", limit=32),
         devices=tuple(devices),
         windows=tuple(_window(w) for w in windows_raw),

@@ -45,6 +45,7 @@ from exporter.catalogue import IDLE_GAP_BUCKETS_SECONDS, METRICS, STEP_BUCKETS_S
 from exporter.snapshot.engine import STEP_METHODS
 from exporter.snapshot.gpu import CLOCK_EVENT_REASONS
 from exporter.snapshot.verdict import REASONS, VERDICTS
+from exporter.sources.agent_feed import REFUSED_REASONS
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMETHEUS = shutil.which("prometheus") or (
@@ -197,6 +198,7 @@ FULL_PAGE_VALUES: dict[str, tuple[str, ...]] = {
 _REASONS_BY_FAMILY = {
     "boundwatch_gpu_clock_event_reason": tuple(name for _, name in CLOCK_EVENT_REASONS),
     "boundwatch_bound_reason": REASONS,
+    "boundwatch_agent_refused_total": REFUSED_REASONS,
 }
 
 

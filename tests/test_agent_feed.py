@@ -23,6 +23,10 @@ class Clock:
     def __call__(self) -> float:
         return self.t
 
+    def wall_ns(self) -> int:
+        """Return the receive time: a little after the first window of these tests closed."""
+        return T0 + 2_000_000_000 + int((self.t - 1000.0) * 1e9)
+
 
 def window(t0: int, busy_ivs: list[tuple[int, int]], **kw: object) -> wire.Window:
     packed, slack = wire.pack_intervals(busy_ivs, t0)
@@ -39,7 +43,9 @@ def message(pid: int, windows: tuple[wire.Window, ...] = (), state: str = "runni
 async def feed(tmp_path: Path):  # type: ignore[no-untyped-def]
     clock = Clock()
     f = AgentFeed(
-        AgentFeedConfig(socket=str(tmp_path / "run" / "agent.sock"), stale_seconds=5.0), clock=clock
+        AgentFeedConfig(socket=str(tmp_path / "run" / "agent.sock"), stale_seconds=5.0),
+        clock=clock,
+        wall_ns=clock.wall_ns,
     )
     await f.start()
     f.test_clock = clock  # type: ignore[attr-defined]
@@ -202,7 +208,7 @@ async def test_light_agent_round_trip_fills_engine_steps_and_graph_use(feed: Age
 
 
 def test_steps_are_named_by_engine_core_not_by_kind(tmp_path: Path) -> None:
-    f = AgentFeed(AgentFeedConfig(socket=str(tmp_path / "x.sock")))
+    f = AgentFeed(AgentFeedConfig(socket=str(tmp_path / "x.sock")), wall_ns=lambda: 1_000_000)
     f.receive(light(100, vsteps(3, running=4, waiting=1, dp=0)))
     f.receive(light(200, vsteps(5, running=2, waiting=0, dp=0)))  # another engine, same kind and rank
     f.receive(light(300, vsteps(0, graph=4, eager=1, dp=0, owner=100)))  # a worker of engine 100
@@ -215,9 +221,9 @@ def test_steps_are_named_by_engine_core_not_by_kind(tmp_path: Path) -> None:
 
 
 def test_newest_counts_win_and_implausible_values_are_clamped(tmp_path: Path) -> None:
-    f = AgentFeed(AgentFeedConfig(socket=str(tmp_path / "x.sock")))
+    f = AgentFeed(AgentFeedConfig(socket=str(tmp_path / "x.sock")), wall_ns=lambda: 1_000_000)
     f.receive(light(1, vsteps(1, running=9, waiting=9, t1=20)))
-    f.receive(light(1, vsteps(1, running=3, waiting=1, t1=10)))  # older, arrived later
+    f.receive(light(1, vsteps(1, running=3, waiting=1, t1=10)))  # older, arrived later: refused, counted
     f.receive(light(1, vsteps(1, running=10**12, waiting=2, t1=30, max_seqs=10**12, graph=10**15)))
     (s,) = f.collect().steps
     assert (s.running, s.waiting) == (1_000_000.0, 2.0)
@@ -228,17 +234,17 @@ def test_newest_counts_win_and_implausible_values_are_clamped(tmp_path: Path) ->
 def test_engines_per_agent_are_capped(tmp_path: Path) -> None:
     from exporter.sources import agent_feed
 
-    f = AgentFeed(AgentFeedConfig(socket=str(tmp_path / "x.sock")))
+    f = AgentFeed(AgentFeedConfig(socket=str(tmp_path / "x.sock")), wall_ns=lambda: 1_000_000)
     many = tuple(vsteps(1, dp=i) for i in range(agent_feed.MAX_ENGINES_PER_AGENT + 3))
     f.receive(light(1, *many[:8]))
     f.receive(light(1, *many[8:]))
     reading = f.collect()
     assert len(reading.steps) == agent_feed.MAX_ENGINES_PER_AGENT
-    assert reading.bad_messages == 3
+    assert dict(reading.refused)["engines"] == 3
 
 
 def test_graph_use_per_process_sums_windows_and_keeps_the_newest_capture_count(tmp_path: Path) -> None:
-    f = AgentFeed(AgentFeedConfig(socket=str(tmp_path / "x.sock")))
+    f = AgentFeed(AgentFeedConfig(socket=str(tmp_path / "x.sock")), wall_ns=lambda: 1_000_000)
     f.receive(
         light(7, graphs=wire.GraphCounts(t0=T0, t1=T0 + 500 * MS, replays=800, captures=67, dev=1, uuid=UUID))
     )

@@ -120,7 +120,7 @@ def test_unit_is_a_hardened_notify_service_with_a_watchdog() -> None:
         "ProtectHome": "yes",
         "PrivateTmp": "yes",
         "RuntimeDirectory": "boundwatch",
-        "RuntimeDirectoryMode": "0755",
+        "RuntimeDirectoryMode": "0750",
     }.items():
         assert service[key] == value, key
 

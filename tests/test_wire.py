@@ -139,7 +139,7 @@ def test_packed_gaps_never_go_negative_when_ends_round_up() -> None:
             wire.Message(
                 pid=1,
                 state="running",
-                windows=(window(t0=0, t1=10_000, busy=2_600, graph_busy=0, iv=packed),),
+                windows=(window(t0=0, t1=10_000, busy=2_600, graph_busy=0, gaps=(), gap_sum=0, iv=packed),),
             )
         )
     )

@@ -51,6 +51,8 @@ def accumulate(snap: Snapshot, cfg: Config, prev: Snapshot | None = None) -> Inc
             inc.count("boundwatch_agent_dropped_records_total", (gpu,), a.dropped)
     inc.count("boundwatch_agent_messages_total", (), reading.messages)
     inc.count("boundwatch_agent_bad_messages_total", (), reading.bad_messages)
+    for reason, n in reading.refused:
+        inc.count("boundwatch_agent_refused_total", (reason,), n)
     for s in reading.steps:
         if s.steps <= 0:
             continue

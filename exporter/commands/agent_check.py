@@ -47,9 +47,30 @@ def install_pth(directory: str | None = None) -> str:
     return path
 
 
+def socket_report(socket_path: str | None = None) -> dict[str, Any]:
+    """Say where this process's agent sends, why, and whether a sidecar there accepts its datagrams."""
+    import socket
+
+    from exporter import wire
+
+    if socket_path:
+        path, why = socket_path, "given with --socket"
+    elif os.environ.get("BOUNDWATCH_AGENT_SOCKET"):
+        path, why = os.environ["BOUNDWATCH_AGENT_SOCKET"], "set by BOUNDWATCH_AGENT_SOCKET"
+    else:
+        path, why = wire.agent_socket_choice()
+    out: dict[str, Any] = {"socket": path, "socket_reason": why, "uid": os.getuid()}
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(path)
+            out["sidecar_listening"], out["socket_error"] = True, None
+        except OSError as exc:
+            out["sidecar_listening"], out["socket_error"] = False, f"{type(exc).__name__}: {exc.strerror}"
+    return out
+
+
 def check(import_torch: bool = True, socket_path: str | None = None) -> dict[str, Any]:
     """Return what the agent finds in this process; starts and stops CUPTI once."""
-    from exporter import wire
     from exporter.agent.cuptilib import cupti_python_version, loaded_libcupti
 
     out: dict[str, Any] = {"python": sys.version.split()[0], "cupti_python": cupti_python_version() or None}
@@ -63,9 +84,8 @@ def check(import_torch: bool = True, socket_path: str | None = None) -> dict[str
             out["torch"] = None
             out["torch_error"] = f"{type(exc).__name__}: {exc}"
     out["libcupti_loaded_before"] = loaded_libcupti()
-    socket_path = socket_path or os.environ.get("BOUNDWATCH_AGENT_SOCKET") or wire.default_agent_socket()
-    out["socket"] = socket_path
-    out["sidecar_listening"] = os.path.exists(socket_path)
+    out.update(socket_report(socket_path))
+    socket_path = out["socket"]
     try:
         from exporter.agent.core import Agent, Settings
     except Exception as exc:

@@ -97,3 +97,4 @@ class AgentReading:
     graphs: tuple[GraphUse, ...] = field(default=())
     messages: int = 0
     bad_messages: int = 0
+    refused: tuple[tuple[str, int], ...] = field(default=())  # (reason, count), every reason

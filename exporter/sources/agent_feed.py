@@ -1,38 +1,64 @@
 """Receive the in-process agents' windows on a unix datagram socket and merge them per GPU.
 
-Any number of agents send to one socket (`cfg.agent.socket`, mode 0666 so workers running as
-other users can send; a message is validated and bounded, so a bad sender can only add bad-message
-counts). Windows are aligned to absolute time in every agent, so the windows of several processes
-sharing one GPU line up: a window is merged once every running agent on that GPU has sent it, or
+Any number of agents send to one socket (`cfg.agent.socket`, 0660 in a directory only the daemon
+writes: see exporter.sources.unixsock). Each datagram's sender is checked against an allow-list
+(root, the daemon's user, `agent.allowed_uids`, members of `agent.allowed_groups` or of the
+socket's group), then validated (exporter.wire) and bounded here: agents in number, devices and
+engines per agent, GPUs and engine names (each one a set of series kept for good), and physical
+limits (a window far longer than an agent's tick, an end far from the receive time, a window that
+overlaps the agent's previous one, idle gaps or steps at an impossible rate). What is refused is
+counted by reason (`boundwatch_agent_refused_total`); nothing an agent sends can poison a counter.
+
+Windows are aligned to absolute time in every agent, so the windows of several processes sharing
+one GPU line up: a window is merged once every running agent on that GPU has sent it, or
 `merge_wait_s` after the first copy arrived. The merge unions the processes' busy intervals
 (exporter.analysis.intervals.union_busy): two processes' kernels that overlap in time count once.
+GPUs are keyed by the UUID the agent reports (the CUDA ordinal only when it reports none) and get
+a stable index, so two processes that each call their GPU ordinal 0 stay two GPUs without NVML.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import structlog
+
 from exporter import wire
 from exporter.analysis import intervals
 from exporter.config import AgentFeedConfig
 from exporter.snapshot.agent import AgentReading, AgentState, EngineSteps, GpuActivity, GraphUse
+from exporter.sources import unixsock
 from exporter.sources.base import SourceUnavailable
 
-MAX_PENDING_WINDOWS = 4096
+log = structlog.get_logger("boundwatch.agent")
+
+MAX_PENDING_WINDOWS = 1024  # windows waiting for the other processes on their GPU
+MAX_PENDING_PER_AGENT = 64
 FORGET_AFTER_STALE = 12  # forget an agent after this many stale periods
+MAX_AGENTS = 128  # agent processes remembered at once
+MAX_DEVICES_PER_AGENT = 16
+MAX_GPUS = 64  # GPU keys (UUIDs) with a stable index; label values stay in [0, MAX_GPUS)
+MAX_ENGINES = 32  # engine names over the daemon's life: each is a set of series kept for good
+MAX_ENGINES_PER_AGENT = 4
+MAX_WINDOW_NS = 30_000_000_000  # agents close windows every 0.5 s (BOUNDWATCH_AGENT_WINDOW_S)
+MAX_FUTURE_NS = 5_000_000_000  # a window or step may end at most this far after its receive time
+MAX_PAST_NS = 600_000_000_000  # ... and at most this long before it
+MIN_STEP_NS = 10_000  # 100,000 steps per second per engine at most
+STEP_BURST_NS = 5_000_000_000  # step time (per thread) an engine may report ahead of its clock
+MAX_STEP_THREADS = 8  # step wall time may exceed their span this many times (overlapping engine threads)
+LOG_EVERY_S = 60.0  # bad and refused datagrams: one log line per minute at most
 # light-agent figures, bounded at the edge
 MAX_STEPS_PER_MESSAGE = 16  # steps entries read from one datagram (an agent sends at most 8)
-MAX_ENGINES_PER_AGENT = 8  # (engine, DP rank) pairs per engine-core pid in one tick
-MAX_ENGINES = 64  # engine entries per tick in all
+MAX_ENGINE_CORES = 64  # (engine-core pid, engine, DP rank) entries per tick in all
 MAX_GRAPH_PROCESSES = 256  # processes with graph counts per tick
 MAX_REQUESTS = 1_000_000  # running / waiting / batch limit above this are not plausible
 MAX_COUNT = 10_000_000  # steps, replays or captures per message above this are not plausible
+REFUSED_REASONS = ("peer", "agents", "devices", "gpus", "engines", "clock", "overlap", "limits", "backlog")
 
 
 @dataclass
@@ -41,23 +67,42 @@ class _Agent:
     last_seen: float
     msg: wire.Message
     uuids: dict[int, str] = field(default_factory=dict)
+    ends: dict[int, int] = field(default_factory=dict)  # dev -> newest window end, ns
+    busy_t0: dict[int, int] = field(default_factory=dict)  # dev -> start of the newest busy window
+    step_ends: dict[tuple[str, int], int] = field(
+        default_factory=dict
+    )  # (engine, DP rank) -> newest steps end, ns
+    step_budget: dict[tuple[str, int], tuple[int, int]] = field(
+        default_factory=dict
+    )  # (engine, DP rank) -> (at, ns left)
+    pending: int = 0
 
 
 @dataclass
 class _Gpu:
+    index: int = 0  # stable label value while the key is remembered
+    last_seen: float = 0.0
     last_end: int | None = None
     last_busy: int = 0
     last_span: int = 0
     last_at: float = 0.0
-    fallback_dev: int = -1
 
 
-class _Protocol(asyncio.DatagramProtocol):
-    def __init__(self, feed: AgentFeed) -> None:
-        self.feed = feed
+class _Throttle:
+    """One log line per `every` seconds for a recurring event, saying how many were not logged."""
 
-    def datagram_received(self, data: bytes, addr: object) -> None:
-        self.feed.receive(data)
+    def __init__(self, event: str, clock: Callable[[], float], every: float = LOG_EVERY_S) -> None:
+        self.event, self.clock, self.every = event, clock, every
+        self.next_at: float | None = None
+        self.unlogged = 0
+
+    def __call__(self, **fields: object) -> None:
+        now = self.clock()
+        if self.next_at is not None and now < self.next_at:
+            self.unlogged += 1
+            return
+        log.warning(self.event, not_logged_since_last=self.unlogged, **fields)
+        self.unlogged, self.next_at = 0, now + self.every
 
 
 class AgentFeed:
@@ -70,78 +115,243 @@ class AgentFeed:
         cfg: AgentFeedConfig,
         clock: Callable[[], float] = time.monotonic,
         merge_wait_s: float = 1.0,
+        wall_ns: Callable[[], int] = time.time_ns,
     ) -> None:
         self.cfg = cfg
         self.clock = clock
+        self.wall_ns = wall_ns
         self.merge_wait_s = merge_wait_s
-        self._transport: asyncio.DatagramTransport | None = None
+        self._sock: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._sock_stat: os.stat_result | None = None
+        self._lock_fd: int | None = None
+        self._allow: unixsock.AllowList | None = None
         self._agents: dict[int, _Agent] = {}
         # (gpu key, t0) -> (first arrival, {pid: (window, uuid)})
         self._pending: dict[tuple[str, int], tuple[float, dict[int, tuple[wire.Window, str]]]] = {}
         self._gpus: dict[str, _Gpu] = {}
+        self._engines: set[str] = set()
         self._steps: list[tuple[int, wire.Steps]] = []  # (message pid, steps)
         self._graphs: dict[int, list[int | str]] = {}  # pid -> [observed ns, replays, captures, dev, uuid]
         self._messages = 0
         self._bad = 0
+        self._refused = dict.fromkeys(REFUSED_REASONS, 0)
+        self._log_bad = _Throttle("agent_bad_message", clock)
+        self._log_refused = _Throttle("agent_refused", clock)
         self.last_error = ""
+        self.start_error = ""
 
     async def start(self) -> None:
-        """Bind the socket (replacing a stale one); raise SourceUnavailable when that is impossible."""
+        """Bind the socket in a safe directory, never over a live one; raise SourceUnavailable when impossible."""
         path = self.cfg.socket
         try:
-            directory = os.path.dirname(path)
-            if directory and not os.path.isdir(directory):
-                os.makedirs(directory, mode=0o755, exist_ok=True)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
-            sock.bind(path)
-            os.chmod(path, 0o666)
-            sock.setblocking(False)
-        except OSError as exc:
-            raise SourceUnavailable(f"cannot bind agent socket {path}: {exc}") from exc
-        loop = asyncio.get_running_loop()
-        transport, _ = await loop.create_datagram_endpoint(lambda: _Protocol(self), sock=sock)
-        self._transport = transport
+            self._bind(path)
+        except (OSError, KeyError) as exc:
+            self.start_error = f"cannot bind agent socket {path}: {exc}"
+            raise SourceUnavailable(self.start_error) from exc
+        assert self._sock is not None
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(self._sock.fileno(), self._readable)
 
-    def receive(self, data: bytes) -> None:
-        """Take one datagram (called by the protocol; public for tests and replay)."""
+    def _bind(self, path: str) -> None:
+        cfg = self.cfg
+        group = unixsock.resolve_group(cfg.socket_group) if cfg.socket_group else unixsock.default_group()
+        dir_st = unixsock.secure_dir(os.path.dirname(os.path.abspath(path)), group)
+        lock = unixsock.claim(path)
+        try:
+            gid = group if cfg.socket_group else dir_st.st_gid
+            try:
+                sock, st = unixsock.bind(path, gid)
+            except PermissionError:
+                if cfg.socket_group:
+                    raise
+                sock, st = unixsock.bind(path, None)  # not a member of the directory's group
+            self._allow = unixsock.AllowList.build(cfg.allowed_uids, cfg.allowed_groups, st.st_gid)
+        except BaseException:
+            os.close(lock)
+            raise
+        self._sock, self._sock_stat, self._lock_fd = sock, st, lock
+
+    def _readable(self) -> None:
+        if self._sock is None:
+            return
+        try:
+            batch = unixsock.receive(self._sock, wire.MAX_DATAGRAM_BYTES)
+        except OSError as exc:
+            self._bad_message(f"receive failed: {exc}")
+            return
+        for data, peer, truncated in batch:
+            if truncated:
+                self._messages += 1
+                self._bad_message("datagram too large")
+            else:
+                self.receive(data, peer)
+
+    def receive(self, data: bytes, peer: unixsock.Peer | None = None) -> None:
+        """Take one datagram from a sender (called on socket reads; public for tests and replay)."""
         self._messages += 1
+        if peer is not None and self._allow is not None and not self._allow.allows(peer):
+            self._refuse("peer", f"uid {peer.uid} gid {peer.gid} (pid {peer.pid}) is not allowed to send")
+            return
         try:
             msg = wire.decode(data)
         except wire.WireError as exc:
-            self._bad += 1
-            self.last_error = str(exc)
+            self._bad_message(str(exc))
             return
-        now = self.clock()
+        try:
+            self._take(msg)
+        except Exception as exc:  # a bug here must cost one datagram, not the feed or the log
+            self._bad_message(f"{type(exc).__name__}: {exc}")
+
+    def _bad_message(self, error: str) -> None:
+        self._bad += 1
+        self.last_error = error
+        self._log_bad(error=error)
+
+    def _refuse(self, reason: str, why: str, n: int = 1) -> None:
+        self._refused[reason] += n
+        self.last_error = why
+        self._log_refused(reason=reason, error=why)
+
+    def _take(self, msg: wire.Message) -> None:
+        now, wall = self.clock(), self.wall_ns()
         agent = self._agents.get(msg.pid)
         if agent is None:
-            agent = self._agents[msg.pid] = _Agent(msg.pid, now, msg)
+            if len(self._agents) >= MAX_AGENTS:
+                self._forget(now, silent_for=self.cfg.stale_seconds)  # live agents first
+            if len(self._agents) >= MAX_AGENTS:
+                self._refuse("agents", f"{MAX_AGENTS} agents already report; pid {msg.pid} refused")
+                return
+            agent = _Agent(msg.pid, now, msg)
+        devs = set(agent.uuids) | {d for d, _ in msg.devices} | {w.dev for w in msg.windows}
+        if len(devs) > MAX_DEVICES_PER_AGENT:
+            self._refuse(
+                "devices", f"pid {msg.pid} reports {len(devs)} devices, over {MAX_DEVICES_PER_AGENT}"
+            )
+            return
+        self._agents[msg.pid] = agent
         agent.last_seen, agent.msg = now, msg
         agent.uuids.update(dict(msg.devices))
+        for dev, uuid in msg.devices:  # each GPU gets its stable index when an agent first names it
+            if self._gpu(uuid or f"cuda{dev}", dev, now) is None:
+                self._refuse("gpus", f"{MAX_GPUS} GPUs already known; {uuid[:96] or dev} refused")
         for w in msg.windows:
-            uuid = msg.uuid_of(w.dev)
-            key = uuid or f"cuda{w.dev}"
-            if len(self._pending) >= MAX_PENDING_WINDOWS:
-                self._bad += 1
-                continue
-            _, by_pid = self._pending.setdefault((key, w.t0), (now, {}))
-            by_pid[msg.pid] = (w, uuid)
-            self._gpus.setdefault(key, _Gpu()).fallback_dev = w.dev
+            self._take_window(agent, w, now, wall)
         if len(msg.steps) > MAX_STEPS_PER_MESSAGE:
-            self._bad += 1
-        self._steps.extend((msg.pid, st) for st in msg.steps[:MAX_STEPS_PER_MESSAGE])
+            self._refuse("limits", f"pid {msg.pid}: {len(msg.steps)} steps entries in one datagram")
+        for s in msg.steps[:MAX_STEPS_PER_MESSAGE]:
+            if self._steps_allowed(agent, s, wall):
+                self._steps.append((msg.pid, s))
         if len(self._steps) > 10_000:
             del self._steps[:-10_000]
         if msg.graphs is not None:
             self._take_graphs(msg.pid, msg.graphs)
 
+    def _gpu(self, key: str, dev: int, now: float) -> _Gpu | None:
+        """Return the GPU entry of a key, giving a new key a stable free index (None: no room)."""
+        gpu = self._gpus.get(key)
+        if gpu is None:
+            if len(self._gpus) >= MAX_GPUS and not self._evict_gpu():
+                return None
+            used = {g.index for g in self._gpus.values()}
+            free = [i for i in range(MAX_GPUS) if i not in used]
+            gpu = self._gpus[key] = _Gpu(index=dev if 0 <= dev < MAX_GPUS and dev not in used else free[0])
+        gpu.last_seen = now
+        return gpu
+
+    def _evict_gpu(self) -> bool:
+        """Forget the least recently seen GPU key no live agent or pending window uses; say whether one went."""
+        used = {uuid or f"cuda{dev}" for a in self._agents.values() for dev, uuid in a.uuids.items()}
+        used |= {key for key, _ in self._pending}
+        idle = [(g.last_seen, key) for key, g in self._gpus.items() if key not in used]
+        if not idle:
+            return False
+        del self._gpus[min(idle)[1]]
+        return True
+
+    def _take_window(self, agent: _Agent, w: wire.Window, now: float, wall: int) -> None:
+        uuid = agent.uuids.get(w.dev, "")
+        key = uuid or f"cuda{w.dev}"
+        if w.t1 - w.t0 > MAX_WINDOW_NS:
+            self._refuse("limits", f"pid {agent.pid}: a {(w.t1 - w.t0) / 1e9:.1f} s window")
+            return
+        if not wall - MAX_PAST_NS <= w.t1 <= wall + MAX_FUTURE_NS:
+            self._refuse("clock", f"pid {agent.pid}: a window ends {(w.t1 - wall) / 1e9:+.1f} s from now")
+            return
+        if w.t0 < agent.ends.get(w.dev, 0):
+            self._refuse("overlap", f"pid {agent.pid}: a window overlaps the previous one on device {w.dev}")
+            return
+        if w.gap_sum > w.t1 - agent.busy_t0.get(w.dev, w.t0 - MAX_PAST_NS):
+            self._refuse(
+                "limits", f"pid {agent.pid}: idle gaps longer than the time since the last busy window"
+            )
+            return
+        if len(self._pending) >= MAX_PENDING_WINDOWS or agent.pending >= MAX_PENDING_PER_AGENT:
+            self._refuse("backlog", f"pid {agent.pid}: too many windows waiting to be merged")
+            return
+        gpu = self._gpu(key, w.dev, now)
+        if gpu is None:
+            self._refuse("gpus", f"{MAX_GPUS} GPUs already known; {key[:96]} refused")
+            return
+        agent.ends[w.dev] = w.t1
+        if w.busy:
+            agent.busy_t0[w.dev] = w.t0
+        _, by_pid = self._pending.setdefault((key, w.t0), (now, {}))
+        agent.pending += agent.pid not in by_pid
+        by_pid[agent.pid] = (w, uuid)
+
+    def _steps_allowed(self, agent: _Agent, s: wire.Steps, wall: int) -> bool:
+        """Say whether one steps record is within the limits (engine names, clock, rate); count it if not."""
+        if s.engine not in self._engines and len(self._engines) >= MAX_ENGINES:
+            self._refuse("engines", f"{MAX_ENGINES} engine names already seen; {s.engine!r} refused")
+            return False
+        if (s.engine, s.dp) not in agent.step_budget and len(agent.step_budget) >= MAX_ENGINES_PER_AGENT:
+            self._refuse("engines", f"pid {agent.pid} reports over {MAX_ENGINES_PER_AGENT} engines")
+            return False
+        if s.t1:  # timed steps run on the agent's clock, which must stay near ours and move forward
+            if not wall - MAX_PAST_NS <= s.t1 <= wall + MAX_FUTURE_NS:
+                self._refuse("clock", f"pid {agent.pid}: steps end {(s.t1 - wall) / 1e9:+.1f} s from now")
+                return False
+            if s.t1 <= agent.step_ends.get((s.engine, s.dp), 0):
+                self._refuse(
+                    "overlap", f"pid {agent.pid}: steps of {s.engine!r} end before the previous ones"
+                )
+                return False
+        at = s.t1 or wall
+        # A budget of step time refilled by elapsed time (MAX_STEP_THREADS engine threads at most),
+        # holding STEP_BURST_NS at most: no engine steps faster than its clock runs.
+        last, credit = agent.step_budget.get((s.engine, s.dp), (at, STEP_BURST_NS))
+        credit = min(STEP_BURST_NS, credit + max(0, at - last))
+        cost = max(-(-s.wall // MAX_STEP_THREADS), s.n * MIN_STEP_NS)
+        if cost > credit:
+            self._refuse("limits", f"pid {agent.pid}: {s.n} steps of {s.engine!r} over a plausible rate")
+            return False
+        agent.step_budget[(s.engine, s.dp)] = (
+            max(at, last),
+            credit - cost,
+        )  # the budget's clock never runs back
+        if s.t1:
+            agent.step_ends[(s.engine, s.dp)] = s.t1
+        self._engines.add(s.engine)
+        return True
+
     async def read(self) -> AgentReading:
         """Return what the agents reported since the last read, merged per GPU."""
-        if self._transport is None:
-            raise SourceUnavailable("agent feed not started")
+        if self._sock is None:
+            raise SourceUnavailable(self.start_error or "agent feed not started")
+        if self._sock_stat is not None and not self._still_bound():
+            raise SourceUnavailable(
+                f"agent socket {self.cfg.socket} was removed or replaced: agents cannot reach us"
+            )
         return self.collect()
+
+    def _still_bound(self) -> bool:
+        assert self._sock_stat is not None
+        try:
+            st = os.lstat(self.cfg.socket)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == (self._sock_stat.st_dev, self._sock_stat.st_ino)
 
     def collect(self) -> AgentReading:
         """Merge and hand out everything ready now (the synchronous body of read())."""
@@ -158,12 +368,15 @@ class AgentFeed:
             if expected.issubset(by_pid) or now - first >= self.merge_wait_s:
                 ready.setdefault(key, []).append((t0, by_pid))
                 del self._pending[(key, t0)]
+                for pid in by_pid:
+                    if pid in self._agents:
+                        self._agents[pid].pending = max(0, self._agents[pid].pending - 1)
         activity = [self._merge(key, sorted(items, key=lambda x: x[0]), now) for key, items in ready.items()]
         for key, gpu in self._gpus.items():  # keep the latest ratio while the agents are alive
             if key not in ready and gpu.last_span and key in running_on:
                 activity.append(
                     GpuActivity(
-                        gpu=gpu.fallback_dev,
+                        gpu=gpu.index,
                         uuid=key if key.startswith("GPU-") else "",
                         observed_ns=0,
                         busy_ns=0,
@@ -180,14 +393,16 @@ class AgentFeed:
             graphs=self._graph_uses(),
             messages=self._messages,
             bad_messages=self._bad,
+            refused=tuple(self._refused.items()),
         )
         self._messages = self._bad = 0
+        self._refused = dict.fromkeys(REFUSED_REASONS, 0)
         return reading
 
     def _merge(
         self, key: str, items: list[tuple[int, dict[int, tuple[wire.Window, str]]]], now: float
     ) -> GpuActivity:
-        gpu = self._gpus.setdefault(key, _Gpu())
+        gpu = self._gpus[key]  # a key with pending windows is never evicted
         observed = busy = graph = 0
         counts = {"kernels": 0, "memcpys": 0, "memsets": 0, "graphs": 0, "dropped": 0}
         hist = [0] * (len(intervals.IDLE_GAP_BUCKETS_NS) + 1)
@@ -229,7 +444,7 @@ class AgentFeed:
             gpu.last_busy, gpu.last_span, gpu.last_at = wbusy, span, now
         last_uuid = key if key.startswith("GPU-") else ""
         return GpuActivity(
-            gpu=gpu.fallback_dev,
+            gpu=gpu.index,
             uuid=last_uuid,
             observed_ns=observed,
             busy_ns=busy,
@@ -251,7 +466,7 @@ class AgentFeed:
         tot = self._graphs.get(pid)
         if tot is None:
             if len(self._graphs) >= MAX_GRAPH_PROCESSES:
-                self._bad += 1
+                self._refused["agents"] += 1
                 return
             tot = self._graphs[pid] = [0, 0, 0, -1, ""]
         span = min(g.t1 - g.t0, 60 * 1_000_000_000)  # one message covers seconds, not minutes
@@ -286,8 +501,8 @@ class AgentFeed:
             key = (s.owner or pid, s.engine, s.dp)
             tot = groups.get(key)
             if tot is None:
-                if len(groups) >= MAX_ENGINES or per_pid.get(key[0], 0) >= MAX_ENGINES_PER_AGENT:
-                    self._bad += 1
+                if len(groups) >= MAX_ENGINE_CORES or per_pid.get(key[0], 0) >= MAX_ENGINES_PER_AGENT:
+                    self._refused["engines"] += 1
                     continue
                 per_pid[key[0]] = per_pid.get(key[0], 0) + 1
                 tot = groups[key] = _EngineTotals()
@@ -295,19 +510,29 @@ class AgentFeed:
         self._steps.clear()
         return tuple(groups[k].steps(*k) for k in sorted(groups))
 
+    def _forget(self, now: float, silent_for: float | None = None) -> None:
+        """Forget stopped agents and those silent for `silent_for` s (default: the forget time); free their memory."""
+        limit = self.cfg.stale_seconds * FORGET_AFTER_STALE if silent_for is None else silent_for
+        gone = [
+            pid for pid, a in self._agents.items() if now - a.last_seen > limit or a.msg.state == "stopped"
+        ]
+        for pid in gone:
+            del self._agents[pid]
+        if gone:
+            self._agents = dict(self._agents)  # a dict never shrinks its table in place
+
     def _agent_states(self, now: float) -> tuple[AgentState, ...]:
+        self._forget(now)
         out: list[AgentState] = []
-        for pid, a in list(self._agents.items()):
+        for pid, a in self._agents.items():
             age = now - a.last_seen
-            if age > self.cfg.stale_seconds * FORGET_AFTER_STALE or a.msg.state == "stopped":
-                del self._agents[pid]
-                continue
             state = "stale" if age > self.cfg.stale_seconds else a.msg.state
             dev, uuid = min(a.uuids.items()) if a.uuids else (-1, "")
+            gpu = self._gpus.get(uuid or f"cuda{dev}")
             out.append(
                 AgentState(
                     pid=pid,
-                    gpu=dev,
+                    gpu=gpu.index if gpu is not None else -1,
                     state=state,
                     detail=a.msg.detail,
                     role=a.msg.role,
@@ -320,12 +545,21 @@ class AgentFeed:
         return tuple(sorted(out, key=lambda s: s.pid))
 
     def close(self) -> None:
-        """Close the socket and remove its file."""
-        if self._transport is not None:
-            self._transport.close()
-            self._transport = None
-            with contextlib.suppress(OSError):
-                os.unlink(self.cfg.socket)
+        """Stop reading, and remove the socket file only while it is still the one this feed bound."""
+        if self._sock is not None:
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.remove_reader(self._sock.fileno())
+            self._sock.close()
+            self._sock = None
+            if self._sock_stat is not None:
+                unixsock.remove_if_ours(self.cfg.socket, self._sock_stat)
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    async def aclose(self) -> None:
+        """Close the socket (the daemon calls this on its way out)."""
+        self.close()
 
 
 def _clamp(value: int, hi: int) -> int:

@@ -1,0 +1,185 @@
+"""Property tests: any datagram decodes to a Message or WireError; no accepted sequence bends a counter."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from exporter import wire
+from exporter.analysis.pipeline import advance
+from exporter.config import AgentFeedConfig, Config
+from exporter.snapshot import Snapshot
+from exporter.sources import agent_feed
+from exporter.sources.agent_feed import AgentFeed
+
+MS = 1_000_000
+WALL = 1_796_000_000_000_000_000  # the feed's receive clock in these tests (Dec 2026), ns
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=5),
+    max_leaves=40,
+)
+
+
+def decodes_or_wire_error(data: bytes) -> None:
+    try:
+        msg = wire.decode(data)
+    except wire.WireError:
+        return
+    assert isinstance(msg, wire.Message)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.binary(max_size=wire.MAX_DATAGRAM_BYTES + 64))
+def test_any_bytes_decode_to_a_message_or_a_wire_error(data: bytes) -> None:
+    decodes_or_wire_error(data)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 20_000), st.sampled_from(["[", '{"a":', '[{"x":']))
+def test_deep_nesting_is_a_wire_error(depth: int, opener: str) -> None:
+    decodes_or_wire_error((opener * depth).encode())
+
+
+VALID = {
+    "v": 1,
+    "pid": 7,
+    "state": "running",
+    "devices": [{"dev": 0, "uuid": "GPU-x"}],
+    "windows": [{"dev": 0, "t0": WALL, "t1": WALL + 500 * MS, "busy": 100 * MS, "iv": [0, 100_000]}],
+    "steps": [
+        {
+            "engine": "vllm",
+            "n": 2,
+            "wall": 40 * MS,
+            "hist": [0, 0, 2] + [0] * 9,
+            "t0": WALL,
+            "t1": WALL + 50 * MS,
+        }
+    ],
+}
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.sampled_from(["", "windows.0", "steps.0", "devices.0"]),
+    st.text(max_size=12)
+    | st.sampled_from(["v", "pid", "state", "dev", "t0", "t1", "busy", "iv", "n", "hist", "gaps"]),
+    json_values,
+)
+def test_a_valid_message_with_any_field_replaced_decodes_or_fails_cleanly(
+    where: str, key: str, value: object
+) -> None:
+    body = json.loads(json.dumps(VALID))
+    target = body
+    for part in filter(None, where.split(".")):
+        target = target[part] if isinstance(target, dict) else target[int(part)]
+    target[key] = value
+    decodes_or_wire_error(json.dumps(body, allow_nan=True).encode())
+
+
+# --- increments ------------------------------------------------------------------------------
+
+big = st.integers(0, 2**63)
+windows = st.builds(
+    lambda dev, off_ms, span_ms, busy, kernels, gaps, gap_sum: {
+        "dev": dev,
+        "t0": WALL + off_ms * MS,
+        "t1": WALL + (off_ms + span_ms) * MS,
+        "busy": busy,
+        "kernels": kernels,
+        "gaps": gaps,
+        "gap_sum": gap_sum,
+    },
+    st.integers(0, 3),
+    st.integers(-700_000, 10_000),
+    st.sampled_from([1, 500, 500, 500, 60_000]),
+    st.one_of(st.integers(0, 500 * MS), big),
+    st.one_of(st.integers(0, 10_000), big),
+    st.one_of(st.just([]), st.lists(st.integers(0, 1000), min_size=11, max_size=11)),
+    st.one_of(st.integers(0, 10**9), big),
+)
+steps = st.builds(
+    lambda engine, n, wall_ns, off_ms, span_ms: {
+        "engine": engine,
+        "n": n,
+        "wall": wall_ns,
+        "t0": WALL + off_ms * MS if off_ms is not None else 0,
+        "t1": WALL + (off_ms + span_ms) * MS if off_ms is not None else 0,
+    },
+    st.sampled_from(["vllm", "sglang", "x"]),
+    st.integers(0, 2_000_000),
+    st.one_of(st.integers(0, 10**10), big),
+    st.one_of(st.none(), st.integers(-700_000, 10_000)),
+    st.integers(0, 2_000),
+)
+messages = st.builds(
+    lambda pid, uuid, ws, ss, state: json.dumps(
+        {
+            "v": 1,
+            "pid": pid,
+            "state": state,
+            "devices": [{"dev": 0, "uuid": uuid}],
+            "windows": ws,
+            "steps": ss,
+        }
+    ).encode(),
+    st.integers(1, 4),
+    st.sampled_from(["GPU-a", "GPU-b", ""]),
+    st.lists(windows, max_size=3),
+    st.lists(steps, max_size=2),
+    st.sampled_from(["running", "running", "preempted", "stopped"]),
+)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def wall_ns(self) -> int:
+        return WALL + int((self.t - 100.0) * 1e9)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.lists(messages, max_size=6), min_size=1, max_size=8))
+def test_no_message_sequence_makes_a_counter_decrease_or_nan(ticks: list[list[bytes]]) -> None:
+    clock = Clock()
+    feed = AgentFeed(AgentFeedConfig(socket="/nonexistent/agent.sock"), clock=clock, wall_ns=clock.wall_ns)
+    cfg = Config()
+    history: list[Snapshot] = []
+    elapsed_ns = 0
+    for seq, tick in enumerate(ticks, 1):
+        for data in tick:
+            feed.receive(data)
+        clock.t += 0.5
+        elapsed_ns += 500 * MS
+        raw = Snapshot(
+            seq=seq,
+            at=1.0 * seq,
+            mono=clock.t,
+            interval=0.5,
+            dt=0.5 if history else 0.0,
+            agent=feed.collect(),
+        )
+        snap = advance(tuple(history), raw, cfg)
+        prev = history[-1].counters if history else {}
+        for key, value in snap.counters.items():
+            assert math.isfinite(value) and value >= 0, key
+            assert value >= prev.get(key, 0.0), key
+        for key, hist in snap.histograms.items():
+            assert all(math.isfinite(c) and c >= 0 for c in hist.counts) and math.isfinite(hist.total), key
+        for (name, labels), value in snap.counters.items():
+            if name == "boundwatch_gpu_busy_seconds_total" and labels[1] == "cupti":
+                observed = snap.counters[("boundwatch_gpu_observed_seconds_total", labels)]
+                assert value <= observed + 1e-9
+            if name == "boundwatch_engine_steps_total":  # 4 agents, each no faster than a step per 10 us
+                budget = agent_feed.STEP_BURST_NS + agent_feed.MAX_PAST_NS + agent_feed.MAX_FUTURE_NS
+                assert value <= 4 * (budget + elapsed_ns) / agent_feed.MIN_STEP_NS + 4
+        history.append(snap)

@@ -104,14 +104,28 @@ def test_real_pynvml_without_a_driver_reports_unavailable():
         NvmlSource(NvmlConfig()).read_blocking()
 
 
-async def test_source_errors_count_every_tick_nvml_stays_down_and_the_log_says_it_once():
+class RefusingNvml(FakeNvml):
+    """A driver that is there but refuses us (no permission on /dev/nvidia*)."""
+
+    def nvmlInit(self) -> None:  # noqa: N802  (pynvml's name)
+        from tests.nvml_standin import NVMLError
+
+        raise NVMLError("Insufficient Permissions")
+
+
+@pytest.mark.parametrize(
+    ("nvml", "errors"),
+    [(RefusingNvml(), 4), (FakeNvml(driver_present=False), 0)],
+    ids=["refused: counted every tick", "no driver on this host: a state, not an error"],
+)
+async def test_source_errors_count_every_tick_nvml_is_refused_and_the_log_says_it_once(nvml, errors):
     from structlog.testing import capture_logs
 
     from exporter.config import Config
     from exporter.sampling import Sampler
 
     clock = Clock()
-    src = NvmlSource(NvmlConfig(), nvml=FakeNvml(driver_present=False), clock=clock)  # type: ignore[arg-type]
+    src = NvmlSource(NvmlConfig(), nvml=nvml, clock=clock)  # type: ignore[arg-type]
     sampler = Sampler(Config(), [src], clock=clock)
     with capture_logs() as logs:
         try:
@@ -121,5 +135,5 @@ async def test_source_errors_count_every_tick_nvml_stays_down_and_the_log_says_i
         finally:
             src.close()
     (status,) = snap.sources
-    assert (status.up, status.errors_total) == (False, 4)
+    assert (status.up, status.errors_total) == (False, errors)
     assert [e["event"] for e in logs if e["event"].startswith("source_")] == ["source_down"]

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from exporter.config import NvmlConfig
 from exporter.snapshot.gpu import GpmRatios, GpuReading
-from exporter.sources.base import BlockingReader, SourceDown
+from exporter.sources.base import BlockingReader, SourceDown, SourceUnavailable
 
 T = TypeVar("T")
 
@@ -71,6 +71,7 @@ class NvmlSource:
         self._driver = ""
         self._init_failed_at: float | None = None
         self._init_error = ""
+        self._init_exc: type[SourceUnavailable] = SourceDown
 
     async def read(self) -> tuple[GpuReading, ...]:
         """Return this tick's reading of every GPU."""
@@ -99,7 +100,7 @@ class NvmlSource:
             return self._devices
         now = self._clock()
         if self._init_failed_at is not None and now - self._init_failed_at < INIT_RETRY_SECONDS:
-            raise SourceDown(self._init_error)  # each tick NVML stays down is a failed read
+            raise self._init_exc(self._init_error)  # each tick NVML stays down is a failed read
         try:
             nvml = self._nvml or _load_pynvml()
             self._nvml = nvml
@@ -107,7 +108,10 @@ class NvmlSource:
         except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ImportError...
             self._init_failed_at = now
             self._init_error = f"NVML unavailable: {_describe(exc)}"
-            raise SourceDown(self._init_error) from exc
+            # No driver or library on this host is a state (a GPU-less box), not a failure to count;
+            # any other refusal (no permission, an unknown error) is counted every tick it lasts.
+            self._init_exc = SourceUnavailable if _absent(exc) else SourceDown
+            raise self._init_exc(self._init_error) from exc
         self._init_failed_at = None
         self._driver = _text(self._quiet(nvml.nvmlSystemGetDriverVersion)) or ""
         count = nvml.nvmlDeviceGetCount()
@@ -249,6 +253,14 @@ def _text(value: Any) -> str | None:
     if isinstance(value, bytes):
         return value.decode(errors="replace")
     return str(value)
+
+
+def _absent(exc: BaseException) -> bool:
+    """Say whether NVML failed because this host has no NVIDIA driver or library at all."""
+    name = type(exc).__name__
+    return isinstance(exc, ImportError) or any(
+        k in name for k in ("LibraryNotFound", "DriverNotLoaded")
+    )
 
 
 def _not_supported(exc: Exception) -> bool:

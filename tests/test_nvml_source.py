@@ -107,7 +107,7 @@ def test_real_pynvml_without_a_driver_reports_unavailable():
 class RefusingNvml(FakeNvml):
     """A driver that is there but refuses us (no permission on /dev/nvidia*)."""
 
-    def nvmlInit(self) -> None:  # noqa: N802  (pynvml's name)
+    def nvmlInit(self) -> None:
         from tests.nvml_standin import NVMLError
 
         raise NVMLError("Insufficient Permissions")

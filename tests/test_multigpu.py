@@ -407,6 +407,7 @@ async def test_an_engine_on_a_subset_leaves_idle_gpus_beside_it_by_uuid_in_cuda_
     snap, page = await run(gpus({6: 0.98, 7: 0.98}), [reading(found, 40, 0)])
     assert engine_gpus(page, "vllm:8000") == {6: "placement", 7: "placement"}
     assert [bound(page, g) for g in range(8)] == ["idle"] * 6 + ["gpu", "gpu"]
+    assert evidence(snap, 6)["running"] == 40.0 and "running" not in evidence(snap, 5)
 
 
 # --- no process table needed ----------------------------------------------------------------

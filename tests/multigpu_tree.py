@@ -56,8 +56,10 @@ def _node(payload: dict) -> None:
 
 def _orchestrate(spec: list[dict]) -> None:
     sys.path.insert(0, ROOT)
+    from exporter.config import Config
+    from exporter.snapshot.engine import EngineReading
     from exporter.sources import placement, procs
-    from exporter.sources.engine import discover
+    from exporter.sources.engine import EngineSource, discover
 
     shim = tempfile.mkdtemp()
     os.symlink(os.path.abspath(__file__), os.path.join(shim, "vllm"))
@@ -73,7 +75,10 @@ def _orchestrate(spec: list[dict]) -> None:
             break
         time.sleep(0.05)
     out = []
+    source = EngineSource(Config(), proc_root="/proc")
     for t in discover("/proc"):
+        # what the engine source puts in its readings (the page's figures aside)
+        read = source._with_processes(t, EngineReading(name=t.name, kind=t.kind or ""), {})
         out.append(
             {
                 "name": t.name,
@@ -82,8 +87,10 @@ def _orchestrate(spec: list[dict]) -> None:
                 "api_server_pids": list(t.api_server_pids),
                 "cuda_visible_devices": t.cuda_visible_devices,
                 "placements": [dataclasses.asdict(p) for p in placement.placements("/proc", t.engine_pids)],
+                "source_placements": [dataclasses.asdict(p) for p in read.placements],
             }
         )
+    source.close()
     titles = {p.pid: p.title for p in procs.processes("/proc")}
     print(json.dumps({"engines": out, "titles": titles}), flush=True)
 

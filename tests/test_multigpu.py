@@ -83,6 +83,7 @@ def tree(spec: list[dict]) -> dict[str, dict]:
     data = json.loads(out.stdout)
     engines = {e["name"]: e for e in data["engines"]}
     for e in engines.values():
+        assert e["source_placements"] == e["placements"]  # the engine source's readings carry them
         e["titles"] = {int(pid): t for pid, t in data["titles"].items() if int(pid) in e["engine_pids"]}
     return engines
 
@@ -347,6 +348,19 @@ async def test_data_parallel_ranks_each_drive_their_own_four_gpus():
         assert (ev["running"], ev["waiting"], ev["step_seconds"]) == pytest.approx(want)
     total = page[("boundwatch_engine_steps_total", (("engine", "vllm:8000"), ("method", "agent")))]
     assert total > 0 and total % 26 == 0  # both ranks' steps, each once per tick
+
+
+@needs_namespace
+async def test_data_parallel_ranks_that_each_see_every_gpu_take_their_rank_s_share():
+    # vLLM sets each rank's devices in the environment; a launcher that does not leaves all eight
+    # visible to both ranks: rank r's TP rank t then uses ordinal r x TP + t.
+    every = ",".join(str(i) for i in range(8))
+    spec = [vllm(8000, [core(4, every, dp=0), core(4, every, dp=1)], ("--data-parallel-size", "2"))]
+    found = tree(spec)["vllm:8000"]
+    dp0, dp1 = pid_of(found, "VLLM::EngineCore_DP0"), pid_of(found, "VLLM::EngineCore_DP1")
+    snap, page = await run(gpus({i: 0.97 for i in range(8)}), [reading(found, 80, 5)])
+    assert dict(snap.engines[0].core_gpus) == {dp0: (0, 1, 2, 3), dp1: (4, 5, 6, 7)}
+    assert engine_gpus(page, "vllm:8000") == {i: "placement" for i in range(8)}
 
 
 @needs_namespace

@@ -138,14 +138,6 @@ def _process_gpus(e: EngineReading, snap: Snapshot) -> tuple[str, dict[int, set[
     return ("agent", agents) if agents else ("", {})
 
 
-def lone_gpu(snap: Snapshot) -> int | None:
-    """Return the host's only GPU (one NVML GPU; without NVML, the only one agents or busy figures name)."""
-    if snap.gpus:
-        return snap.gpus[0].index if len(snap.gpus) == 1 else None
-    found = set(snap.busy) | ({a.gpu for a in snap.agent.activity} if snap.agent is not None else set())
-    return next(iter(found)) if len(found) == 1 else None
-
-
 def place_engine(e: EngineReading, snap: Snapshot) -> EngineReading:
     """Return an engine with the GPUs it drives, how they were found, and each engine core's GPUs.
 
@@ -163,7 +155,7 @@ def place_engine(e: EngineReading, snap: Snapshot) -> EngineReading:
             cores.setdefault(p.core, set()).update(per_pid[p.pid])
     if not gpus and e.cuda_visible_devices:
         gpus, how = _visible(e.cuda_visible_devices, snap), "cuda_visible_devices"
-    if not gpus and (lone := lone_gpu(snap)) is not None:
+    if not gpus and (lone := verdict.lone_gpu(snap)) is not None:
         gpus, how = (lone,), "lone_gpu"
     if not gpus:
         return e

@@ -225,7 +225,7 @@ def _median(pairs: Sequence[tuple[float, float]]) -> float | None:
     return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
-def _lone(snap: Snapshot) -> int | None:
+def lone_gpu(snap: Snapshot) -> int | None:
     """Return the host's only GPU: one NVML GPU, else (no NVML) the only one busy figures or agents name."""
     if snap.gpus:
         return snap.gpus[0].index if len(snap.gpus) == 1 else None
@@ -237,7 +237,7 @@ def placed(engine: EngineReading, snap: Snapshot | None = None) -> tuple[int, ..
     """Return the GPUs an engine drives: as the pipeline placed it, else the host's only GPU, else none."""
     if engine.gpus:
         return engine.gpus
-    lone = _lone(snap) if snap is not None else None
+    lone = lone_gpu(snap) if snap is not None else None
     return (lone,) if lone is not None else ()
 
 

@@ -52,7 +52,8 @@ def _start_agent() -> dict[str, Any]:
         state = agent.start()
         how = "start()"
     marker = next((getattr(agent, n) for n in STEP_API if callable(getattr(agent, n, None))), None)
-    return {"state": state, "how": how, "step_api": marker}
+    mode = getattr(agent.current(), "mode", None)  # what the agent runs (a mode it does not know is ignored)
+    return {"state": state, "how": how, "mode": mode, "step_api": marker}
 
 
 def child(kind: str, end_ns: int, out: str) -> None:
@@ -130,7 +131,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench/results/two_engines_one_gpu.json")
     ap.add_argument("--seconds", type=float, default=20.0, help="measured span")
-    ap.add_argument("--warmup", type=float, default=8.0, help="agents start, CUPTI attaches, loads settle")
+    ap.add_argument("--warmup", type=float, default=30.0, help="agents start, CUPTI attaches, loads settle")
     ap.add_argument("--child", choices=("host", "gpu"))
     ap.add_argument("--end-ns", type=int, default=0)
     ap.add_argument("--stamps", default="")

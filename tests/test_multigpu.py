@@ -481,3 +481,22 @@ def test_uuid_indices_are_bounded():
     assert (
         snap.agent is not None and len(snap.agent.activity) == pipeline.MAX_UUID_INDICES
     )  # the rest dropped
+
+
+def test_agents_place_their_engine_by_uuid_with_or_without_nvml():
+    nvml = tuple(GpuReading(index=i, uuid=UUIDS[i], name="NVIDIA H200", driver="580") for i in range(8))
+    engine = EngineReading(name="vllm:8000", kind="vllm", running=8.0, waiting=0.0, pids=(10, 11, 12))
+    agents = (
+        AgentState(pid=11, gpu=0, state="running", role="vllm_worker", uuid=UUIDS[2]),
+        AgentState(pid=12, gpu=1, state="running", role="vllm_worker", uuid=UUIDS[3]),
+        AgentState(pid=99, gpu=0, state="running", uuid=UUIDS[5]),  # another process's agent
+    )
+    raw = Snapshot(
+        seq=0, at=0.0, mono=0.0, interval=0.5, dt=0.0, engines=(engine,), agent=AgentReading(agents=agents)
+    )
+    with_nvml = pipeline.advance([], dataclasses.replace(raw, gpus=nvml), Config())
+    assert (with_nvml.engines[0].gpus, with_nvml.engines[0].gpus_from) == ((2, 3), "agent")
+    without = pipeline.advance([], raw, Config())
+    assert without.gpu_uuids == (UUIDS[2], UUIDS[3], UUIDS[5])
+    assert (without.engines[0].gpus, without.engines[0].gpus_from) == ((0, 1), "agent")
+    assert [v.gpu for v in without.verdicts] == [0, 1]  # the GPUs the engine's agents name, by UUID

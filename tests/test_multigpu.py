@@ -500,3 +500,14 @@ def test_agents_place_their_engine_by_uuid_with_or_without_nvml():
     assert without.gpu_uuids == (UUIDS[2], UUIDS[3], UUIDS[5])
     assert (without.engines[0].gpus, without.engines[0].gpus_from) == ((0, 1), "agent")
     assert [v.gpu for v in without.verdicts] == [0, 1]  # the GPUs the engine's agents name, by UUID
+
+
+def test_placements_and_uuid_indices_survive_a_recording():
+    from exporter.snapshot import codec
+
+    engine = EngineReading(
+        name="vllm:8000", kind="vllm", gpus=(0, 1), gpus_from="placement",
+        placements=(Placement(5, "worker", 4, "0,1", 1, 0),), core_gpus=((4, (0, 1)),),
+    )  # fmt: skip
+    snap = Snapshot(seq=1, at=0.0, mono=0.0, interval=0.5, dt=0.5, engines=(engine,), gpu_uuids=("MIG-1",))
+    assert codec.from_json(json.loads(json.dumps(codec.to_json(snap)))) == snap

@@ -467,7 +467,7 @@ METRICS: tuple[MetricSpec, ...] = (
     _m(
         "boundwatch_engine_gpu_info",
         "gauge",
-        "A GPU the engine drives, and how that was found (nvml_pids, placement, agent, cuda_visible_devices, lone_gpu); always 1.",
+        "A GPU the engine drives, and how that was found (nvml_pids, placement, agent, cuda_visible_devices, lone_gpu, reading); always 1.",
         ["engine", "gpu", "placed_by"],
         "engine",
     ),

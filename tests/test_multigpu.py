@@ -434,6 +434,14 @@ async def test_single_gpu_host_places_an_unmapped_engine_on_its_gpu():
     assert bound(page, 0) == "host" and evidence(snap, 0)["running"] == 160.0
 
 
+async def test_gpus_a_reading_names_itself_stay_and_say_so():
+    engine = EngineReading(name="vllm:8000", kind="vllm", running=4.0, waiting=0.0, gpus=(5,))
+    snap, page = await run(gpus({5: 0.98}), [engine])
+    assert engine_gpus(page, "vllm:8000") == {5: "reading"}
+    assert bound(page, 5) == "gpu" and bound(page, 4) == "idle"
+    assert snap.engines[0].gpus_from == "reading"
+
+
 def _activity(uuid: str, busy: float) -> GpuActivity:
     b = round(busy * TICK_NS)
     return GpuActivity(

@@ -141,12 +141,13 @@ def _process_gpus(e: EngineReading, snap: Snapshot) -> tuple[str, dict[int, set[
 def place_engine(e: EngineReading, snap: Snapshot) -> EngineReading:
     """Return an engine with the GPUs it drives, how they were found, and each engine core's GPUs.
 
-    In order: its processes on NVML's process lists, each process's CUDA_VISIBLE_DEVICES and
+    GPUs the reading already names (a recording, a configured engine) stay, as `reading`. Else, in
+    order: its processes on NVML's process lists, each process's CUDA_VISIBLE_DEVICES and
     ordinal, the UUIDs its agents report, the engine's CUDA_VISIBLE_DEVICES, the host's only GPU.
     Else it stays unplaced (gpus ()): the verdict says `no_gpu_mapping` rather than guess.
     """
     if e.gpus:
-        return e
+        return e if e.gpus_from else dataclasses.replace(e, gpus_from="reading")
     how, per_pid = _process_gpus(e, snap)
     gpus = tuple(sorted(set().union(*per_pid.values()))) if per_pid else ()
     cores: dict[int, set[int]] = {}

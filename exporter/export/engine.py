@@ -33,7 +33,7 @@ def render(snap: Snapshot) -> Iterator[Metric]:
         info.add_metric([e.name, e.kind, e.model], 1.0)
         on = placed(e, snap)
         for gpu in on:
-            gpu_info.add_metric([e.name, str(gpu), e.gpus_from or "lone_gpu"], 1.0)
+            gpu_info.add_metric([e.name, str(gpu), e.gpus_from or ("reading" if e.gpus else "lone_gpu")], 1.0)
         gpu_count.add_metric(labels, float(len(on)))
         up.add_metric(labels, 0.0 if e.error else 1.0)
         if e.scrape_seconds is not None:

@@ -104,9 +104,8 @@ class EngineReading:
     api_servers: tuple[ProcessCpu, ...] = field(default=())  # sorted by server index
     cgroups: tuple[CgroupCpu, ...] = field(default=())
     gpus: tuple[int, ...] = field(default=())  # GPU indices this engine drives; () = not placed (yet)
-    gpus_from: str = (
-        ""  # how they were found: nvml_pids | placement | cuda_visible_devices | agent | lone_gpu
-    )
+    # how they were found: nvml_pids | placement | agent | cuda_visible_devices | lone_gpu | reading
+    gpus_from: str = ""
     placements: tuple[Placement, ...] = field(default=())  # its processes' devices (sources.placement)
     core_gpus: tuple[tuple[int, tuple[int, ...]], ...] = field(default=())  # (core pid, its GPUs)
     pids: tuple[int, ...] = field(default=())  # the engine's processes on this host (never a label)

@@ -463,6 +463,21 @@ METRICS: tuple[MetricSpec, ...] = (
         ["cgroup"],
         "host",
     ),
+    # --- engine placement (which GPUs each engine drives) -----------------------------------
+    _m(
+        "boundwatch_engine_gpu_info",
+        "gauge",
+        "A GPU the engine drives, and how that was found (nvml_pids, placement, agent, cuda_visible_devices, lone_gpu, reading); always 1.",
+        ["engine", "gpu", "placed_by"],
+        "engine",
+    ),
+    _m(
+        "boundwatch_engine_gpus",
+        "gauge",
+        "GPUs the engine drives; 0 when it could be placed on none (its GPUs then read no_gpu_mapping).",
+        ["engine"],
+        "engine",
+    ),
 )
 
 BY_NAME: dict[str, MetricSpec] = {spec.name: spec for spec in METRICS}

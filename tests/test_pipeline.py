@@ -32,7 +32,7 @@ def test_cuda_visible_devices_is_the_fallback_by_index_or_uuid():
     assert resolve_engine_gpus(by_uuid).engines[0].gpus == (1,)
 
 
-def test_engine_that_cannot_be_placed_drives_all_gpus():
+def test_engine_that_cannot_be_placed_stays_unplaced():
     snap = _snap([_gpu(0), _gpu(1)], [EngineReading(name="vllm:8000", kind="vllm")])
     assert resolve_engine_gpus(snap).engines[0].gpus == ()
 

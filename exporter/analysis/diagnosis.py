@@ -63,6 +63,11 @@ FIXES: dict[str, str] = {
         "No engine metrics for this GPU: point boundwatch at the engine's /metrics (--engine-url) or run "
         "it where it can see the engine's processes."
     ),
+    "no_gpu_mapping": (
+        "An engine runs but could not be placed on its GPUs (NVML lists no processes, no CUDA_VISIBLE_DEVICES, "
+        "no agent UUID): run the sidecar in the host PID namespace, or start the agent in the engine "
+        "(docs/multi-gpu.md)."
+    ),
 }
 
 GPU_BOUND = (
@@ -161,7 +166,7 @@ def gpu_report(snaps: Sequence[Snapshot], gpu: int, cfg: Config) -> dict[str, An
     )
     with_verdict = [x for x in ticks if x.verdict == verdict]
     reason_counts = Counter(r for x in with_verdict for r in x.reasons)
-    order = (*HOST_REASONS, "no_busy_source", "no_engine_source")
+    order = (*HOST_REASONS, "no_busy_source", "no_engine_source", "no_gpu_mapping")
     reasons = [
         r for r in order if with_verdict and reason_counts.get(r, 0) / len(with_verdict) >= REASON_MIN_SHARE
     ]

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 from exporter.analysis.dedup import counter_delta, step_increments
 from exporter.analysis.increments import Increments
+from exporter.analysis.verdict import once, owned_steps
 from exporter.config import Config
 from exporter.snapshot import Snapshot
 from exporter.snapshot.engine import EngineReading, demand
@@ -48,13 +49,10 @@ def _previous(prev: Snapshot | None, name: str) -> EngineReading | None:
 
 
 def _agent_steps(snap: Snapshot, name: str) -> float | None:
-    """Return the agent's steps for an engine (under its name, or its kind when it is the only one)."""
-    if snap.agent is None:
-        return None
-    kind = name.split(":", 1)[0]
-    only_of_kind = sum(1 for e in snap.engines if e.name.split(":", 1)[0] == kind) == 1
-    found = [s.steps for s in snap.agent.steps if s.engine == name or (only_of_kind and s.engine == kind)]
-    return float(sum(found)) if found else None
+    """Return the agent's steps for an engine: those joined to it (by pid, name, or the only engine of its kind)."""
+    reading = next((e for e in snap.engines if e.name == name), None)
+    found = once(reading, owned_steps(snap).get(name, ())) if reading is not None else ()
+    return float(sum(s.steps for s in found)) if found else None
 
 
 def accumulate(snap: Snapshot, cfg: Config, prev: Snapshot | None = None) -> Increments:

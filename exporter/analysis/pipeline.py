@@ -1,6 +1,7 @@
 """Turn one tick's readings and the recent history into the next Snapshot (pure).
 
-The order is the data flow: resolve agent GPUs to NVML indices, pick each GPU's busy ratio
+The order is the data flow: name agent GPUs by UUID (NVML's index, else one of their own), place
+each engine on its GPUs, pick each GPU's busy ratio
 (CUPTI where an agent reports, else GPM GRAPHICS_UTIL, else NVML utilization), add every
 area's counter increments, then classify.
 """
@@ -17,7 +18,7 @@ from exporter.analysis.increments import Increments, apply
 from exporter.config import Config
 from exporter.snapshot import Snapshot
 from exporter.snapshot.agent import AgentReading
-from exporter.snapshot.gpu import GpuReading
+from exporter.snapshot.engine import EngineReading
 
 
 class Accumulate(Protocol):
@@ -26,52 +27,148 @@ class Accumulate(Protocol):
     def __call__(self, snap: Snapshot, cfg: Config, prev: Snapshot | None = None) -> Increments: ...
 
 
-def resolve_agent_gpus(snap: Snapshot) -> Snapshot:
-    """Map each agent GPU (CUDA ordinal, UUID) onto its NVML index by UUID."""
-    if snap.agent is None or not snap.gpus:
+# GPUs known by UUID alone (no NVML, or a UUID NVML does not list: a MIG instance, another host's view).
+MAX_UUID_INDICES = 64
+
+
+def uuid_indices(snap: Snapshot, known: Sequence[str] = ()) -> tuple[str, ...]:
+    """Return the UUIDs outside NVML in first-seen order: `known` (the previous tick's), then new ones.
+
+    Such a UUID gets the index (highest NVML index + 1) + its position, so it never collides with
+    an NVML GPU and keeps its index while the daemon runs; past MAX_UUID_INDICES, new UUIDs get none.
+    """
+    nvml = {g.uuid for g in snap.gpus}
+    table = [u for u in known if u not in nvml][:MAX_UUID_INDICES]
+    seen = set(table)
+    if snap.agent is not None:
+        found = [a.uuid for a in snap.agent.activity] + [s.uuid for s in snap.agent.agents]
+        found += [u.uuid for u in snap.agent.graphs]
+        for uuid in found:
+            if uuid and uuid not in nvml and uuid not in seen and len(table) < MAX_UUID_INDICES:
+                table.append(uuid)
+                seen.add(uuid)
+    return tuple(table)
+
+
+def gpu_index(snap: Snapshot, uuid: str) -> int | None:
+    """Return the GPU index of a UUID: NVML's, else its place among `Snapshot.gpu_uuids` past NVML's."""
+    for g in snap.gpus:
+        if g.uuid == uuid:
+            return g.index
+    if uuid in snap.gpu_uuids:
+        return max((g.index for g in snap.gpus), default=-1) + 1 + snap.gpu_uuids.index(uuid)
+    return None
+
+
+def resolve_agent_gpus(snap: Snapshot, known: Sequence[str] = ()) -> Snapshot:
+    """Name each agent GPU by its UUID: NVML's index, else a stable index of its own (see uuid_indices).
+
+    Two agents that each call their device CUDA ordinal 0 are two GPUs when their UUIDs differ.
+    Activity whose UUID gets no index (past the bound) is dropped; without a UUID the ordinal stays.
+    """
+    snap = dataclasses.replace(snap, gpu_uuids=uuid_indices(snap, known or snap.gpu_uuids))
+    if snap.agent is None:
         return snap
-    by_uuid = {g.uuid: g.index for g in snap.gpus}
-    activity_ = tuple(
-        dataclasses.replace(a, gpu=by_uuid[a.uuid]) if a.uuid in by_uuid and a.gpu != by_uuid[a.uuid] else a
-        for a in snap.agent.activity
+    activity_ = []
+    for a in snap.agent.activity:
+        index = gpu_index(snap, a.uuid) if a.uuid else a.gpu
+        if index is not None:
+            activity_.append(a if index == a.gpu else dataclasses.replace(a, gpu=index))
+    agents = []
+    for s in snap.agent.agents:
+        index = gpu_index(snap, s.uuid) if s.uuid else None
+        agents.append(dataclasses.replace(s, gpu=index) if index is not None and index != s.gpu else s)
+    by_pid = {s.pid: s.gpu for s in agents if s.uuid}
+    graphs = []
+    for u in snap.agent.graphs:  # by its own UUID, else by its agent's
+        index = gpu_index(snap, u.uuid) if u.uuid else by_pid.get(u.pid)
+        graphs.append(dataclasses.replace(u, gpu=index) if index is not None and index != u.gpu else u)
+    agent: AgentReading = dataclasses.replace(
+        snap.agent, activity=tuple(activity_), agents=tuple(agents), graphs=tuple(graphs)
     )
-    agents = tuple(
-        dataclasses.replace(s, gpu=by_uuid[s.uuid]) if getattr(s, "uuid", "") in by_uuid else s
-        for s in snap.agent.agents
-    )
-    graphs = tuple(
-        dataclasses.replace(g, gpu=by_uuid[g.uuid]) if g.uuid in by_uuid and g.gpu != by_uuid[g.uuid] else g
-        for g in snap.agent.graphs
-    )
-    agent: AgentReading = dataclasses.replace(snap.agent, activity=activity_, agents=agents, graphs=graphs)
     return dataclasses.replace(snap, agent=agent)
 
 
-def _visible(spec: str, gpus: Sequence[GpuReading]) -> tuple[int, ...]:
-    """Map a CUDA_VISIBLE_DEVICES value (indices or UUIDs) to NVML indices."""
-    out = []
-    for item in (part.strip() for part in spec.split(",")):
-        if item.isdigit():
-            out.append(int(item))
-        else:
-            out.extend(g.index for g in gpus if item and g.uuid.startswith(item))
-    return tuple(sorted(set(out)))
+def _device(token: str, snap: Snapshot) -> int | None:
+    """Return the GPU index of one CUDA_VISIBLE_DEVICES entry: an NVML index, or a UUID (prefix)."""
+    token = token.strip()
+    if token.isdigit():
+        index = int(token)
+        return index if any(g.index == index for g in snap.gpus) else None
+    if not token.startswith(("GPU-", "MIG-")):
+        return None
+    for g in snap.gpus:
+        if g.uuid.startswith(token):
+            return g.index
+    for uuid in snap.gpu_uuids:
+        if uuid.startswith(token):
+            return gpu_index(snap, uuid)
+    return None
+
+
+def _visible(spec: str, snap: Snapshot) -> tuple[int, ...]:
+    """Map a CUDA_VISIBLE_DEVICES value (indices or UUIDs) to GPU indices."""
+    found = (_device(item, snap) for item in spec.split(",")[:64])
+    return tuple(sorted({i for i in found if i is not None}))
+
+
+def _process_gpus(e: EngineReading, snap: Snapshot) -> tuple[str, dict[int, set[int]]]:
+    """Return how an engine's processes were placed and each one's GPUs: NVML's process lists, else
+    each process's CUDA_VISIBLE_DEVICES and ordinal, else the UUIDs its agents report."""
+    on_nvml: dict[int, set[int]] = {}
+    own = set(e.pids)
+    for g in snap.gpus:
+        for pid in own.intersection(g.pids):
+            on_nvml.setdefault(pid, set()).add(g.index)
+    if on_nvml:
+        return "nvml_pids", on_nvml
+    placed: dict[int, set[int]] = {}
+    for p in e.placements:
+        if p.visible is not None and p.ordinal is not None:
+            tokens = p.visible.split(",")
+            index = _device(tokens[p.ordinal], snap) if p.ordinal < len(tokens) else None
+            if index is not None:
+                placed.setdefault(p.pid, set()).add(index)
+    if placed:
+        return "placement", placed
+    agents: dict[int, set[int]] = {}
+    for s in snap.agent.agents if snap.agent is not None else ():
+        if s.pid in own and s.uuid and (index := gpu_index(snap, s.uuid)) is not None:
+            agents.setdefault(s.pid, set()).add(index)
+    return ("agent", agents) if agents else ("", {})
+
+
+def place_engine(e: EngineReading, snap: Snapshot) -> EngineReading:
+    """Return an engine with the GPUs it drives, how they were found, and each engine core's GPUs.
+
+    GPUs the reading already names (a recording, a configured engine) stay, as `reading`. Else, in
+    order: its processes on NVML's process lists, each process's CUDA_VISIBLE_DEVICES and
+    ordinal, the UUIDs its agents report, the engine's CUDA_VISIBLE_DEVICES, the host's only GPU.
+    Else it stays unplaced (gpus ()): the verdict says `no_gpu_mapping` rather than guess.
+    """
+    if e.gpus:
+        return e if e.gpus_from else dataclasses.replace(e, gpus_from="reading")
+    how, per_pid = _process_gpus(e, snap)
+    gpus = tuple(sorted(set().union(*per_pid.values()))) if per_pid else ()
+    cores: dict[int, set[int]] = {}
+    for p in e.placements:
+        if p.core and p.pid in per_pid:
+            cores.setdefault(p.core, set()).update(per_pid[p.pid])
+    if not gpus and e.cuda_visible_devices:
+        gpus, how = _visible(e.cuda_visible_devices, snap), "cuda_visible_devices"
+    if not gpus and (lone := verdict.lone_gpu(snap)) is not None:
+        gpus, how = (lone,), "lone_gpu"
+    if not gpus:
+        return e
+    core_gpus = tuple((core, tuple(sorted(g))) for core, g in sorted(cores.items()))
+    return dataclasses.replace(e, gpus=gpus, gpus_from=how, core_gpus=core_gpus)
 
 
 def resolve_engine_gpus(snap: Snapshot) -> Snapshot:
-    """Tell which GPUs each engine drives: its processes on NVML's process lists, else CUDA_VISIBLE_DEVICES."""
-    if not snap.engines or not snap.gpus:
+    """Tell which GPUs each engine drives (see place_engine)."""
+    if not snap.engines:
         return snap
-    engines = []
-    for e in snap.engines:
-        gpus = e.gpus
-        if not gpus and e.pids:
-            own = set(e.pids)
-            gpus = tuple(g.index for g in snap.gpus if own & set(g.pids))
-        if not gpus and e.cuda_visible_devices:
-            gpus = _visible(e.cuda_visible_devices, snap.gpus)
-        engines.append(dataclasses.replace(e, gpus=gpus) if gpus != e.gpus else e)
-    return dataclasses.replace(snap, engines=tuple(engines))
+    return dataclasses.replace(snap, engines=tuple(place_engine(e, snap) for e in snap.engines))
 
 
 def pick_busy(snap: Snapshot) -> dict[int, tuple[float, str]]:
@@ -111,7 +208,7 @@ ACCUMULATORS: tuple[Accumulate, ...] = (activity.accumulate, engine.accumulate, 
 def advance(history: Sequence[Snapshot], raw: Snapshot, cfg: Config) -> Snapshot:
     """Return the next Snapshot from this tick's raw readings and the snapshots before it."""
     prev = history[-1] if history else None
-    snap = resolve_engine_gpus(resolve_agent_gpus(raw))
+    snap = resolve_engine_gpus(resolve_agent_gpus(raw, prev.gpu_uuids if prev is not None else ()))
     if prev is not None:
         snap = dataclasses.replace(snap, counters=prev.counters, histograms=prev.histograms, probe=prev.probe)
     snap = dataclasses.replace(snap, busy=MappingProxyType(pick_busy(snap)))

@@ -82,6 +82,9 @@ class Facts:
     busy: float | None = None  # share of wall time, over busy_window_seconds
     busy_source: str | None = None
     engine: bool = False  # a relevant engine reading exists in the window
+    unplaced: str | None = (
+        None  # engines placed on no GPU in the newest tick ("+"-joined), when none drives this one
+    )
     offered: bool = False  # work offered to the GPU's engines (see OFFERED_BY), with an engine only
     offered_by: str | None = None  # the signals that saw it, "+"-joined (evidence)
     counts_source: str | None = None  # agent | page: where running/waiting came from (latest reading)
@@ -149,7 +152,7 @@ class Facts:
 
     def evidence(self) -> Evidence:
         """Return the facts as (name, value) pairs for the Verdict and the report."""
-        skip = {"gpu", "engine", "agent", "span_seconds"}
+        skip = {"gpu", "engine", "agent", "span_seconds", "unplaced"}
         out: list[tuple[str, float | str | None]] = []
         for f in dataclasses.fields(self):
             if f.name in skip:
@@ -222,16 +225,37 @@ def _median(pairs: Sequence[tuple[float, float]]) -> float | None:
     return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
-def drives(engine: EngineReading, gpu: int) -> bool:
-    """Say whether an engine drives a GPU (an engine that does not say drives all)."""
-    return not engine.gpus or gpu in engine.gpus
+def lone_gpu(snap: Snapshot) -> int | None:
+    """Return the host's only GPU: one NVML GPU, else (no NVML) the only one busy figures or agents name."""
+    if snap.gpus:
+        return snap.gpus[0].index if len(snap.gpus) == 1 else None
+    found = set(snap.busy) | ({a.gpu for a in snap.agent.activity} if snap.agent is not None else set())
+    return next(iter(found)) if len(found) == 1 else None
+
+
+def placed(engine: EngineReading, snap: Snapshot | None = None) -> tuple[int, ...]:
+    """Return the GPUs an engine drives: as the pipeline placed it, else the host's only GPU, else none."""
+    if engine.gpus:
+        return engine.gpus
+    lone = lone_gpu(snap) if snap is not None else None
+    return (lone,) if lone is not None else ()
+
+
+def drives(engine: EngineReading, gpu: int, snap: Snapshot | None = None) -> bool:
+    """Say whether an engine drives a GPU; an engine placed on no GPU drives none (see `unplaced`)."""
+    return gpu in placed(engine, snap)
+
+
+def unplaced(snap: Snapshot) -> tuple[str, ...]:
+    """Return the live engines that could be placed on no GPU (their GPUs then read `no_gpu_mapping`)."""
+    return tuple(e.name for e in snap.engines if not e.error and not placed(e, snap))
 
 
 def _engines(snap: Snapshot, gpu: int) -> list[EngineReading]:
     return [
         e
         for e in snap.engines
-        if drives(e, gpu) and not e.error and (e.running is not None or e.waiting is not None)
+        if drives(e, gpu, snap) and not e.error and (e.running is not None or e.waiting is not None)
     ]
 
 
@@ -277,20 +301,46 @@ def _agent_counts(steps: Sequence[EngineSteps]) -> tuple[float | None, float | N
     return running, waiting, sum(limits) if limits else None
 
 
-def views(snap: Snapshot, gpu: int) -> list[View]:
-    """Return the engines driving a GPU at one tick, with the agent's counts joined (by pid first)."""
+def _on_gpu(e: EngineReading, steps: Sequence[EngineSteps], gpu: int) -> tuple[EngineSteps, ...]:
+    """Return the steps of an engine's cores that drive a GPU, each rank's once.
+
+    Under data parallelism each engine core (rank) drives its own GPUs: a GPU takes the steps of
+    its core alone where the pipeline placed the cores. SGLang's TP schedulers each count the same
+    batch, so per data-parallel rank one scheduler's steps count (the lowest pid's).
+    """
+    cores = dict(e.core_gpus)
+    return once(e, [st for st in steps if not st.pid or st.pid not in cores or gpu in cores[st.pid]])
+
+
+def once(e: EngineReading, steps: Sequence[EngineSteps]) -> tuple[EngineSteps, ...]:
+    """Return an engine's agent steps with each data-parallel rank's counted once (SGLang TP schedulers)."""
+    if e.kind != "sglang":
+        return tuple(steps)
+    first: dict[int | None, int] = {}
+    for st in steps:
+        first[st.dp_rank] = min(first.get(st.dp_rank, st.pid), st.pid)
+    return tuple(st for st in steps if st.pid == first[st.dp_rank])
+
+
+def owned_steps(snap: Snapshot) -> dict[str, list[EngineSteps]]:
+    """Return the agent steps of one tick by the engine they belong to (see `owner`)."""
     engines = [e for e in snap.engines if not e.error]
     owned: dict[str, list[EngineSteps]] = {}
-    if snap.agent is not None:
-        for st in snap.agent.steps:
-            o = owner(st, engines)
-            if o is not None:
-                owned.setdefault(o.name, []).append(st)
+    for st in snap.agent.steps if snap.agent is not None else ():
+        o = owner(st, engines)
+        if o is not None:
+            owned.setdefault(o.name, []).append(st)
+    return owned
+
+
+def views(snap: Snapshot, gpu: int) -> list[View]:
+    """Return the engines driving a GPU at one tick, with the agent's counts joined (by pid first)."""
+    owned = owned_steps(snap)
     out = []
-    for e in engines:
-        if not drives(e, gpu):
+    for e in snap.engines:
+        if e.error or not drives(e, gpu, snap):
             continue
-        steps = tuple(owned.get(e.name, ()))
+        steps = _on_gpu(e, owned.get(e.name, ()), gpu)
         a_run, a_wait, a_limit = _agent_counts(steps)
         running = a_run if a_run is not None else e.running
         waiting = a_wait if a_wait is not None else e.waiting
@@ -379,10 +429,12 @@ def gather(
     if good:
         f.update(_engine_facts(win, vs, good, cfg, whole))
         f.update(_offered(win, vs, cfg))
+    elif lost := unplaced(last):
+        f["unplaced"] = "+".join(lost)
     f.update(_agent_activity(win, gpu, whole))
     names = {x.reading.name for _, v in good for x in v}
     ran_all = bool(good) and all((_sum([x.running for x in v]) or 0) > 0 for _, v in good)
-    f.update(_step_timing(win, vs, names, ran_all, span))
+    f.update(_step_timing(win, vs, names, ran_all, span, gpu))
     f.update(_graph_steps(win, vs, gpu, names, span))
 
     # NVML: power against its limit, clocks (latest).
@@ -579,24 +631,38 @@ def _agent_activity(win: Sequence[Snapshot], gpu: int, whole: bool) -> dict[str,
     return f
 
 
-def _gpu_steps(snap: Snapshot, v: Sequence[View], names: set[str]) -> list[EngineSteps]:
+def _gpu_steps(snap: Snapshot, v: Sequence[View], names: set[str], gpu: int) -> list[EngineSteps]:
     """Return the agent steps of one tick that belong to the GPU's engines.
 
-    Steps joined to an engine (by pid, name, or the only engine of their kind) belong to it alone;
-    steps that join none count for every GPU whose engines share their kind, as before agents
-    sent pids.
+    Steps joined to an engine (by pid, name, or the only engine of their kind) belong to it alone.
+    Steps that join none belong to the GPU of the agent that sent them where it says one; else they
+    count for every GPU whose engines share their kind (as before agents sent pids), unless several
+    engines of that kind run: then whose steps they are cannot be told, and they count nowhere.
     """
     mine = [st for x in v for st in x.steps]
     if snap.agent is None:
         return mine
     engines = [e for e in snap.engines if not e.error]
-    return mine + [
-        st for st in snap.agent.steps if owner(st, engines) is None and _step_matches(st.engine, names)
-    ]
+    agent_gpu = {a.pid: a.gpu for a in snap.agent.agents if a.gpu >= 0}
+    for st in snap.agent.steps:
+        if owner(st, engines) is not None:
+            continue
+        kind = st.engine.split(":", 1)[0]
+        if st.pid in agent_gpu:
+            if agent_gpu[st.pid] == gpu:
+                mine.append(st)
+        elif sum(1 for e in engines if e.kind == kind) <= 1 and _step_matches(st.engine, names):
+            mine.append(st)
+    return mine
 
 
 def _step_timing(
-    win: Sequence[Snapshot], vs: Sequence[Sequence[View]], names: set[str], ran_all: bool, span: float
+    win: Sequence[Snapshot],
+    vs: Sequence[Sequence[View]],
+    names: set[str],
+    ran_all: bool,
+    span: float,
+    gpu: int,
 ) -> dict[str, object]:
     """Return the steps' rate and wall time, and their GPU time where CUPTI ran in the engine's process.
 
@@ -606,7 +672,7 @@ def _step_timing(
     f: dict[str, object] = {}
     steps = wall_ns = measured = step_gpu_ns = 0
     for s, v in zip(_inside(win), _inside(vs), strict=True):
-        for st in _gpu_steps(s, v, names):
+        for st in _gpu_steps(s, v, names, gpu):
             steps += st.steps
             wall_ns += st.wall_ns
             if st.gpu_measured:
@@ -643,7 +709,7 @@ def _graph_steps(
     f: dict[str, object] = {}
     graph = eager = tokens = seqs = steps = 0
     for s, v in zip(_inside(win), _inside(vs), strict=True):
-        for st in _gpu_steps(s, v, names):
+        for st in _gpu_steps(s, v, names, gpu):
             graph += st.graph_steps
             eager += st.eager_steps
             tokens += st.tokens
@@ -784,8 +850,12 @@ def decide(f: Facts, cfg: VerdictConfig, prev: Verdict | None = None) -> tuple[s
     process): the agent's activity says whether anything runs (idle below `idle_busy`), the busy
     share decides gpu or host, and a host verdict has reason unknown (no queue to read). With
     neither: a GPU at or above busy_high is GPU-bound whatever runs on it, one below `idle_busy`
-    is idle, and anything between is unknown, no_engine_source.
+    is idle, and anything between is unknown, no_engine_source. A GPU no placed engine drives
+    while an engine could be placed on no GPU is unknown, no_gpu_mapping: its engine may be that
+    one, so neither its queue nor its API servers can be read for it.
     """
+    if f.unplaced and not f.engine:
+        return "unknown", ("no_gpu_mapping",)
     if f.engine:
         if not f.offered:
             return "idle", ()
@@ -850,7 +920,7 @@ def gpus_of(snap: Snapshot) -> list[int]:
     """Return the GPUs a Snapshot knows about (NVML, busy sources, agents, engines)."""
     found = {g.index for g in snap.gpus} | set(snap.busy)
     if snap.agent is not None:
-        found |= {a.gpu for a in snap.agent.activity}
+        found |= {a.gpu for a in snap.agent.activity if a.gpu >= 0}
     for e in snap.engines:
         found |= set(e.gpus)
     return sorted(found)

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 from prometheus_client.metrics_core import Metric
 
+from exporter.analysis.verdict import placed
 from exporter.catalogue import counter, gauge
 from exporter.snapshot import Snapshot
 
@@ -25,9 +26,15 @@ def render(snap: Snapshot) -> Iterator[Metric]:
     prompt = counter("boundwatch_engine_prompt_tokens_total")
     generation = counter("boundwatch_engine_generation_tokens_total")
     preemptions = counter("boundwatch_engine_preemptions_total")
+    gpu_info = gauge("boundwatch_engine_gpu_info")
+    gpu_count = gauge("boundwatch_engine_gpus")
     for e in snap.engines:
         labels = [e.name]
         info.add_metric([e.name, e.kind, e.model], 1.0)
+        on = placed(e, snap)
+        for gpu in on:
+            gpu_info.add_metric([e.name, str(gpu), e.gpus_from or ("reading" if e.gpus else "lone_gpu")], 1.0)
+        gpu_count.add_metric(labels, float(len(on)))
         up.add_metric(labels, 0.0 if e.error else 1.0)
         if e.scrape_seconds is not None:
             scrape.add_metric(labels, e.scrape_seconds)
@@ -52,4 +59,4 @@ def render(snap: Snapshot) -> Iterator[Metric]:
         if e.spec_acceptance is not None:
             spec.add_metric(labels, e.spec_acceptance)
     yield from (info, up, running, waiting, kv, servers, spec, thread_cpu, process_cpu, scrape)
-    yield from (prompt, generation, preemptions)
+    yield from (prompt, generation, preemptions, gpu_info, gpu_count)

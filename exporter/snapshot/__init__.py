@@ -81,6 +81,9 @@ class Snapshot:
     histograms: Mapping[SeriesKey, HistogramValue] = field(default_factory=_empty_histograms)
     sources: tuple[SourceStatus, ...] = field(default=())
     probe: Mapping[str, object] = field(default_factory=lambda: MappingProxyType({}))
+    gpu_uuids: tuple[str, ...] = field(
+        default=()
+    )  # UUIDs outside NVML, first seen first (their index: see pipeline)
 
     def source(self, name: str) -> SourceStatus | None:
         """Return the status of a source by name."""

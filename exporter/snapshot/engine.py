@@ -51,6 +51,23 @@ class StepCount:
 
 
 @dataclass(frozen=True)
+class Placement:
+    """One process of an engine and where it runs, as the process table tells (never a label).
+
+    `core` is the pid of the engine core it serves (vLLM EngineCore, SGLang scheduler; itself
+    for a core, 0 unknown); `visible` its CUDA_VISIBLE_DEVICES at exec; `ordinal` the CUDA
+    ordinal it uses among them (its TP rank, from its title), None when the title does not say.
+    """
+
+    pid: int
+    role: str  # engine_core | worker | scheduler | other
+    core: int = 0
+    visible: str | None = None
+    ordinal: int | None = None
+    dp_rank: int | None = None
+
+
+@dataclass(frozen=True)
 class EngineReading:
     """One engine at one tick; None where the engine does not expose a figure.
 
@@ -86,7 +103,11 @@ class EngineReading:
     source: str = "http"  # http | file | multiproc_files
     api_servers: tuple[ProcessCpu, ...] = field(default=())  # sorted by server index
     cgroups: tuple[CgroupCpu, ...] = field(default=())
-    gpus: tuple[int, ...] = field(default=())  # NVML indices this engine drives; () = all
+    gpus: tuple[int, ...] = field(default=())  # GPU indices this engine drives; () = not placed (yet)
+    # how they were found: nvml_pids | placement | agent | cuda_visible_devices | lone_gpu | reading
+    gpus_from: str = ""
+    placements: tuple[Placement, ...] = field(default=())  # its processes' devices (sources.placement)
+    core_gpus: tuple[tuple[int, tuple[int, ...]], ...] = field(default=())  # (core pid, its GPUs)
     pids: tuple[int, ...] = field(default=())  # the engine's processes on this host (never a label)
     cuda_visible_devices: str | None = None  # as the engine's GPU processes were started with, if seen
     scrape_seconds: float | None = None

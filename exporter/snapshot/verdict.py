@@ -23,6 +23,7 @@ REASONS: tuple[str, ...] = (
     "unknown",
     "no_busy_source",
     "no_engine_source",
+    "no_gpu_mapping",
 )
 
 Evidence = tuple[tuple[str, float | str | None], ...]

@@ -39,7 +39,7 @@ from exporter.analysis.engine import window_acceptance
 from exporter.config import Config, EngineConfig
 from exporter.snapshot.engine import EngineReading
 from exporter.snapshot.host import CgroupCpu, ProcessCpu
-from exporter.sources import procs
+from exporter.sources import placement, procs
 from exporter.sources.base import BlockingReader, SourceUnavailable
 from exporter.sources.cgroup import cgroup_path_of, read_cgroup_cpu
 
@@ -1034,6 +1034,7 @@ class EngineSource:
             pids=target.engine_pids,
             cuda_visible_devices=target.cuda_visible_devices,
             max_num_seqs=target.max_num_seqs if target.max_num_seqs is not None else reading.max_num_seqs,
+            placements=placement.placements(self.proc_root, target.engine_pids),
         )
         return replace(reading, steps=dedup.step_count(reading))
 

@@ -63,3 +63,19 @@ def test_field_lab_recording_replayed_every_scenario_right(recording):
     assert recording.stat().st_size < 2_000_000
     rows = score(ticks, segments)
     assert passed(rows)["every_scenario_right"], [(r["scenario"], r["right_share"], r["wrong"]) for r in rows]
+
+
+H200 = sorted(RESULTS.glob("scenarios-h200-*.jsonl.gz"))
+
+
+@pytest.mark.parametrize("recording", H200, ids=[p.name for p in H200])
+def test_field_lab_h200_recording_replays_at_least_as_right_as_it_ran(recording):
+    """Each scenario of the H200 field-lab runs (bench/README.md) replays no worse than it scored live."""
+    live = json.loads(recording.with_name(recording.name.replace(".jsonl.gz", ".json")).read_text())
+    head, ticks = _replayed(recording)
+    segments = [Segment(**s) for s in head["schedule"]]
+    assert len(segments) >= 7 and recording.stat().st_size < 2_000_000
+    replayed = {r["scenario"]: r["right_share"] for r in score(ticks, segments)}
+    for row in live["scores"]:
+        floor = 0.95 if row["right_share"] >= 0.95 else row["right_share"] - 0.05
+        assert replayed[row["scenario"]] >= floor, (row["scenario"], row["right_share"], replayed)

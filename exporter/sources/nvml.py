@@ -258,9 +258,7 @@ def _text(value: Any) -> str | None:
 def _absent(exc: BaseException) -> bool:
     """Say whether NVML failed because this host has no NVIDIA driver or library at all."""
     name = type(exc).__name__
-    return isinstance(exc, ImportError) or any(
-        k in name for k in ("LibraryNotFound", "DriverNotLoaded")
-    )
+    return isinstance(exc, ImportError) or any(k in name for k in ("LibraryNotFound", "DriverNotLoaded"))
 
 
 def _not_supported(exc: Exception) -> bool:

@@ -24,7 +24,7 @@ VALUES = st.one_of(
     st.integers(min_value=-(2**70), max_value=2**70).map(str),
     st.text(max_size=6),
 )
-LABEL_TEXT = st.text(st.characters(blacklist_characters='"\\\n'), max_size=40)
+LABEL_TEXT = st.text(st.characters(blacklist_characters='"\\\n', blacklist_categories=("Cs",)), max_size=40)
 NAMES = st.sampled_from([*WANTED, "vllm:other", "sglang:x", "up"])
 
 

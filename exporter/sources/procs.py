@@ -196,25 +196,8 @@ def cgroup_of(proc_root: str, pid: int) -> str:
     return cgroup_path_of(proc_root, pid)
 
 
-def listening_inodes(proc_root: str, pid: int, port: int) -> set[int]:
-    """Return the socket inodes listening on a TCP port, in the network namespace of a process."""
-    inodes: set[int] = set()
-    for name in ("tcp", "tcp6"):
-        text = _read_text(Path(proc_root, str(pid), "net", name))
-        for line in (text or "").splitlines()[1:]:
-            fields = line.split()
-            if len(fields) < 10 or fields[3] != "0A":  # 0A: LISTEN
-                continue
-            try:
-                if int(fields[1].rsplit(":", 1)[1], 16) == port:
-                    inodes.add(int(fields[9]))
-            except (IndexError, ValueError):
-                continue
-    return inodes
-
-
-def listening_sockets(proc_root: str, pid: int) -> dict[int, int]:
-    """Return the listening TCP sockets a process holds, inode -> port (in its own network namespace)."""
+def _listening(proc_root: str, pid: int) -> dict[int, int]:
+    """Return every listening TCP socket in the network namespace of a process, inode -> port."""
     by_inode: dict[int, int] = {}
     for name in ("tcp", "tcp6"):
         text = _read_text(Path(proc_root, str(pid), "net", name))
@@ -226,6 +209,17 @@ def listening_sockets(proc_root: str, pid: int) -> dict[int, int]:
                 by_inode[int(fields[9])] = int(fields[1].rsplit(":", 1)[1], 16)
             except (IndexError, ValueError):
                 continue
+    return by_inode
+
+
+def listening_inodes(proc_root: str, pid: int, port: int) -> set[int]:
+    """Return the socket inodes listening on a TCP port, in the network namespace of a process."""
+    return {inode for inode, p in _listening(proc_root, pid).items() if p == port}
+
+
+def listening_sockets(proc_root: str, pid: int) -> dict[int, int]:
+    """Return the listening TCP sockets a process holds, inode -> port (in its own network namespace)."""
+    by_inode = _listening(proc_root, pid)
     if not by_inode:
         return {}
     return {i: by_inode[i] for i in socket_inodes(proc_root, pid) if i in by_inode}

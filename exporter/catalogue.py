@@ -387,6 +387,14 @@ METRICS: tuple[MetricSpec, ...] = (
         "verdict",
     ),
     _m(
+        "boundwatch_bound_busy_ratio",
+        "gauge",
+        "The busy share the verdict held against its thresholds this tick, and its source (cupti, gpm, nvml): "
+        "may differ from boundwatch_gpu_busy_ratio, which shows the best figure (CUPTI, 1-2 s late).",
+        ["gpu", "source"],
+        "verdict",
+    ),
+    _m(
         "boundwatch_bound_seconds_total",
         "counter",
         "Time spent in each verdict.",

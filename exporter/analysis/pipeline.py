@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from types import MappingProxyType
 from typing import Protocol
 
-from exporter.analysis import activity, engine, verdict
+from exporter.analysis import activity, busy, engine, verdict
 from exporter.analysis.increments import Increments, apply
 from exporter.config import Config
 from exporter.snapshot import Snapshot
@@ -172,16 +172,8 @@ def resolve_engine_gpus(snap: Snapshot) -> Snapshot:
 
 
 def pick_busy(snap: Snapshot) -> dict[int, tuple[float, str]]:
-    """Return each GPU's busy ratio and its source: cupti, else gpm, else nvml."""
-    busy: dict[int, tuple[float, str]] = {}
-    for g in snap.gpus:
-        if g.utilization is not None:
-            busy[g.index] = (g.utilization, "nvml")
-        if g.gpm is not None and g.gpm.graphics is not None:
-            busy[g.index] = (g.gpm.graphics, "gpm")
-    for gpu, ratio in activity.cupti_busy_ratio(snap).items():
-        busy[gpu] = (ratio, "cupti")
-    return busy
+    """Return each GPU's shown busy ratio and its source (analysis.busy.shown)."""
+    return busy.shown(snap)
 
 
 def device_busy_increments(snap: Snapshot) -> Increments:

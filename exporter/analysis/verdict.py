@@ -50,6 +50,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from exporter.analysis import busy
 from exporter.analysis.activity import lossy
 from exporter.analysis.increments import Increments
 from exporter.config import Config, RooflineConfig, VerdictConfig
@@ -375,22 +376,8 @@ def _counter_rate(win: Sequence[Snapshot], vs: Sequence[Sequence[View]], attr: s
 
 
 def busy_of(snap: Snapshot, gpu: int, prefer: str = "fresh") -> tuple[float, str] | None:
-    """Return the busy share the verdict uses for one tick, and its source.
-
-    "fresh" (the default): NVML GPM GRAPHICS_UTIL, else utilization.gpu, measured over this very
-    tick like the engine's queue, else the pipeline's pick. The CUPTI figure is exact but arrives
-    1-2 s late (the agent closes a window only once it is older than its flush lag), which would
-    delay every switch and show a false "host" for the first second of load. "best": the
-    pipeline's pick (CUPTI first) for every tick.
-    """
-    if prefer == "fresh":
-        g = snap.gpu(gpu)
-        if g is not None:
-            if g.gpm is not None and g.gpm.graphics is not None:
-                return g.gpm.graphics, "gpm"
-            if g.utilization is not None:
-                return g.utilization, "nvml"
-    return snap.busy.get(gpu)
+    """Return the busy share the verdict uses for one tick, and its source (analysis.busy.for_verdict)."""
+    return busy.for_verdict(snap, gpu, prefer)
 
 
 def _probe_bandwidth(snap: Snapshot, gpu: int) -> float | None:

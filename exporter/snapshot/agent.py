@@ -61,17 +61,13 @@ class EngineSteps:
     gpu_measured: bool = True  # False: CUPTI ran in other processes (vLLM mp executor), gpu_busy_ns is 0
     # Light-agent figures (no CUPTI needed), counted in the engine's own process:
     pid: int = 0  # the agent process that counted them (joins to EngineReading.pids; never a label)
-    graph_steps: int = (
-        0  # steps that ran in a CUDA graph (vLLM FULL/PIECEWISE, SGLang can_run_graph, replays seen)
-    )
+    graph_steps: int = 0  # steps that ran in a CUDA graph (vLLM FULL/PIECEWISE, SGLang can_run_graph, replays seen)
     eager_steps: int = 0  # steps that ran without a CUDA graph
     running: float | None = None  # the scheduler's running requests after the newest step
     waiting: float | None = None  # the scheduler's waiting requests after the newest step
     running_seconds: float = 0.0  # running requests integrated over the steps' span (request-seconds)
     waiting_seconds: float = 0.0  # waiting requests integrated likewise
-    max_num_seqs: int | None = (
-        None  # the engine's batch limit (vLLM max_num_seqs, SGLang max running requests)
-    )
+    max_num_seqs: int | None = None  # the engine's batch limit (vLLM max_num_seqs, SGLang max running requests)
     dp_rank: int | None = None  # data-parallel rank of the engine core, where it has one
 
 

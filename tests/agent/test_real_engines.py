@@ -104,9 +104,10 @@ def test_vllm_engine_core_steps_take_only_self_and_are_bound_at_init() -> None:
         assert _params(fn) == ["self"], name
         ret = str(inspect.signature(fn).return_annotation)
         assert "tuple" in ret and "bool" in ret, (name, ret)  # (outputs, model_executed): wrap_step reads [1]
-    # step_fn is bound from the class in __init__: a patch must land before EngineCore is built
-    init_src = inspect.getsource(core.EngineCore.__init__)
-    assert "self.step_fn" in init_src and "step_with_batch_queue" in init_src
+    # step_fn is bound from the class in __init__ (EngineCore's; EngineCoreProc's in 0.10): a patch
+    # must land before the engine core is built
+    init_src = inspect.getsource(core.EngineCore.__init__) + inspect.getsource(core.EngineCoreProc.__init__)
+    assert "self.step_fn = " in init_src and "step_with_batch_queue" in init_src
     # no engine-core subclass overrides step, so patching the base class covers DP and Ray engines
     subclasses = [c for c in vars(core).values() if isinstance(c, type) and issubclass(c, core.EngineCore)]
     assert len(subclasses) >= 2
@@ -271,7 +272,11 @@ def test_vllm_entry_point_is_declared_and_registered() -> None:
 _SERVE_ORDER = r"""
 import json, os, sys
 from vllm.engine.arg_utils import AsyncEngineArgs
-from vllm.utils.argparse_utils import FlexibleArgumentParser
+try:
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    from vllm.utils.system_utils import get_mp_context
+except ImportError:  # vLLM 0.10
+    from vllm.utils import FlexibleArgumentParser, get_mp_context
 assert "vllm.v1.engine.core" not in sys.modules
 import vllm.plugins
 try:  # vllm serve's first plugin load: the first line of add_cli_args (the rest needs a device)
@@ -281,7 +286,6 @@ except RuntimeError:
 assert vllm.plugins.plugins_loaded
 before_core = "vllm.v1.engine.core" in sys.modules
 import vllm.v1.engine.core_client  # the API server's AsyncLLM imports the engine core before forking it
-from vllm.utils.system_utils import get_mp_context
 
 def child(q):
     from vllm.plugins import load_general_plugins

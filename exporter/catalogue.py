@@ -270,8 +270,10 @@ METRICS: tuple[MetricSpec, ...] = (
         "boundwatch_engine_steps_total",
         "counter",
         "Engine steps; method says how they were counted (agent = exact, from inside the engine; "
-        "iteration_count = vLLM's iteration_tokens_total_count with one API server; lower_bound / upper_bound "
-        "with several; forward_passes = SGLang's cuda_graph_passes_total on tp_rank 0).",
+        "lower_bound = at least this many, from vLLM's iteration_tokens_total, which counts only steps "
+        "with output; upper_bound = at most this many steps with output, with several API servers; "
+        "forward_passes = SGLang's cuda_graph_passes_total of each DP group; dp_attention_steps = "
+        "SGLang's dp_attention_steps_total, every DP rank).",
         ["engine", "method"],
         "engine",
     ),

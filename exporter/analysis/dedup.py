@@ -1,14 +1,16 @@
 """De-duplicate what several vLLM API servers report: pid-labelled gauges and engine steps.
 
-With N API servers, vLLM's `iteration_tokens_total` gains one observation per step for every
-API server that had output in that step, so its `_count` lies in [S, N x S] for S steps
-(research/vllm-metrics.md §2.3). Per tick, with Δc_i the count delta of API server i and
-ΔC = Σ Δc_i:
+vLLM's `iteration_tokens_total` gains one observation per engine step for every API server that
+had output in that step; a step without output (a partial prefill, a step whose requests all
+belong to other servers) adds nothing anywhere. So for S_o steps with output out of S engine
+steps, and per tick Δc_i the count delta of API server i, ΔC = Σ Δc_i, N servers:
 
 * each step with output adds 1 to at least one c_i and to at most N of them, so
-  S >= max_i Δc_i, S >= ΔC / N, S <= ΔC;
-* with one API server ΔC = S exactly (for steps that emitted output).
+  S >= S_o >= max_i Δc_i and S_o >= ceil(ΔC / N) (steps are whole), S_o <= ΔC;
+* with one API server ΔC = S_o, still only a lower bound of S.
 
+A page therefore bounds engine steps from below only (method lower_bound); ΔC, with several
+servers, is an upper bound of the steps with output (method upper_bound), not of all steps.
 Summing the per-tick lower bounds gives a lower bound of the total that is tighter than the
 same bound taken once over the whole run. An exact count only comes from inside the engine
 (the agent's EngineSteps), which wins when present.
@@ -16,6 +18,7 @@ same bound taken once over the whole run. An exact count only comes from inside 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from exporter.snapshot.engine import EngineReading, StepCount
@@ -23,7 +26,7 @@ from exporter.snapshot.engine import EngineReading, StepCount
 Series = tuple[Mapping[str, str], float]
 
 # Where an API-server count may come from to bound steps below by ΔC / N. The number of pid
-# series of vLLM 0.10-0.11 kv_cache_usage_perc only counts servers that ever received scheduler
+# series of vLLM <= 0.11.0 kv_cache_usage_perc only counts servers that ever received scheduler
 # stats, so it can be short of N, and ΔC / (too small an N) would overshoot the truth.
 COUNT_SOURCES_FOR_BOUNDS = frozenset({"processes", "cmdline", "multiproc_files", "page"})
 
@@ -40,8 +43,8 @@ def collapse_pid_series(
 ) -> tuple[list[tuple[dict[str, str], float]], int]:
     """Drop the `pid` label, combining series that differ only in it; return them and the most pids per group.
 
-    vLLM 0.10-0.11 exposes `kv_cache_usage_perc` once per API-server pid (multiprocess mode
-    'all'); only the series written last is current and the others keep a stale value, and the
+    vLLM up to 0.11.0 exposes `kv_cache_usage_perc` once per API-server pid (multiprocess mode
+    'all'; 'mostrecent' from 0.11.2); only the series written last is current and the others keep a stale value, and the
     files carry no timestamp for this mode, so "max" is the best figure (flag it approximate).
     """
     groups: dict[tuple[tuple[str, str], ...], list[float]] = {}
@@ -55,15 +58,25 @@ def collapse_pid_series(
     return out, pids
 
 
+def _whole_lower(count: float, n: int | None, busiest: float | None) -> float | None:
+    """Return the whole-number lower bound of steps with output: max(busiest server, ceil(count / N))."""
+    bounds = [] if busiest is None else [busiest]
+    if n:
+        bounds.append(float(math.ceil(count / n - 1e-9)))
+    return float(math.floor(min(max(bounds), count) + 1e-9)) if bounds else None
+
+
 def step_count(reading: EngineReading) -> StepCount | None:
     """Return the cumulative step figure a reading supports, with how it was derived.
 
-    With several API servers `total` is the lower bound when there is one (the busiest server's
-    count, or count / N): it is exact whenever some API server had output in every step, which
-    holds on a busy engine, where every server has requests decoding. Without a lower bound it is
-    the upper bound, the raw count, which can be up to N times the truth.
+    vLLM: method "output_steps"; `lower` bounds the engine's steps from below (None when neither
+    the API-server count nor per-server counts are known), `upper` bounds the steps with output
+    from above and is given only with several servers, so a page never claims lower == upper.
+    `total` is the lower bound, else the raw count.
     """
     if reading.kind == "sglang":
+        if reading.dp_attention_steps_total is not None:
+            return StepCount("dp_attention_steps", reading.dp_attention_steps_total)
         return (
             StepCount("forward_passes", reading.forward_passes)
             if reading.forward_passes is not None
@@ -73,12 +86,11 @@ def step_count(reading: EngineReading) -> StepCount | None:
     if count is None:
         return None
     n = _servers(reading)
-    if n == 1 and not reading.iteration_count_by_pid[1:]:
-        return StepCount("iteration_count", count, lower=count, upper=count)
-    lower: float | None = max((c for _, c in reading.iteration_count_by_pid), default=None)
-    if n:
-        lower = max(lower or 0.0, count / n)
-    return StepCount("bounds", count if lower is None else min(lower, count), lower=lower, upper=count)
+    busiest = max((c for _, c in reading.iteration_count_by_pid), default=None)
+    lower = _whole_lower(count, n, busiest)
+    one_server = n == 1 and len(reading.iteration_count_by_pid) <= 1
+    upper = None if one_server else count
+    return StepCount("output_steps", count if lower is None else lower, lower=lower, upper=upper)
 
 
 def counter_delta(prev: float | None, cur: float | None) -> float | None:
@@ -97,6 +109,9 @@ def step_increments(
     if prev is None:
         return {}
     if cur.kind == "sglang":
+        if cur.dp_attention_steps_total is not None:
+            d = counter_delta(prev.dp_attention_steps_total, cur.dp_attention_steps_total)
+            return {} if d is None else {"dp_attention_steps": d}
         d = counter_delta(prev.forward_passes, cur.forward_passes)
         return {} if d is None else {"forward_passes": d}
     total = counter_delta(prev.iteration_count, cur.iteration_count)
@@ -105,13 +120,11 @@ def step_increments(
     n = _servers(cur)
     per_pid = _per_pid_deltas(prev.iteration_count_by_pid, cur.iteration_count_by_pid)
     if n == 1 and len(per_pid) <= 1:
-        return {"iteration_count": total}
-    lower = max(per_pid, default=0.0)
-    if n:
-        lower = max(lower, total / n)
-    elif not per_pid:
-        return {"upper_bound": total}  # N unknown and no per-pid files: only the upper bound holds
-    return {"lower_bound": min(lower, total), "upper_bound": total}
+        return {"lower_bound": total}  # steps with output: a lower bound of the engine's steps
+    lower = _whole_lower(total, n, max(per_pid) if per_pid else None)
+    if lower is None:
+        return {"upper_bound": total}  # N unknown and no per-pid files: only the output-step bound holds
+    return {"lower_bound": lower, "upper_bound": total}
 
 
 def _per_pid_deltas(prev: Sequence[tuple[int, float]], cur: Sequence[tuple[int, float]]) -> list[float]:

@@ -20,7 +20,9 @@ from exporter.snapshot.engine import EngineReading, StepCount
 # (renames: newest first).
 VLLM_RUNNING = ("vllm:num_requests_running",)
 VLLM_WAITING = ("vllm:num_requests_waiting",)
-VLLM_KV = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # the latter: deprecated 0.9.2, gone 0.12
+# kv_cache_usage_perc: one series per API-server pid up to 0.11.0 (multiprocess mode "all"), one series
+# ("mostrecent") from 0.11.2. gpu_cache_usage_perc: deprecated 0.9.2, hidden in 0.11, gone by 0.33.
+VLLM_KV = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 VLLM_PROMPT = ("vllm:prompt_tokens_total",)
 VLLM_GENERATION = ("vllm:generation_tokens_total",)
 VLLM_PREEMPTIONS = ("vllm:num_preemptions_total",)
@@ -37,7 +39,11 @@ SGLANG_PROMPT = ("sglang:prompt_tokens_total",)
 SGLANG_GENERATION = ("sglang:generation_tokens_total",)
 SGLANG_PREEMPTIONS = ("sglang:num_retracted_requests_total",)
 SGLANG_SPEC_ACCEPT_RATE = ("sglang:spec_accept_rate",)
-SGLANG_PASSES = "sglang:cuda_graph_passes_total"
+SGLANG_SPEC_ACCEPT_LENGTH = ("sglang:spec_accept_length",)  # 0 exactly when speculation is off
+SGLANG_PASSES = "sglang:cuda_graph_passes_total"  # mode=decode|prefill _cuda_graph|_none
+SGLANG_DP_ATTENTION_STEPS = "sglang:dp_attention_steps_total"  # rank_state=active|idle, per DP rank
+# Scheduler gauges logged as a total under priority="" plus a per-priority breakdown (QueueCount).
+_SGLANG_PRIORITY_TOTALS = frozenset({*SGLANG_RUNNING, *SGLANG_WAITING})
 
 # Sample-name prefixes a page is cut down to before parsing (see `prefilter`).
 WANTED: tuple[str, ...] = tuple(
@@ -61,7 +67,9 @@ WANTED: tuple[str, ...] = tuple(
             *SGLANG_GENERATION,
             *SGLANG_PREEMPTIONS,
             *SGLANG_SPEC_ACCEPT_RATE,
+            *SGLANG_SPEC_ACCEPT_LENGTH,
             SGLANG_PASSES,
+            SGLANG_DP_ATTENTION_STEPS,
         }
     )
 )
@@ -129,25 +137,58 @@ def _first(by_name: Mapping[str, list[tuple[dict[str, str], float]]], names: Seq
     return next((n for n in names if n in by_name), None)
 
 
-def _sglang_rank0(series: list[tuple[dict[str, str], float]]) -> list[tuple[dict[str, str], float]]:
-    """Keep tp_rank 0 (and pp_rank 0) series: every TP rank reports the same scheduler state."""
-    return [
-        (labels, v)
-        for labels, v in series
-        if labels.get("tp_rank", "0") == "0" and labels.get("pp_rank", "0") == "0"
-    ]
+def _rank(labels: Mapping[str, str]) -> tuple[int, int] | None:
+    """Return (pp_rank, tp_rank) of an SGLang series, or None when a label is not a small integer."""
+    try:
+        pp, tp = int(labels.get("pp_rank", "0")), int(labels.get("tp_rank", "0"))
+    except ValueError:
+        return None
+    return (pp, tp) if 0 <= pp < 100_000 and 0 <= tp < 100_000 else None
+
+
+def _sglang_leads(series: list[tuple[dict[str, str], float]]) -> list[tuple[dict[str, str], float]]:
+    """Keep, per DP rank, the series of its lowest (pp_rank, tp_rank): the rank that reports its group.
+
+    Every TP rank of a group reports the same scheduler state. With DP attention each DP group
+    reports from its attn_tp_rank 0, which carries the global tp_rank (2 for group 1 of dp 2 x tp 4),
+    so the lowest tp_rank is taken per dp_rank, not tp_rank 0.
+    """
+    lead: dict[str, tuple[int, int]] = {}
+    for labels, _ in series:
+        rank = _rank(labels)
+        dp = labels.get("dp_rank", "")
+        if rank is not None and (dp not in lead or rank < lead[dp]):
+            lead[dp] = rank
+    return [(labels, v) for labels, v in series if _rank(labels) == lead.get(labels.get("dp_rank", ""))]
+
+
+def _priority_totals(series: list[tuple[dict[str, str], float]]) -> list[tuple[dict[str, str], float]]:
+    """Keep the priority="" totals of a gauge that also carries a per-priority breakdown."""
+    totals = [(labels, v) for labels, v in series if labels.get("priority") == ""]
+    return totals if totals else series
+
+
+def _series(
+    by_name: Mapping[str, list[tuple[dict[str, str], float]]], names: Sequence[str], sglang: bool
+) -> list[tuple[dict[str, str], float]] | None:
+    name = _first(by_name, names)
+    if name is None:
+        return None
+    series = by_name[name]
+    if sglang:
+        series = _sglang_leads(series)
+        if name in _SGLANG_PRIORITY_TOTALS:
+            series = _priority_totals(series)
+    return series
 
 
 def _total(
     by_name: Mapping[str, list[tuple[dict[str, str], float]]], names: Sequence[str], *, sglang: bool = False
 ) -> float | None:
     """Sum a counter or additive gauge over engines / DP ranks, pid series collapsed."""
-    name = _first(by_name, names)
-    if name is None:
+    series = _series(by_name, names, sglang)
+    if series is None:
         return None
-    series = by_name[name]
-    if sglang:
-        series = _sglang_rank0(series)
     collapsed, _ = collapse_pid_series(series, how="max")
     return sum(v for _, v in collapsed) if collapsed else None
 
@@ -156,14 +197,28 @@ def _max(
     by_name: Mapping[str, list[tuple[dict[str, str], float]]], names: Sequence[str], *, sglang: bool = False
 ) -> tuple[float | None, int]:
     """Return the largest value of a ratio gauge across engines, and how many pid series it had."""
-    name = _first(by_name, names)
-    if name is None:
+    series = _series(by_name, names, sglang)
+    if series is None:
         return None, 0
-    series = by_name[name]
-    if sglang:
-        series = _sglang_rank0(series)
     collapsed, pids = collapse_pid_series(series, how="max")
     return (max(v for _, v in collapsed) if collapsed else None), pids
+
+
+def _passes_by_kind(
+    by_name: Mapping[str, list[tuple[dict[str, str], float]]],
+) -> tuple[float | None, float | None]:
+    """Return SGLang's (graph, eager) forward passes: cuda_graph_passes_total split by its mode label."""
+    series = _series(by_name, (SGLANG_PASSES,), True)
+    if series is None:
+        return None, None
+    graph = eager = 0.0
+    for labels, v in collapse_pid_series(series, how="max")[0]:
+        mode = labels.get("mode", "")
+        if mode.endswith("_cuda_graph"):
+            graph += v
+        elif mode.endswith("_none"):
+            eager += v
+    return graph, eager
 
 
 def _model(by_name: Mapping[str, list[tuple[dict[str, str], float]]]) -> str:
@@ -211,6 +266,7 @@ def _vllm(
     kv, kv_pids = _max(by_name, VLLM_KV)
     engines = {labels.get("engine", "0") for series in by_name.values() for labels, _ in series}
     iter_count = _total(by_name, (VLLM_ITER_COUNT,))
+    # Per-pid kv series exist only up to vLLM 0.11.0, so their absence does not mean single-process.
     mp = bool(multiprocess) if multiprocess is not None else kv_pids > 1
     reading = EngineReading(
         **common,
@@ -229,7 +285,7 @@ def _vllm(
         multiprocess=mp,
         data_parallel_engines=max(1, len(engines)),
     )
-    if not mp:
+    if multiprocess is False:  # a single-process registry serves one API server's own figures
         return replace(reading, api_server_count=1, api_server_count_source="page")
     if kv_pids > 1:
         return replace(reading, api_server_count=kv_pids, api_server_count_source="kv_cache_pids")
@@ -243,7 +299,17 @@ def _sglang(
 ) -> EngineReading:
     kv, kv_pids = _max(by_name, SGLANG_KV, sglang=True)
     accept, _ = _max(by_name, SGLANG_SPEC_ACCEPT_RATE, sglang=True)
-    passes = _total(by_name, (SGLANG_PASSES,), sglang=True)
+    accept_length, _ = _max(by_name, SGLANG_SPEC_ACCEPT_LENGTH, sglang=True)
+    if not accept_length:  # speculation off (or no verify yet): the rate's 0 is not an acceptance
+        accept = None
+    graph, eager = _passes_by_kind(by_name)
+    passes = None if graph is None or eager is None else graph + eager
+    dp_steps = _total(by_name, (SGLANG_DP_ATTENTION_STEPS,), sglang=True)
+    steps: StepCount | None
+    if dp_steps is not None:
+        steps = StepCount("dp_attention_steps", dp_steps)
+    else:
+        steps = StepCount("forward_passes", passes) if passes is not None else None
     dp = {labels.get("dp_rank", "0") for series in by_name.values() for labels, _ in series}
     return EngineReading(
         **common,
@@ -256,7 +322,10 @@ def _sglang(
         preemptions_total=_total(by_name, SGLANG_PREEMPTIONS, sglang=True),
         spec_acceptance=accept,
         forward_passes=passes,
-        steps=StepCount("forward_passes", passes) if passes is not None else None,
+        graph_passes_total=graph,
+        eager_passes_total=eager,
+        dp_attention_steps_total=dp_steps,
+        steps=steps,
         multiprocess=True if multiprocess is None else multiprocess,
         api_server_count=1,  # the tokenizer manager in the main process serves HTTP
         api_server_count_source="page",

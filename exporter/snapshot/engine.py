@@ -7,8 +7,19 @@ from dataclasses import dataclass, field
 
 from exporter.snapshot.host import CgroupCpu, ProcessCpu, ThreadCpu
 
-# Step-count methods, the values of the `method` label of boundwatch_engine_steps_total.
-STEP_METHODS: tuple[str, ...] = ("agent", "iteration_count", "lower_bound", "upper_bound", "forward_passes")
+# Step-count methods, the values of the `method` label of boundwatch_engine_steps_total:
+# agent (exact, counted inside the engine), lower_bound (vLLM page: engine steps are at least this),
+# upper_bound (vLLM page, several API servers: steps WITH OUTPUT are at most this; steps without
+# output, such as partial prefills, appear on no page), forward_passes (SGLang cuda_graph_passes_total
+# of each DP group's reporting rank), dp_attention_steps (SGLang dp_attention_steps_total: every
+# DP rank's steps, idle ones included).
+STEP_METHODS: tuple[str, ...] = (
+    "agent",
+    "lower_bound",
+    "upper_bound",
+    "forward_passes",
+    "dp_attention_steps",
+)
 
 _SERVER_INDEX = re.compile(r"APIServer_(\d+)")
 
@@ -38,10 +49,12 @@ def demand(proc: ProcessCpu) -> float | None:
 class StepCount:
     """Engine steps so far, as the engine's own metrics tell them (cumulative).
 
-    method: "iteration_count" (vLLM's iteration_tokens_total_count with one API server: exact
-    for steps that emitted output), "bounds" (several API servers: the truth lies in
-    [lower, upper]), "forward_passes" (SGLang forward passes on tp_rank 0), "agent" (counted
-    inside the engine). `total` is the best single figure (see analysis.dedup.step_count).
+    method: "output_steps" (vLLM's iteration_tokens_total_count: API servers count only steps
+    in which they had output, so `lower` is a whole-number lower bound of engine steps and `upper`,
+    when there are several API servers, an upper bound of the steps WITH OUTPUT only; a page never
+    gives lower == upper), "forward_passes" (SGLang forward passes of each DP group's reporting
+    rank), "dp_attention_steps" (SGLang, every DP rank's steps), "agent" (counted inside the
+    engine: the only exact count). `total` is the best single figure (see analysis.dedup.step_count).
     """
 
     method: str
@@ -93,12 +106,15 @@ class EngineReading:
     iteration_count: float | None = None  # vLLM iteration_tokens_total_count, summed over API servers
     iteration_tokens_sum: float | None = None  # vLLM iteration_tokens_total_sum (correct with any N)
     iteration_count_by_pid: tuple[tuple[int, float], ...] = field(default=())
-    forward_passes: float | None = None  # SGLang cuda_graph_passes_total on tp_rank 0
+    forward_passes: float | None = None  # SGLang cuda_graph_passes_total, every mode, reporting ranks
+    graph_passes_total: float | None = None  # SGLang passes with mode *_cuda_graph (decode and prefill)
+    eager_passes_total: float | None = None  # SGLang passes with mode *_none
+    dp_attention_steps_total: float | None = None  # SGLang dp_attention_steps_total over DP ranks and states
     max_num_seqs: int | None = None
     api_server_count: int | None = None
     api_server_count_source: str = ""  # processes | cmdline | multiproc_files | kv_cache_pids | page
     multiprocess: bool = False
-    kv_cache_pid_series: int = 0  # >1: vLLM 0.10-0.11 per-pid kv_cache_usage_perc, collapsed (max)
+    kv_cache_pid_series: int = 0  # >1: vLLM <= 0.11.0 per-pid kv_cache_usage_perc, collapsed (max)
     data_parallel_engines: int = 1
     source: str = "http"  # http | file | multiproc_files
     api_servers: tuple[ProcessCpu, ...] = field(default=())  # sorted by server index

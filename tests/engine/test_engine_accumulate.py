@@ -64,7 +64,7 @@ def test_the_first_tick_and_a_failed_previous_read_add_no_request_seconds():
 def test_steps_come_from_the_engine_counters_with_their_method():
     prev = snap(1, 0.5, engine(iteration_count=100))
     inc = accumulate(snap(2, 0.5, engine(iteration_count=124)), CFG, prev).counters
-    assert inc[("boundwatch_engine_steps_total", ("vllm:8000", "iteration_count"))] == 24
+    assert inc[("boundwatch_engine_steps_total", ("vllm:8000", "lower_bound"))] == 24
 
 
 def test_the_agents_exact_step_count_replaces_the_estimate():

@@ -9,7 +9,7 @@ import vllm_sim
 from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 
 from exporter.analysis.dedup import collapse_pid_series, counter_delta, step_count, step_increments
-from exporter.snapshot.engine import EngineReading
+from exporter.snapshot.engine import EngineReading, StepCount
 from exporter.sources.engine import (
     MultiprocReader,
     read_multiproc_dir,
@@ -31,8 +31,9 @@ def vllm(
     )
 
 
-def test_one_api_server_counts_steps_from_the_iteration_histogram():
-    assert step_increments(vllm(100, 1), vllm(148, 1)) == {"iteration_count": 48}
+def test_one_api_server_bounds_steps_below_by_its_steps_with_output():
+    # partial-prefill steps emit no output: the count is a lower bound, never an exact figure
+    assert step_increments(vllm(100, 1), vllm(148, 1)) == {"lower_bound": 48}
 
 
 def test_several_api_servers_give_bounds_from_per_pid_counts():
@@ -44,6 +45,13 @@ def test_several_api_servers_give_bounds_from_per_pid_counts():
 
 def test_several_api_servers_without_files_bound_below_by_count_over_n():
     assert step_increments(vllm(400, 4), vllm(480, 4)) == {"lower_bound": 20, "upper_bound": 80}
+
+
+def test_lower_bounds_are_whole_steps():
+    # 54 observations from 4 servers: at least 13.5, so at least 14 whole steps had output
+    assert step_increments(vllm(400, 4), vllm(454, 4)) == {"lower_bound": 14, "upper_bound": 54}
+    c = step_count(vllm(454, 4))
+    assert (c.lower, c.total, c.upper) == (114, 114, 454)
 
 
 def test_unknown_server_count_without_files_gives_only_the_upper_bound():
@@ -67,7 +75,7 @@ def test_first_reading_counts_nothing():
 
 def test_a_restarted_engine_counts_from_zero():
     assert counter_delta(1000, 12) == 12
-    assert step_increments(vllm(1000, 1), vllm(12, 1)) == {"iteration_count": 12}
+    assert step_increments(vllm(1000, 1), vllm(12, 1)) == {"lower_bound": 12}
 
 
 def test_a_server_new_since_the_last_tick_counts_from_zero():
@@ -84,10 +92,24 @@ def test_pid_series_collapse_to_one_per_engine_keeping_the_largest():
     assert pids == 3
 
 
-def test_cumulative_step_count_says_how_it_was_derived():
-    assert step_count(vllm(500, 1)).method == "iteration_count"
+def test_cumulative_step_count_says_how_it_was_derived_and_never_claims_exact():
+    one = step_count(vllm(500, 1))
+    assert (one.method, one.total, one.lower, one.upper) == ("output_steps", 500, 500, None)
     bounds = step_count(vllm(500, 4, ((1, 130), (2, 125), (3, 120), (4, 125))))
-    assert (bounds.method, bounds.lower, bounds.upper) == ("bounds", 130, 500)
+    assert (bounds.method, bounds.lower, bounds.upper) == ("output_steps", 130, 500)
+    unknown = step_count(vllm(500, None))
+    assert (unknown.total, unknown.lower, unknown.upper) == (500, None, 500)
+    for c in (one, bounds, unknown):
+        assert c.lower is None or c.upper is None or c.lower < c.upper
+
+
+def test_sglang_steps_prefer_dp_attention_steps():
+    r = EngineReading(name="sglang", kind="sglang", forward_passes=41, dp_attention_steps_total=51)
+    assert step_count(r) == StepCount("dp_attention_steps", 51)
+    prev = replace(r, dp_attention_steps_total=40)
+    assert step_increments(prev, r) == {"dp_attention_steps": 11}
+    plain = replace(r, dp_attention_steps_total=None)
+    assert step_count(plain) == StepCount("forward_passes", 41)
 
 
 def run_with_ticks(tmp_path, n_servers, concurrency, steps=240, every=20):
@@ -142,6 +164,17 @@ def test_one_request_at_a_time_makes_the_count_exact_and_bounds_hold(tmp_path):
     assert summed(files, "upper_bound") == true_steps
     assert summed(files, "lower_bound") <= true_steps
     assert summed(pages, "lower_bound") <= true_steps <= summed(pages, "upper_bound")
+
+
+def test_page_lower_bounds_hold_for_engine_steps_with_steps_without_output(tmp_path):
+    truth, _, files, _ = run_with_ticks(tmp_path, n_servers=1, concurrency=1)
+    assert truth.steps > truth.steps_with_output  # some steps had no output: the count is not exact
+    marks = truth.checkpoints
+    for k in range(1, len(files)):
+        inc = step_increments(files[k - 1], files[k])
+        engine = marks[k]["steps"] - marks[k - 1]["steps"]
+        assert set(inc) == {"lower_bound"} and inc["lower_bound"] <= engine
+        assert inc["lower_bound"] == int(inc["lower_bound"])
 
 
 @pytest.mark.parametrize("n_servers,concurrency", [(2, 3), (4, 6), (8, 64)])

@@ -52,7 +52,7 @@ def test_generated_multiprocess_page_shows_the_double_count_and_its_bounds():
     assert r.prompt_tokens_total == truth["prompt_tokens"]
     assert (r.running, r.waiting) == (truth["running"], truth["waiting"])
     assert r.api_server_count == 4
-    assert r.steps is not None and r.steps.method == "bounds"
+    assert r.steps is not None and r.steps.method == "output_steps"
     # N came from the kv pid series, which may miss servers: no lower bound, the total is the raw count.
     assert (r.steps.lower, r.steps.total, r.steps.upper) == (
         None,
@@ -142,3 +142,78 @@ def test_sglang_multiprocess_files_and_page_agree_and_count_tp_rank_zero_once(tm
         assert (r.prompt_tokens_total, r.generation_tokens_total) == (5000, 700)
         assert r.kv_cache_usage == pytest.approx(0.35)
         assert r.data_parallel_engines == 2
+
+
+# Pages written by SGLang 0.5.23's own SchedulerMetricsCollector in multiprocess mode, one forked
+# process per scheduler rank, scheduling scripted (tests/engine/make_sglang_pages.py).
+SGLANG_PAGES = ("tp2", "dp2-replicas", "dpattn-dp2-tp4", "priority")
+
+
+def sglang_page(name: str) -> tuple[str, dict]:
+    stem = f"sglang-0.5.23-{name}"
+    return page(f"{stem}.prom"), json.loads((PAGES / f"{stem}.truth.json").read_text())
+
+
+@pytest.mark.parametrize("name", SGLANG_PAGES)
+def test_sglang_own_collector_pages_read_right(name):
+    text, truth = sglang_page(name)
+    r = reading_from_page(text)
+    assert (r.kind, r.model) == ("sglang", "tiny-llama")
+    assert (r.running, r.waiting) == (truth["running"], truth["waiting"])
+    assert r.kv_cache_usage == pytest.approx(truth["token_usage_max"])
+    assert (r.graph_passes_total, r.eager_passes_total) == (truth["graph_passes"], truth["eager_passes"])
+    assert r.forward_passes == truth["graph_passes"] + truth["eager_passes"]
+    assert r.spec_acceptance is None  # speculation off: spec_accept_rate 0 is not 0% acceptance
+    assert r.data_parallel_engines == truth["dp"]
+
+
+def test_sglang_dp_attention_reads_every_dp_group_from_its_reporting_rank():
+    text, truth = sglang_page("dpattn-dp2-tp4")
+    assert 'dp_rank="1"' in text and 'tp_rank="2"' in text  # group 1 reports from global tp_rank 2
+    r = reading_from_page(text)
+    assert r.running == truth["running"] and r.running > 0
+    assert r.dp_attention_steps_total == truth["dp_attention_steps"] == 2 * truth["steps"]
+    assert r.steps is not None and (r.steps.method, r.steps.total) == ("dp_attention_steps", 120)
+    # keeping tp_rank "0" alone would read DP group 0 only
+    group0 = "".join(
+        line + "\n" for line in text.splitlines() if 'dp_rank="0"' in line or not line.startswith("sglang:")
+    )
+    assert reading_from_page(group0).running < r.running
+
+
+def test_sglang_priority_totals_are_not_added_to_their_breakdown():
+    text, truth = sglang_page("priority")
+    assert 'priority=""' in text and 'priority="1"' in text
+    r = reading_from_page(text)
+    assert (r.running, r.waiting) == (truth["running"], truth["waiting"])
+    assert truth["running"] > 0
+
+
+def test_sglang_spec_acceptance_is_read_when_speculation_ran():
+    text = (
+        'sglang:num_running_reqs{model_name="m",tp_rank="0"} 1\n'
+        'sglang:spec_accept_rate{model_name="m",tp_rank="0"} 0.0\n'
+        'sglang:spec_accept_length{model_name="m",tp_rank="0"} 1.0\n'
+    )
+    assert reading_from_page(text).spec_acceptance == 0.0  # speculation on, nothing accepted: a real 0
+    on = text.replace("0.0\n", "0.62\n", 1).replace("1.0\n", "2.9\n")
+    assert reading_from_page(on).spec_acceptance == pytest.approx(0.62)
+
+
+def test_sglang_ranks_with_bad_labels_are_dropped():
+    text = (
+        'sglang:num_running_reqs{model_name="m",tp_rank="0"} 3\n'
+        'sglang:num_running_reqs{model_name="m",tp_rank="x"} 100\n'
+        'sglang:num_running_reqs{model_name="m",tp_rank="-1"} 100\n'
+    )
+    assert reading_from_page(text).running == 3
+
+
+def test_vllm_multiprocess_page_of_unknown_mode_claims_no_api_server_count():
+    # vLLM 0.11.2+: kv_cache_usage_perc has one series even with several API servers, so a page whose
+    # registry mode cannot be told says nothing about the server count (and so claims no exact steps)
+    text = 'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5\nvllm:iteration_tokens_total_count{engine="0",model_name="m"} 90\n'
+    r = engine_page.normalise(parse_page(text), multiprocess=None)
+    assert r.api_server_count is None
+    steps = dedup.step_count(r)
+    assert steps is not None and steps.lower is None and steps.upper == 90

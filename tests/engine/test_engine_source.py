@@ -294,4 +294,4 @@ def test_inspect_of_a_local_engine_lists_its_api_server_processes(fake_vllm, cap
     servers = data["api_servers"]
     assert (servers["count"], servers["count_from"]) == (2, "processes")
     assert [p["server"] for p in servers["processes"]] == [0, 1]
-    assert data["steps"]["method"] == "bounds" and data["steps"]["total"] == data["steps"]["lower"]
+    assert data["steps"]["method"] == "output_steps" and data["steps"]["total"] == data["steps"]["lower"]

@@ -38,7 +38,7 @@ def test_a_multiprocess_dir_prints_per_server_counts_and_step_bounds(tmp_path, c
     assert data["read_from"] == "multiproc_files"
     assert data["api_servers"]["count"] == 3 and data["api_servers"]["count_from"] == "multiproc_files"
     assert sorted(int(p) for p in data["api_servers"]["iteration_count_by_pid"]) == sorted(pids)
-    assert data["steps"]["method"] == "bounds"
+    assert data["steps"]["method"] == "output_steps"
     assert data["steps"]["lower"] <= truth.steps_with_output <= data["steps"]["upper"] == truth.observations
 
 
@@ -77,10 +77,11 @@ def test_a_url_read_twice_gives_tokens_and_steps_per_second(counting_server, cap
     rc, data, _ = inspect(capsys, counting_server, "--interval", "0.2")
     assert rc == 0
     assert data["engine"] == f"vllm:{counting_server.split(':')[2].split('/')[0]}"
-    assert data["steps"]["method"] == "iteration_count"
+    assert data["steps"]["method"] == "output_steps"
+    assert data["steps"]["lower"] == data["steps"]["total"] and data["steps"]["upper"] is None  # never exact
     rates = data["rates"]
     assert rates["generation_tokens_per_second"] == pytest.approx(100 / rates["seconds"])
-    assert rates["steps_per_second"] == {"iteration_count": pytest.approx(10 / rates["seconds"])}
+    assert rates["steps_per_second"] == {"lower_bound": pytest.approx(10 / rates["seconds"])}
 
 
 def test_an_unreadable_target_exits_non_zero_with_a_clear_message(tmp_path, capsys):

@@ -316,7 +316,9 @@ def test_vllm_engine_core_step_is_wrapped_in_a_forked_engine_core(tmp_path: Path
     res = _run_child(_SERVE_ORDER, tmp_path)
     assert res["method"] == "fork" and res["pid"] != res["parent"]
     assert res["core_before_plugins"] is False
-    assert res["step"] and res["step_with_batch_queue"] and res["schedule"], res
+    # Scheduler.schedule is wrapped at the engine's first step, on whichever scheduler class it runs
+    # (tests/agent/test_vllm_patch.py), so before any step only the EngineCore methods are.
+    assert res["step"] and res["step_with_batch_queue"], res
 
 
 _SPAWNED = r"""

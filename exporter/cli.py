@@ -60,6 +60,12 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--agent-socket", dest="agent.socket", metavar="PATH", help="unix socket the agents send to"
     )
+    g.add_argument(
+        "--web.config.file",
+        dest="web.config_file",
+        metavar="FILE",
+        help="Prometheus exporter-toolkit web config (TLS, client certificates, basic_auth_users, headers)",
+    )
     for name in ("nvml", "host", "engine", "agent"):
         g.add_argument(
             f"--no-{name}",

@@ -167,6 +167,7 @@ class WebConfig:
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
     basic_auth_file: str | None = None  # lines of "user:bcrypt-hash" (htpasswd -nB) or "user:sha256-hex"
+    config_file: str | None = None  # Prometheus exporter-toolkit web config (--web.config.file): TLS + users
     max_connections: int = 4096  # open at once; beyond, 503 and close (capped below RLIMIT_NOFILE)
     header_timeout_seconds: float = 10.0  # a request line and its headers must arrive within this
     idle_timeout_seconds: float = 75.0  # a kept-alive connection with no request is closed after this
@@ -230,6 +231,18 @@ class Config:
             "web.tls_cert_file",
             "web.tls_cert_file and web.tls_key_file go together",
         )
+        if w.config_file:
+            check(
+                not (w.tls_cert_file or w.tls_key_file or w.basic_auth_file),
+                "web.config_file",
+                "set TLS and users in the web config file or with web.tls_* / web.basic_auth_file, not both",
+            )
+            from exporter import webconfig
+
+            try:
+                webconfig.load(w.config_file)
+            except webconfig.WebConfigError as exc:
+                out.extend(("web.config_file", problem) for problem in exc.problems)
         for name in ("max_connections", "auth_failure_burst", "auth_checks_at_once"):
             check(getattr(w, name) >= 1, f"web.{name}", f"must be at least 1, got {getattr(w, name)}")
         check(w.auth_failures_per_second > 0, "web.auth_failures_per_second", "must be > 0")

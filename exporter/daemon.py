@@ -69,6 +69,10 @@ def sd_notify(message: str, environ: dict[str, str] | None = None) -> bool:
 
 
 def _ssl_context(cfg: Config) -> ssl.SSLContext | None:
+    if cfg.web.config_file:
+        from exporter import webconfig
+
+        return webconfig.load(cfg.web.config_file).ssl_context()
     if not cfg.web.tls_cert_file or not cfg.web.tls_key_file:
         return None
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)

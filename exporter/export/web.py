@@ -398,13 +398,35 @@ body{{font-family:sans-serif;margin:2em}} td,th{{padding:.2em 1em;text-align:lef
     return web.Response(text=body, content_type="text/html")
 
 
+def headers_middleware(headers: tuple[tuple[str, str], ...]) -> Any:
+    """Return a middleware that sets the configured headers on every response."""
+
+    @web.middleware
+    async def add_headers(request: web.Request, handler: Any) -> web.StreamResponse:
+        response = await handler(request)
+        for name, value in headers:
+            response.headers[name] = value
+        return response
+
+    return add_headers
+
+
 def make_app(cfg: Config, sampler: Sampler, clock: Callable[[], float] = time.monotonic) -> web.Application:
     """Return the web application serving one sampler."""
     middlewares = []
     auth = None
-    if cfg.web.basic_auth_file:
-        w = cfg.web
-        users = load_basic_auth(w.basic_auth_file)  # type: ignore[arg-type]
+    w = cfg.web
+    users: dict[str, str] = {}
+    if w.config_file:  # exporter-toolkit's file: its users and headers (its TLS is the daemon's)
+        from exporter import webconfig
+
+        file = webconfig.load(w.config_file)
+        users = dict(file.users)
+        if file.headers:
+            middlewares.append(headers_middleware(file.headers))
+    elif w.basic_auth_file:
+        users = load_basic_auth(w.basic_auth_file)
+    if users or w.basic_auth_file:  # a users file with nobody in it refuses everyone
         auth = BasicAuth(
             users, w.auth_failure_burst, w.auth_failures_per_second, w.auth_checks_at_once, clock
         )

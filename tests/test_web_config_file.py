@@ -1,0 +1,124 @@
+"""`--web.config.file`: Prometheus exporter-toolkit's web config (TLS, client certificates, users, headers)."""
+
+from __future__ import annotations
+
+import json
+import ssl
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from exporter import webconfig
+from tests.promserver import ROOT, http_get, running_daemon
+
+bcrypt = pytest.importorskip("bcrypt")
+trustme = pytest.importorskip("trustme")
+
+
+def _pki(tmp_path: Path) -> dict[str, Path]:
+    """Write a CA, a server certificate for 127.0.0.1 and a client certificate."""
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1", "localhost")
+    client = ca.issue_cert("prometheus@example.test")
+    paths = {n: tmp_path / n for n in ("ca.pem", "cert.pem", "key.pem", "client.pem", "client.key")}
+    ca.cert_pem.write_to_path(str(paths["ca.pem"]))
+    server.cert_chain_pems[0].write_to_path(str(paths["cert.pem"]))
+    server.private_key_pem.write_to_path(str(paths["key.pem"]))
+    client.cert_chain_pems[0].write_to_path(str(paths["client.pem"]))
+    client.private_key_pem.write_to_path(str(paths["client.key"]))
+    return paths
+
+
+def _hash(password: bytes) -> str:
+    return bcrypt.hashpw(password, bcrypt.gensalt(rounds=4)).decode()
+
+
+def test_every_problem_of_a_bad_file_is_reported_with_its_path(tmp_path: Path) -> None:
+    bad = tmp_path / "web.yml"
+    bad.write_text(
+        "tls_server_config:\n  cert_file: missing.crt\n  client_auth_type: RequireAnyClientCert\n"
+        "  min_version: TLS9\nbasic_auth_user: {}\nbasic_auth_users:\n  alice: plaintext\n"
+    )
+    with pytest.raises(webconfig.WebConfigError) as err:
+        webconfig.load(str(bad))
+    text = "\n".join(err.value.problems)
+    for expected in (
+        "basic_auth_user: unknown key",
+        "cert_file: no such file",
+        "cert_file and key_file go together",
+        "RequireAnyClientCert is not supported",
+        "min_version: 'TLS9' is not one of",
+        "basic_auth_users.alice: must be a bcrypt hash",
+    ):
+        assert expected in text, text
+    assert all(p.startswith(str(bad)) for p in err.value.problems)
+
+
+def test_check_config_reports_the_web_config_file_and_exits_2(tmp_path: Path) -> None:
+    bad = tmp_path / "web.yml"
+    bad.write_text("tls_server_config: [1, 2]\n")
+    p = subprocess.run(
+        [sys.executable, "-m", "exporter", "--web.config.file", str(bad), "--check-config"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 2
+    assert "web.config_file" in p.stderr + p.stdout and "must be a mapping" in p.stderr + p.stdout
+
+
+def test_paths_in_the_file_are_relative_to_it_and_tls_settings_reach_the_context(tmp_path: Path) -> None:
+    paths = _pki(tmp_path)
+    cfg = tmp_path / "web.yml"
+    cfg.write_text(
+        "tls_server_config:\n  cert_file: cert.pem\n  key_file: key.pem\n"
+        "  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.pem\n  min_version: TLS13\n"
+    )
+    got = webconfig.load(str(cfg))
+    assert got.cert_file == str(paths["cert.pem"])
+    ctx = got.ssl_context()
+    assert ctx is not None
+    assert ctx.verify_mode == ssl.CERT_REQUIRED and ctx.minimum_version == ssl.TLSVersion.TLSv1_3
+
+
+def test_the_daemon_serves_mutual_tls_basic_auth_and_headers_from_the_web_config_file(tmp_path: Path) -> None:
+    """The file operators keep for node_exporter: only a client with a CA-signed certificate and the
+    password gets the page; the configured header is on every response."""
+    paths = _pki(tmp_path)
+    cfg = tmp_path / "web.yml"
+    cfg.write_text(
+        json.dumps(  # JSON is YAML: the same file
+            {
+                "tls_server_config": {
+                    "cert_file": str(paths["cert.pem"]),
+                    "key_file": str(paths["key.pem"]),
+                    "client_auth_type": "RequireAndVerifyClientCert",
+                    "client_ca_file": str(paths["ca.pem"]),
+                },
+                "http_server_config": {"headers": {"Strict-Transport-Security": "max-age=31536000"}},
+                "basic_auth_users": {"prometheus": _hash(b"scrape-me")},
+            }
+        )
+    )
+    with_cert = ssl.create_default_context(cafile=str(paths["ca.pem"]))
+    with_cert.load_cert_chain(str(paths["client.pem"]), str(paths["client.key"]))
+    without_cert = ssl.create_default_context(cafile=str(paths["ca.pem"]))
+    creds = ("prometheus", "scrape-me")
+    env = {"BOUNDWATCH_WEB__CONFIG_FILE": str(cfg)}
+    with running_daemon(
+        tmp_path / "daemon", engine_pages=(), extra_env=env, context=with_cert, auth=creds
+    ) as daemon:
+        status, body = http_get(daemon.metrics_url, context=with_cert, auth=creds)
+        assert status == 200 and b"boundwatch_build_info" in body
+        assert http_get(daemon.metrics_url, context=with_cert)[0] == 401
+        assert http_get(daemon.metrics_url, context=with_cert, auth=("prometheus", "wrong"))[0] == 401
+        with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
+            http_get(daemon.metrics_url, context=without_cert, auth=creds)  # no client certificate
+        req = urllib.request.Request(daemon.metrics_url.replace("/metrics", "/healthz"))
+        with urllib.request.urlopen(req, context=with_cert, timeout=10) as resp:
+            assert resp.headers["Strict-Transport-Security"] == "max-age=31536000"

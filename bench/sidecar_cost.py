@@ -290,6 +290,23 @@ def compare_scrapes(bw_pid: int, bw_port: int, n: int, bw_idle: float) -> dict[s
     return out
 
 
+LAUNCHER = """import sys
+sys.path.insert(0, {root!r})
+from bench.sidecar_cost import part_engine
+part_engine(int(sys.argv[sys.argv.index("--port") + 1]))
+"""
+
+
+def start_engine(workdir: str, port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """Start the engine stand-in as `python .../vllm serve --port P`, the command line discovery knows."""
+    launcher = os.path.join(workdir, "vllm")
+    with open(launcher, "w") as f:
+        f.write(LAUNCHER.format(root=ROOT))
+    return subprocess.Popen(
+        [sys.executable, launcher, "serve", "--port", str(port)], stdin=subprocess.PIPE, env=env
+    )
+
+
 def run_one(gpus: int, seconds: float, scrapes: int, scrape_every: float) -> dict[str, Any]:
     """Measure the daemon at one GPU count."""
     me = os.path.abspath(__file__)
@@ -302,12 +319,7 @@ def run_one(gpus: int, seconds: float, scrapes: int, scrape_every: float) -> dic
     env["BW_PY"] = sys.executable
     procs: list[subprocess.Popen[bytes]] = []
     # the engine main process is started as `vllm serve`, so discovery finds it as it finds a real one
-    engine = subprocess.Popen(
-        ["vllm", me, "--part", "engine", "--port", str(eng_port), "serve", "--port", str(eng_port)],
-        executable=sys.executable,
-        stdin=subprocess.PIPE,
-        env=env,
-    )
+    engine = start_engine(sock_dir, eng_port, env)
     procs.append(engine)
     daemon = subprocess.Popen(
         [

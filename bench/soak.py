@@ -42,6 +42,7 @@ from bench.sidecar_cost import (  # noqa: E402
     part_engine,
     pct,
     rss_bytes,
+    start_engine,
     wait_port,
 )
 
@@ -105,12 +106,7 @@ def start_parts(me: str, eng_port: int, bw_port: int, sock_path: str) -> list[su
     env = {k: v for k, v in os.environ.items() if not k.startswith("BOUNDWATCH")}
     env["PYTHONPATH"] = ROOT
     env["BW_PY"] = sys.executable
-    engine = subprocess.Popen(
-        ["vllm", me, "--part", "engine", "--port", str(eng_port), "serve", "--port", str(eng_port)],
-        executable=sys.executable,
-        stdin=subprocess.PIPE,
-        env=env,
-    )
+    engine = start_engine(os.path.dirname(sock_path), eng_port, env)
     daemon = subprocess.Popen(
         [sys.executable, me, "--part", "daemon", "--port", str(bw_port), "--sock", sock_path],
         env=env,

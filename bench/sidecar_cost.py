@@ -357,6 +357,7 @@ def run_one(gpus: int, seconds: float, scrapes: int, scrape_every: float) -> dic
         t1, c1 = time.time(), cpu_seconds(daemon.pid)
         ticks1 = metric(bw_port, "boundwatch_ticks_total")
         _dt, nbytes, series = scrape(bw_port)
+        api_servers = metric(bw_port, "boundwatch_engine_api_servers")
         res: dict[str, Any] = {
             "gpus": gpus,
             "seconds": round(t1 - t0, 1),
@@ -365,6 +366,7 @@ def run_one(gpus: int, seconds: float, scrapes: int, scrape_every: float) -> dic
             "rss_mib_first": round(rss[0] / 2**20, 1) if rss else None,
             "rss_mib_last": round(rss[-1] / 2**20, 1) if rss else None,
             "rss_mib_max": round(max(rss) / 2**20, 1) if rss else None,
+            "engine_api_servers_seen": api_servers,
             "metrics_series": series,
             "metrics_gzip_bytes": nbytes,
             "scrape_every_seconds": scrape_every,

@@ -74,6 +74,24 @@ async def test_status_page_and_snapshot_json(aiohttp_client):
     assert data["gpus"][0]["name"] == "NVIDIA H200"
 
 
+async def test_status_page_says_no_engine_found_when_the_engine_source_found_none(aiohttp_client):
+    class NoEngines:
+        name = "engine"
+
+        async def read(self):
+            return ()
+
+        def close(self) -> None:
+            pass
+
+    clock = Clock()
+    sampler = Sampler(Config(), [NoEngines()], clock=clock)  # type: ignore[list-item]
+    await sampler.tick()
+    client = await aiohttp_client(make_app(Config(), sampler))
+    page = await (await client.get("/")).text()
+    assert "engine: no engine found" in page and "engine: up" not in page
+
+
 async def test_basic_auth_guards_everything_but_healthz(aiohttp_client, tmp_path):
     users = tmp_path / "users"
     users.write_text(f"# operators\nprom:{hashlib.sha256(b's3cret').hexdigest()}\n")

@@ -30,6 +30,7 @@ from exporter.config import Config
 from exporter.export.collectors import SnapshotCollector
 from exporter.export.listener import ListenerStats
 from exporter.sampling import Sampler
+from exporter.snapshot import Snapshot, SourceStatus
 
 SAMPLER: web.AppKey[Sampler] = web.AppKey("sampler", Sampler)
 REGISTRY: web.AppKey[CollectorRegistry] = web.AppKey("registry", CollectorRegistry)
@@ -380,7 +381,7 @@ async def index(request: web.Request) -> web.Response:
                 f"<tr><td>GPU {v.gpu}</td><td>{v.verdict}</td><td>{html.escape(reasons)}</td><td>{busy}</td></tr>"
             )
         sources = " ".join(
-            f"<span class={'up' if s.up else 'down'}>{s.name}: {'up' if s.up else 'down'}</span>"
+            f"<span class={'up' if s.up else 'down'}>{s.name}: {_state(s, snap)}</span>"
             + ("" if s.up else f" <small>{html.escape(redact(s.last_error))}</small>")
             for s in snap.sources
         )
@@ -396,6 +397,17 @@ body{{font-family:sans-serif;margin:2em}} td,th{{padding:.2em 1em;text-align:lef
 <p><a href="/metrics">/metrics</a> · <a href="/healthz">/healthz</a> · <a href="/api/snapshot">/api/snapshot</a></p>
 <p><small>generated {time.strftime("%Y-%m-%d %H:%M:%S")}</small></p></body></html>"""
     return web.Response(text=body, content_type="text/html")
+
+
+def _state(status: SourceStatus, snap: Snapshot) -> str:
+    """Return how the status page names a source's state ("up" with nothing found is said so)."""
+    if not status.up:
+        return "down"
+    if status.name == "engine" and not snap.engines:
+        return "no engine found"
+    if status.name == "nvml" and not snap.gpus:
+        return "no GPU found"
+    return "up"
 
 
 def headers_middleware(headers: tuple[tuple[str, str], ...]) -> Any:

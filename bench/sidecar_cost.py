@@ -307,6 +307,18 @@ def start_engine(workdir: str, port: int, env: dict[str, str]) -> subprocess.Pop
     )
 
 
+def stop_parts(procs: list[subprocess.Popen[bytes]], workdir: str) -> None:
+    """Stop the bench's processes, newest first (terminate, then kill after 5 s), and remove their dir."""
+    for p in reversed(procs):
+        if p.poll() is None:
+            p.terminate()
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
 def run_one(gpus: int, seconds: float, scrapes: int, scrape_every: float) -> dict[str, Any]:
     """Measure the daemon at one GPU count."""
     me = os.path.abspath(__file__)
@@ -375,14 +387,7 @@ def run_one(gpus: int, seconds: float, scrapes: int, scrape_every: float) -> dic
             res["scrapes"] = compare_scrapes(daemon.pid, bw_port, scrapes, res["cpu_share_of_core"])
         return res
     finally:
-        for p in reversed(procs):
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(5)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-        shutil.rmtree(sock_dir, ignore_errors=True)
+        stop_parts(procs, sock_dir)
 
 
 def main() -> int:

@@ -43,6 +43,7 @@ from bench.sidecar_cost import (  # noqa: E402
     pct,
     rss_bytes,
     start_engine,
+    stop_parts,
     wait_port,
 )
 
@@ -229,14 +230,7 @@ def soak(minutes: float, sample_every: float, scrape_every: float, out_path: str
             {"t": time.monotonic() - t0, "rss": rss_bytes(daemon.pid), "cpu": cpu_seconds(daemon.pid)}
         )
     finally:
-        for p in reversed(procs):
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(5)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-        shutil.rmtree(sock_dir, ignore_errors=True)
+        stop_parts(procs, sock_dir)
     meta["finished_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     report = summarise(samples, scrapes, meta)
     write(out_path, report)

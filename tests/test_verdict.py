@@ -65,9 +65,24 @@ CASES = [
     ("idle", Scene(busy=0.0, running=0, waiting=0), "idle", ()),
     ("idle_with_busy_gpu_from_another_process", Scene(busy=0.9, running=0, waiting=0), "idle", ()),
     ("waiting_only_is_work", Scene(busy=0.1, running=0, waiting=5, max_num_seqs=None), "host", ("unknown",)),
+    # The batch is full and decodes in graphs, yet the GPU idles: the host time is in the engine's own
+    # step (scheduling, sampling), which the queue shows without any agent timing the steps.
+    (
+        "full_batch_starved_gpu_is_step_overhead",
+        Scene(busy=0.4, running=256, max_num_seqs=256, api_cpu=0.3, graph_share=0.95),
+        "host",
+        ("step_overhead",),
+    ),
+    # Eager decode (issue 9's lab) without an agent: 8 running, 22 waiting, GPU half idle.
+    (
+        "queued_work_starved_gpu_is_step_overhead",
+        Scene(busy=0.5, running=8, waiting=22, max_num_seqs=8, api_cpu=0.1, graph_share=None),
+        "host",
+        ("step_overhead",),
+    ),
     (
         "host_without_a_known_reason",
-        Scene(busy=0.4, running=256, max_num_seqs=256, api_cpu=0.3, graph_share=0.95),
+        Scene(busy=0.4, running=100, max_num_seqs=None, api_cpu=0.3, graph_share=0.95),
         "host",
         ("unknown",),
     ),
@@ -132,11 +147,16 @@ def test_agent_steps_counted_as_vllm_belong_to_the_vllm_engine() -> None:
 
 def test_steps_timed_without_their_gpu_time_do_not_claim_step_overhead() -> None:
     # vLLM's multiprocess executor: EngineCore times steps, the GPU runs in worker processes.
-    scene = Scene(busy=0.27, running=64, max_num_seqs=64, api_cpu=0.3, step_ms=72, step_gpu_ms=19)
+    scene = Scene(busy=0.27, running=30, max_num_seqs=64, api_cpu=0.3, step_ms=72, step_gpu_ms=19)
     got = last_verdict(series(dataclasses.replace(scene, step_gpu_measured=False), 3.0))
     assert got.get("step_seconds") == pytest.approx(0.072, rel=0.01)
     assert got.get("step_gpu_seconds") is None
-    assert got.reasons == ("unknown",)
+    assert got.reasons == ("admission_stalled",)
+
+
+def test_requests_waiting_with_none_running_are_no_step_overhead() -> None:
+    got = last_verdict(series(Scene(busy=0.1, running=0, waiting=5, max_num_seqs=8, api_cpu=0.1), 3.0))
+    assert got.verdict == "host" and "step_overhead" not in got.reasons
 
 
 def test_seed000_evidence_reads_like_the_report() -> None:

@@ -782,6 +782,20 @@ def eager_decode(f: Facts, cfg: VerdictConfig) -> bool:
     return any(x < cfg.graph_share_low for x in shares)
 
 
+def engine_holds_work(f: Facts, cfg: VerdictConfig) -> bool:
+    """Say whether the engine decodes with work queued or a full batch: the GPU then waits on the engine's own step.
+
+    Without the agent's GPU time per step this is what shows host time inside the step (eager
+    launches, scheduling, sampling on the CPU): requests run and more wait, or the batch is full,
+    yet the GPU idles. Requests waiting with none running are no step (the engine may be stuck).
+    """
+    if f.running_mean is None or f.running_mean <= 0:
+        return False
+    if f.waiting_mean is not None and f.waiting_mean > cfg.waiting_empty:
+        return True
+    return bool(f.max_batch) and f.running_mean >= cfg.admission_fill * (f.max_batch or 0)
+
+
 def host_reasons(f: Facts, cfg: VerdictConfig) -> tuple[str, ...]:
     """Return why a GPU with work offered is starved, root causes first; ("unknown",) when nothing fits."""
     found: set[str] = set()
@@ -802,8 +816,11 @@ def host_reasons(f: Facts, cfg: VerdictConfig) -> tuple[str, ...]:
     ):
         found.add("admission_stalled")
     share = f.step_gpu_share
-    if share is not None and f.step_method == "agent" and share < cfg.step_gpu_share_low:
-        found.add("step_overhead")
+    if share is not None and f.step_method == "agent":
+        if share < cfg.step_gpu_share_low:
+            found.add("step_overhead")
+    elif "cuda_graph_fallback" not in found and engine_holds_work(f, cfg):
+        found.add("step_overhead")  # inferred from the queue: only where no cause inside the step is known
     if not found:
         return ("unknown",)
     return tuple(r for r in HOST_REASONS if r in found)

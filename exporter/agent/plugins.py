@@ -167,7 +167,7 @@ def wrap_step(step: Any, engine: str, batch_of: Any, counts_of: Any = None) -> A
         try:
             executed = result[1] if isinstance(result, tuple) and len(result) == 2 else True
             if executed is not False:
-                _record_step(self, engine, t0, t1, batch_of, counts_of)
+                _record_step(self, engine, t0, t1, batch_of, counts_of, tracker)
         except Exception:
             pass
         return result
@@ -176,16 +176,19 @@ def wrap_step(step: Any, engine: str, batch_of: Any, counts_of: Any = None) -> A
     return wrapped
 
 
-def _record_step(core: Any, engine: str, t0: int, t1: int, batch_of: Any, counts_of: Any) -> None:
+def _record_step(
+    core: Any, engine: str, t0: int, t1: int, batch_of: Any, counts_of: Any, tracker: Any = None
+) -> None:
     tokens, seqs = batch_of(core)
-    tracker = _tracker()
-    if tracker is None and not _steps_started:
-        _steps_started.append(True)  # once: only a process that really steps gets an agent
-        _start(f"{engine}_engine", mode="light")
+    if tracker is None:  # the agent may have started inside the step, or not at all yet
         tracker = _tracker()
-    if tracker is None:
-        return
-    tracker.engine_here = True
+        if tracker is None and not _steps_started:
+            _steps_started.append(True)  # once: only a process that really steps gets an agent
+            _start(f"{engine}_engine", mode="light")
+            tracker = _tracker()
+        if tracker is None:
+            return
+        tracker.engine_here = True
     if counts_of is None:
         tracker.record(engine, t0, t1, tokens, seqs)
     else:

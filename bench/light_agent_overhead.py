@@ -198,6 +198,14 @@ def gpu_workloads(light: bool, seconds: float) -> dict[str, Any]:
 
             bare = Engine(batch, raw_step)
             out[f"decode_b{batch}_same_process"] = interleaved(bare.step, engine.step, seconds)
+            # Which part costs: the replay hook alone (no step wrapper), the step wrapper alone (replay unhooked).
+            hook_only = Engine(batch, decode_step)
+            out[f"decode_b{batch}_hook_only_same_process"] = interleaved(bare.step, hook_only.step, seconds)
+            wrapper_only = cls(batch, raw_step)
+            out[f"decode_b{batch}_wrapper_only_same_process"] = interleaved(
+                bare.step, wrapper_only.step, seconds
+            )
+    out.update(big_decode(torch, cls, light, seconds))
     small = torch.zeros(16, device="cuda")
 
     def eager() -> None:
@@ -208,6 +216,50 @@ def gpu_workloads(light: bool, seconds: float) -> dict[str, Any]:
     r = timed_loop(eager, seconds)
     r["kernels_per_s"] = r["per_s"] * 256
     out["eager"] = r
+    return out
+
+
+def big_decode(torch: Any, cls: Any, light: bool, seconds: float) -> dict[str, Any]:
+    """Time a weight-streaming decode step of an 8B-shaped model (32 layers of 4096x14336 bf16 matmuls, ~4 ms)."""
+    out: dict[str, Any] = {}
+    hidden, ffn, layers = 4096, 14336, 32
+    ws = [torch.randn(hidden, ffn, device="cuda", dtype=torch.bfloat16) * 0.01 for _ in range(layers)]
+    x = torch.randn(1, hidden, device="cuda", dtype=torch.bfloat16)
+
+    def body(x: Any = x) -> Any:
+        for w in ws:
+            x = x + torch.tanh(x @ w) @ w.T * 0.01
+        return x.argmax(-1)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            body()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        tokens = body()
+    host = torch.empty_like(tokens, device="cpu").pin_memory()
+
+    def step(g: Any = g) -> Any:
+        g.replay()
+        host.copy_(tokens)
+        return host
+
+    engine = cls(1, step)
+    out["decode_8b"] = timed_loop(engine.step, seconds)
+    if light:
+        original = getattr(type(g).replay, "__wrapped__", None)
+
+        def raw_step(g: Any = g) -> Any:
+            (original or type(g).replay)(g)
+            host.copy_(tokens)
+            return host
+
+        out["decode_8b_same_process"] = interleaved(Engine(1, raw_step).step, engine.step, seconds, block=10)
+    ws.clear()  # free the 3.8 GB of weights before the next workload
+    torch.cuda.empty_cache()
     return out
 
 

@@ -73,7 +73,7 @@ def engine_class(light: bool) -> type[Engine]:
     if light:
         from exporter.agent import plugins
 
-        batch_of = lambda core: (core.scheduler.batch, core.scheduler.batch)  # noqa: E731
+        batch_of = lambda core, n: (core.scheduler.batch * n, core.scheduler.batch * n)  # noqa: E731
         cls.step = plugins.wrap_step(Engine.step, "vllm", batch_of, plugins.vllm_counts)  # type: ignore[method-assign]
     return cls
 
@@ -274,6 +274,8 @@ def child(mode: str, seconds: float) -> dict[str, Any]:
     res["gpu"] = gpu_workloads(light, seconds)
     if "skipped" in res["gpu"]:
         print(res["gpu"]["skipped"], file=sys.stderr, flush=True)
+    # after an engine-like loop (hundreds of steps a second): what the agent's thread adds there
+    res["pause_after_decode"] = pause_probe(min(seconds, 3.0))
 
     def cpu_body() -> int:
         return sum(range(200))
@@ -336,7 +338,8 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
         loads["cpu_steps"] = r["cpu_steps"]
         for name, v in loads.items():
             by[r["mode"]].setdefault(name, []).append(v)
-        by[r["mode"]].setdefault("pause", []).append(r["pause"])
+        by[r["mode"]].setdefault("pause", []).append(r["pause"])  # after the CPU-step flood (~250k steps/s)
+        by[r["mode"]].setdefault("pause_after_decode", []).append(r["pause_after_decode"])
     out: dict[str, Any] = {}
     same: dict[str, list[dict[str, Any]]] = {}
     for r in runs:
@@ -367,7 +370,7 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
         light_runs = by["light"].get(name)
         if not light_runs:
             continue
-        if name == "pause":
+        if name.startswith("pause"):
             n_max = max(p["max_us"] for p in none_runs)
             l_max = max(p["max_us"] for p in light_runs)
             out[name] = {"none_max_us": n_max, "light_max_us": l_max, "added_us": round(l_max - n_max, 1),

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from exporter import wire
-from exporter.agent import hooks
+from exporter.agent import hooks, plugins
 from exporter.agent.sender import Sender
 from exporter.agent.settings import Settings
 from exporter.agent.steps import StepTracker
@@ -64,6 +64,9 @@ class LightAgent:
 
     def tick(self, force: bool = False, final: bool = False) -> None:
         """Send what the hooks counted since the last tick (a heartbeat once a second when nothing)."""
+        plugins.flush_pending(
+            self.steps, 0 if final else 2 * plugins.STEP_SAMPLE_NS
+        )  # an idle engine's last steps
         steps = self.steps.take(final=True)
         now = time.monotonic_ns()
         if not steps and not force and now - self._last_send_ns < 1_000_000_000:

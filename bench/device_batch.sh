@@ -7,6 +7,7 @@
 #   two        bench/two_engines_one_gpu.py (two agents, one GPU)  -> two_engines_one_gpu_h200.json
 #   light      bench/light_agent_overhead.py --rounds 2            -> light_overhead_h200.json
 #   lab:MODE   bench/scenarios/lab.py --agent MODE (SCALE, 0.7)    -> scenarios-h200-MODE.{json,jsonl.gz,log}
+#   twolab     bench/two_engines_lab.py (two lab engines, one GPU) -> two_engines_lab_h200.json
 set -u
 O=${OUT:-/tmp/batch-out}
 mkdir -p "$O"
@@ -32,6 +33,9 @@ for step in ${STEPS:-env}; do
     light)
       timeout 240 python3 bench/light_agent_overhead.py --rounds 2 --seconds "${LIGHT_SECONDS:-2}" \
         --out "$O/light_overhead_h200.json" > /tmp/light.log 2>&1; echo "light rc=$?"; tail -30 /tmp/light.log ;;
+    twolab)
+      timeout 200 python3 bench/two_engines_lab.py --out "$O/two_engines_lab_h200.json" > /tmp/twolab.log 2>&1
+      echo "twolab rc=$?"; tail -12 /tmp/twolab.log ;;
     lab:*)
       mode=${step#lab:}
       timeout "${LAB_T:-330}" python3 bench/scenarios/lab.py --agent "$mode" --scale "$SCALE" \

@@ -8,6 +8,7 @@
 #   light      bench/light_agent_overhead.py --rounds 2            -> light_overhead_h200.json
 #   lab:MODE   bench/scenarios/lab.py --agent MODE (SCALE, 0.7)    -> scenarios-h200-MODE.{json,jsonl.gz,log}
 #   twolab     bench/two_engines_lab.py (two lab engines, one GPU) -> two_engines_lab_h200.json
+#   truth      bench/agent_graph_truth.py, late starts at b=1 and 8  -> agent_graph_truth_late_h200.json
 set -u
 O=${OUT:-/tmp/batch-out}
 mkdir -p "$O"
@@ -36,6 +37,10 @@ for step in ${STEPS:-env}; do
     twolab)
       timeout 200 python3 bench/two_engines_lab.py --out "$O/two_engines_lab_h200.json" > /tmp/twolab.log 2>&1
       echo "twolab rc=$?"; tail -12 /tmp/twolab.log ;;
+    truth)
+      timeout 200 python3 bench/agent_graph_truth.py --batches 1,8 --gaps 0 --seconds 3 \
+        --only early_graphtrace,late_kernels,late_precapture --out "$O/agent_graph_truth_late_h200.json" \
+        > /tmp/truth.log 2>&1; echo "truth rc=$?"; tail -8 /tmp/truth.log ;;
     lab:*)
       mode=${step#lab:}
       timeout "${LAB_T:-330}" python3 bench/scenarios/lab.py --agent "$mode" --scale "$SCALE" \

@@ -11,6 +11,7 @@ import pytest
 from exporter.analysis import verdict as v
 from exporter.config import Config, RooflineConfig, VerdictConfig
 from exporter.snapshot import Snapshot
+from exporter.snapshot.engine import GraphConfig
 from tests.verdict_scenes import SEED, Recorder, Scene, series
 
 CFG = VerdictConfig()
@@ -49,6 +50,52 @@ CASES = [
     (
         "seed000_graph_fallback",
         Scene(busy=0.5, running=64, max_num_seqs=64, api_cpu=0.3, graph_share=0.3),
+        "host",
+        ("cuda_graph_fallback",),
+    ),
+    # seed 000 finding 1 without any agent: the command line says max_cudagraph_capture_size=64 (tokens)
+    # with speculative depth 1, and 64 sequences run: 128 tokens a decode step, past the captured graphs.
+    (
+        "seed000_capture_size_in_tokens_without_an_agent",
+        Scene(
+            busy=0.5,
+            busy_source="gpm",
+            running=64,
+            max_num_seqs=64,
+            api_cpu=0.3,
+            graph_share=None,
+            graph_config=GraphConfig(capture_limit=64, spec_tokens=1, source="max_cudagraph_capture_size"),
+        ),
+        "host",
+        ("cuda_graph_fallback",),
+    ),
+    # the same flags at 30 sequences (60 tokens): inside the captured sizes, no fallback to claim
+    (
+        "capture_size_covers_the_batch",
+        Scene(
+            busy=0.5,
+            busy_source="gpm",
+            running=30,
+            max_num_seqs=64,
+            api_cpu=0.3,
+            graph_share=None,
+            graph_config=GraphConfig(capture_limit=64, spec_tokens=1, source="max_cudagraph_capture_size"),
+        ),
+        "host",
+        ("admission_stalled",),
+    ),
+    (
+        "enforce_eager_without_an_agent",
+        Scene(
+            busy=0.9,
+            busy_source="gpm",
+            running=8,
+            waiting=22,
+            max_num_seqs=8,
+            api_cpu=0.1,
+            graph_share=None,
+            graph_config=GraphConfig(off=True, source="--enforce-eager"),
+        ),
         "host",
         ("cuda_graph_fallback",),
     ),

@@ -108,6 +108,8 @@ class Facts:
     graph_share: float | None = None  # CUDA-graph time over busy time (graph spans: an upper bound)
     graph_step_share: float | None = None  # steps in a CUDA graph over all steps (light agent)
     graph_step_method: str | None = None  # modes (graph/eager steps) | replays (replays per step)
+    # the flag that puts decode outside CUDA graphs at this batch (engine command line), when one does
+    graph_config_eager: str | None = None
     step_tokens_per_seq: float | None = None  # scheduled tokens per sequence in the agent's steps
     idle_gaps: int | None = None  # idle gaps over 1 ms in the window
     idle_gap_seconds_per_second: float | None = None
@@ -423,6 +425,8 @@ def gather(
     ran_all = bool(good) and all((_sum([x.running for x in v]) or 0) > 0 for _, v in good)
     f.update(_step_timing(win, vs, names, ran_all, span, gpu))
     f.update(_graph_steps(win, vs, gpu, names, span))
+    if good and "graph_share" not in f and "graph_step_share" not in f:
+        f.update(_graph_config(good))
 
     # NVML: power against its limit, clocks (latest).
     g = last.gpu(gpu)
@@ -769,8 +773,24 @@ def _throttling(win: Sequence[Snapshot], vs: Sequence[Sequence[View]]) -> dict[s
     return out
 
 
+def _graph_config(good: Sequence[tuple[Snapshot, Sequence[View]]]) -> dict[str, object]:
+    """Return the flag that sends decode outside CUDA graphs at the window's mean batch, for an engine that has one."""
+    running: dict[str, list[tuple[float, float]]] = {}
+    configs = {}
+    for s, v in good:
+        for x in v:
+            if x.reading.graph_config is not None and x.running is not None:
+                configs[x.reading.name] = x.reading.graph_config
+                running.setdefault(x.reading.name, []).append((x.running, s.dt))
+    for name, gc in configs.items():
+        mean = _weighted_mean(running[name])
+        if mean is not None and gc.eager_at(mean):
+            return {"graph_config_eager": gc.source}
+    return {}
+
+
 def eager_decode(f: Facts, cfg: VerdictConfig) -> bool:
-    """Say whether decode ran without CUDA graphs: CUPTI's graph share of busy time, or the light agent's of steps.
+    """Say whether decode ran without CUDA graphs: CUPTI's graph share of busy time, the light agent's of steps, else the command line.
 
     Prefill-shaped steps (over DECODE_TOKENS_PER_SEQ tokens per sequence) run eager by design.
     """
@@ -779,6 +799,8 @@ def eager_decode(f: Facts, cfg: VerdictConfig) -> bool:
     if f.step_tokens_per_seq is not None and f.step_tokens_per_seq > DECODE_TOKENS_PER_SEQ:
         return False
     shares = [x for x in (f.graph_share, f.graph_step_share) if x is not None]
+    if not shares:  # nothing measured the graphs: the command line may still say decode runs eager
+        return f.graph_config_eager is not None
     return any(x < cfg.graph_share_low for x in shares)
 
 

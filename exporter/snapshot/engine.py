@@ -81,6 +81,32 @@ class Placement:
 
 
 @dataclass(frozen=True)
+class GraphConfig:
+    """What an engine's command line says about its CUDA graphs (sources.engine_flags).
+
+    `off`: graphs disabled (vLLM --enforce-eager or cudagraph_mode NONE, SGLang --disable-cuda-graph).
+    `capture_limit`: the largest captured decode batch, in tokens (vLLM, `limit_in_tokens`) or in
+    sequences (SGLang); a decode step above it runs eager. `spec_tokens`: speculative tokens per
+    sequence and step (a vLLM step carries sequences x (1 + spec_tokens) tokens).
+    """
+
+    off: bool = False
+    capture_limit: int | None = None
+    limit_in_tokens: bool = True
+    spec_tokens: int = 0
+    source: str = ""  # the flag or key that said it
+
+    def eager_at(self, running: float) -> bool:
+        """Say whether a decode step with this many running sequences runs without a CUDA graph."""
+        if self.off:
+            return True
+        if self.capture_limit is None or running <= 0:
+            return False
+        tokens = running * (1 + self.spec_tokens) if self.limit_in_tokens else running
+        return tokens > self.capture_limit
+
+
+@dataclass(frozen=True)
 class EngineReading:
     """One engine at one tick; None where the engine does not expose a figure.
 
@@ -111,6 +137,7 @@ class EngineReading:
     eager_passes_total: float | None = None  # SGLang passes with mode *_none
     dp_attention_steps_total: float | None = None  # SGLang dp_attention_steps_total over DP ranks and states
     max_num_seqs: int | None = None
+    graph_config: GraphConfig | None = None  # from the engine's command line, when it says
     api_server_count: int | None = None
     api_server_count_source: str = ""  # processes | cmdline | multiproc_files | kv_cache_pids | page
     multiprocess: bool = False

@@ -37,11 +37,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter.analysis import dedup, engine_page
 from exporter.analysis.engine import window_acceptance
 from exporter.config import Config, EngineConfig
-from exporter.snapshot.engine import EngineReading
+from exporter.snapshot.engine import EngineReading, GraphConfig
 from exporter.snapshot.host import CgroupCpu, ProcessCpu
 from exporter.sources import placement, procs
 from exporter.sources.base import BlockingReader, SourceUnavailable
 from exporter.sources.cgroup import cgroup_path_of, read_cgroup_cpu
+from exporter.sources.engine_flags import graph_config
 
 log = structlog.get_logger("boundwatch.engine")
 
@@ -83,6 +84,7 @@ class EngineTarget:
     servers_titled: bool = False  # api_server_pids are processes titled APIServer_<i>
     port_known: bool = False  # the port came from the flags or a listening socket, not the default
     max_num_seqs: int | None = None  # the engine's own batch limit, from its command line
+    graph_config: GraphConfig | None = None  # what its command line says about CUDA graphs
     extra: dict[str, str] = field(default_factory=dict)
 
 
@@ -694,6 +696,7 @@ def _target(
         servers_titled=bool(servers),
         port_known=port_known,
         max_num_seqs=batch_limit(proc_root, e.root, e.kind, cmdline),
+        graph_config=graph_config(e.kind, cmdline),
     )
 
 
@@ -1034,6 +1037,7 @@ class EngineSource:
             pids=target.engine_pids,
             cuda_visible_devices=target.cuda_visible_devices,
             max_num_seqs=target.max_num_seqs if target.max_num_seqs is not None else reading.max_num_seqs,
+            graph_config=target.graph_config,
             placements=placement.placements(self.proc_root, target.engine_pids),
         )
         return replace(reading, steps=dedup.step_count(reading))

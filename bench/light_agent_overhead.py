@@ -7,9 +7,13 @@ every workload once:
   replayed once per step, the step's tokens copied back (a sync), as an engine's decode loop does. With
   the light agent the step goes through the vLLM plugin's step wrapper (timing, scheduler counts) and
   every replay through the CUDAGraph hook.
+- decode_8b: one decode step of a Llama-3-8B-shaped model at batch 1 (32 layers, 14 GB of bf16
+  weights read a step), captured in a CUDA graph: a realistic step length for the same wrapper.
+- *_hook_only / *_wrapper_only (same process): the replay hook alone, the step wrapper alone.
 - eager: a launch-bound loop of tiny eager kernels (x.add_), synchronised every 256 launches.
 - cpu_steps: the same step wrapper around a pure-Python step (runs without torch or a GPU).
-- pause: a pure-Python loop that records the longest gap between its iterations (the agent's thread
+- pause_after_decode / pause: a pure-Python loop that records the longest gap between its iterations,
+  after the decode loops and after the CPU-step flood (~300k steps/s) (the agent's thread
   holding the GIL shows up here as an added pause).
 
 The goal (issue 9): <= 0.1% throughput on decode, no app pause added over 0.1 ms. Without torch or a
@@ -220,15 +224,25 @@ def gpu_workloads(light: bool, seconds: float) -> dict[str, Any]:
 
 
 def big_decode(torch: Any, cls: Any, light: bool, seconds: float) -> dict[str, Any]:
-    """Time a weight-streaming decode step of an 8B-shaped model (32 layers of 4096x14336 bf16 matmuls, ~4 ms)."""
+    """Time a decode step of a Llama-3-8B-shaped model at batch 1 (32 layers, 7.0 B bf16 weights: 14 GB read a step)."""
     out: dict[str, Any] = {}
-    hidden, ffn, layers = 4096, 14336, 32
-    ws = [torch.randn(hidden, ffn, device="cuda", dtype=torch.bfloat16) * 0.01 for _ in range(layers)]
+    hidden, ffn, layers, kv = 4096, 14336, 32, 1024
+
+    def w(rows: int, cols: int) -> Any:
+        return torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16) * 0.01
+
+    ws = [
+        (w(hidden, hidden + 2 * kv), w(hidden, hidden), w(hidden, 2 * ffn), w(ffn, hidden))
+        for _ in range(layers)
+    ]
     x = torch.randn(1, hidden, device="cuda", dtype=torch.bfloat16)
 
     def body(x: Any = x) -> Any:
-        for w in ws:
-            x = x + torch.tanh(x @ w) @ w.T * 0.01
+        for qkv, o, gate_up, down in ws:
+            q = (x @ qkv)[:, :hidden]
+            x = x + (q @ o) * 0.01
+            g, u = (x @ gate_up).chunk(2, dim=-1)
+            x = x + (torch.nn.functional.silu(g) * u) @ down * 0.01
         return x.argmax(-1)
 
     side = torch.cuda.Stream()
@@ -258,7 +272,7 @@ def big_decode(torch: Any, cls: Any, light: bool, seconds: float) -> dict[str, A
             return host
 
         out["decode_8b_same_process"] = interleaved(Engine(1, raw_step).step, engine.step, seconds, block=10)
-    ws.clear()  # free the 3.8 GB of weights before the next workload
+    ws.clear()  # free the 14 GB of weights before the next workload
     torch.cuda.empty_cache()
     return out
 

@@ -12,7 +12,6 @@ import dataclasses
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from types import MappingProxyType
 from typing import Any
 
 import structlog
@@ -21,10 +20,8 @@ from exporter.analysis.pipeline import advance
 from exporter.config import Config
 from exporter.probe.scheduled import ProbeScheduler
 from exporter.snapshot import Snapshot, SourceStatus
+from exporter.snapshot.totals import EMPTY
 from exporter.sources.base import Source, SourceUnavailable
-
-_NO_COUNTERS: Mapping[Any, float] = MappingProxyType({})
-_NO_HISTOGRAMS: Mapping[Any, Any] = MappingProxyType({})
 
 log = structlog.get_logger("boundwatch.sampler")
 
@@ -176,7 +173,7 @@ class Sampler:
             snap = dataclasses.replace(snap, probe=self.probes.tick((*self._history, snap)))
         if self._history:  # only the newest Snapshot's counters are ever read: older ones keep none
             older = self._history[-1]
-            self._history[-1] = dataclasses.replace(older, counters=_NO_COUNTERS, histograms=_NO_HISTOGRAMS)
+            self._history[-1] = dataclasses.replace(older, totals=EMPTY)
         self._history.append(snap)
         self.tick_cpu_seconds += time.process_time() - cpu0
         if self._on_tick is not None:

@@ -8,6 +8,7 @@ import pytest
 from exporter.config import Config, NvmlConfig
 from exporter.sampling import Sampler
 from exporter.snapshot.engine import EngineReading
+from exporter.snapshot.totals import GpuSource, Totals
 from exporter.sources.base import BlockingReader, SourceUnavailable
 from exporter.sources.nvml import NvmlSource
 from tests.nvml_standin import FakeGpu, FakeNvml
@@ -112,11 +113,11 @@ async def test_nvml_and_gpm_busy_integrate_over_ticks_and_gpm_is_preferred():
     for _ in range(21):  # 20 intervals of 0.5 s = 10 s
         snap = await sampler.tick()
         clock.t += 0.5
-    busy = snap.counters[("boundwatch_gpu_busy_seconds_total", ("0", "gpm"))]
-    observed = snap.counters[("boundwatch_gpu_observed_seconds_total", ("0", "gpm"))]
+    busy = snap.totals.busy.busy_seconds[GpuSource(0, "gpm")]
+    observed = snap.totals.busy.observed_seconds[GpuSource(0, "gpm")]
     assert observed == pytest.approx(10.0)
     assert busy == pytest.approx(2.7)  # the seed's 27% busy over 10 s
-    assert snap.counters[("boundwatch_gpu_busy_seconds_total", ("0", "nvml"))] == pytest.approx(5.0)
+    assert snap.totals.busy.busy_seconds[GpuSource(0, "nvml")] == pytest.approx(5.0)
     assert snap.busy[0] == (pytest.approx(0.27), "gpm")
 
 
@@ -128,8 +129,8 @@ async def test_history_keeps_counters_on_the_newest_snapshot_only_and_they_still
         await sampler.tick()
         clock.t += 0.5
     hist = sampler.history()
-    assert all(not s.counters and not s.histograms for s in hist[:-1])
-    assert hist[-1].counters[("boundwatch_gpu_observed_seconds_total", ("7", "nvml"))] == pytest.approx(5.0)
+    assert all(s.totals == Totals() for s in hist[:-1])
+    assert hist[-1].totals.busy.observed_seconds[GpuSource(7, "nvml")] == pytest.approx(5.0)
 
 
 async def test_run_ticks_on_schedule_until_stopped():

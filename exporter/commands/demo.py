@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporter.commands import ConfigFlags
 from exporter.snapshot.agent import AgentReading, AgentState, EngineSteps, GpuActivity, GraphUse
 from exporter.snapshot.engine import EngineReading, StepCount, ThreadLoad
 from exporter.snapshot.gpu import GpmRatios, GpuReading
@@ -475,10 +476,8 @@ async def serve(
         await sampler.aclose()
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: Any, config_flags: ConfigFlags) -> argparse.ArgumentParser:
     """Add the `demo` sub-command."""
-    from exporter.cli import add_config_flags
-
     p = subparsers.add_parser(
         "demo", help=HELP, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -496,7 +495,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--seconds", type=float, default=None, help="stop after this long (default: run until stopped)"
     )
-    add_config_flags(p)
+    config_flags(p)
     return p
 
 

@@ -1,9 +1,11 @@
 """The sampler: concurrent reads, failing and hung sources, bounded history, integrated busy time."""
 
 import asyncio
+import dataclasses
 import threading
 
 import pytest
+import structlog
 
 from exporter.config import Config, NvmlConfig
 from exporter.sampling import Sampler
@@ -226,3 +228,75 @@ async def test_scheduled_probe_runs_while_idle_and_its_result_reaches_the_snapsh
     registry.register(SnapshotCollector(sampler.latest, 0.5, 5.0, clock=clock))  # type: ignore[arg-type]
     assert 'boundwatch_probe_success{gpu="0"} 1.0' in generate_latest(registry).decode()
     await sampler.aclose()
+
+
+class _Lifecycle:
+    """A source that records every lifecycle call made to it."""
+
+    name = "engine"
+
+    def __init__(self, fail_start: bool = False) -> None:
+        self.calls: list[str] = []
+        self.fail_start = fail_start
+
+    async def start(self) -> None:
+        self.calls.append("start")
+        if self.fail_start:
+            raise OSError("socket taken")
+
+    async def read(self) -> tuple:
+        self.calls.append("read")
+        return ()
+
+    def close(self) -> None:
+        self.calls.append("close")
+
+    async def aclose(self) -> None:
+        self.calls.append("aclose")
+
+
+class _SyncOnly:
+    name = "host"
+
+    def __init__(self) -> None:
+        self.closed = 0
+
+    async def read(self):
+        return None
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+async def test_the_sampler_starts_each_source_once_and_closes_each_once_however_often_it_is_closed():
+    src, plain = _Lifecycle(), _SyncOnly()
+    sampler = Sampler(Config(), [src, plain], clock=Clock())
+    await sampler.start()
+    await sampler.tick()
+    await sampler.aclose()
+    await sampler.aclose()
+    sampler.close()
+    assert src.calls == ["start", "read", "aclose"]  # aclose where there is one, never close as well
+    assert plain.closed == 1
+
+
+async def test_a_source_that_cannot_start_is_logged_and_still_read_each_tick():
+    src = _Lifecycle(fail_start=True)
+    sampler = Sampler(Config(), [src], clock=Clock())
+    with structlog.testing.capture_logs() as logs:
+        await sampler.start()
+    await sampler.tick()
+    assert [e["event"] for e in logs] == ["source_start_failed"] and src.calls == ["start", "read"]
+    sampler.close()
+
+
+async def test_the_daemon_leaves_the_sources_lifecycle_to_the_sampler():
+    from exporter import daemon
+
+    cfg = Config()
+    cfg = dataclasses.replace(cfg, web=dataclasses.replace(cfg.web, address="127.0.0.1", port=0))
+    src = _Lifecycle()
+    stop = asyncio.Event()
+    await asyncio.wait_for(daemon.serve(cfg, sources=[src], stop=stop, on_ready=lambda _port: stop.set()), 30)
+    assert src.calls[0] == "start" and src.calls[-1] == "aclose"
+    assert src.calls.count("start") == 1 and src.calls.count("aclose") == 1 and "close" not in src.calls

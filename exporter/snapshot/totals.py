@@ -124,30 +124,41 @@ Area = TypeVar("Area", BusyTotals, AgentTotals, EngineTotals, VerdictTotals)
 
 
 def _add_value(a: Any, b: Any) -> Any:
-    if isinstance(a, HistogramValue):
+    if type(a) is HistogramValue:
         return a.add(b.counts, b.total)
     return a + b
 
 
 def _add_field(a: Any, b: Any) -> Any:
-    if isinstance(a, Mapping):
-        if not b:
-            return a
-        if not a:
-            return b
-        out = dict(a)
-        for key, value in b.items():
-            out[key] = value if key not in out else _add_value(out[key], value)
-        return MappingProxyType(out)
-    if a is None:
-        return b
-    return a if b is None else a + b
+    """Add one field: a mapping of series (an empty one adds nothing), or one number (None adds nothing)."""
+    if b is None or (not b and not isinstance(b, int | float)):
+        return a
+    if a is None or (not a and not isinstance(a, int | float)):
+        return MappingProxyType(b) if isinstance(b, dict) else b  # frozen, as every field is
+    if isinstance(a, int | float):
+        return a + b
+    out = dict(a)
+    for key, value in b.items():
+        out[key] = value if key not in out else _add_value(out[key], value)
+    return MappingProxyType(out)
+
+
+def _names(cls: type) -> tuple[str, ...]:
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}
 
 
 def plus(a: Area, b: Area) -> Area:
     """Return one area's totals with another's (or one tick's increments) added."""
-    changes = {f.name: _add_field(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a)}
-    return dataclasses.replace(a, **changes)
+    names = _names(type(a))
+    if all(not getattr(b, n) and getattr(b, n) != 0 for n in names):
+        return a  # b holds no series (an area this tick's accumulator left empty)
+    return type(a)(*(_add_field(getattr(a, n), getattr(b, n)) for n in names))
 
 
 @dataclass(frozen=True)
@@ -173,6 +184,8 @@ class Totals:
 
     def plus(self, other: Totals) -> Totals:
         """Return these totals with another's added, area by area."""
+        if other is EMPTY or self is EMPTY:
+            return self if other is EMPTY else other
         return Totals(
             plus(self.busy, other.busy),
             plus(self.agent, other.agent),

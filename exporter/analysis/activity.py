@@ -66,7 +66,7 @@ def accumulate(snap: Snapshot, cfg: Config, prev: Snapshot | None = None) -> Tot
             step_hist.observe(s.engine, STEP_BUCKETS_SECONDS, s.step_hist, s.wall_ns * NS)
     return Totals(
         busy=BusyTotals(busy_s, observed_s, graph_s, records, dropped, gaps),
-        agent=AgentTotals(max(0.0, reading.messages), max(0.0, reading.bad_messages), refused),
+        agent=AgentTotals(float(max(0, reading.messages)), float(max(0, reading.bad_messages)), refused),
         engine=EngineTotals(steps=steps, step_gpu_seconds=step_gpu, step_seconds=step_hist),
     )
 

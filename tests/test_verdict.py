@@ -12,6 +12,7 @@ from exporter.analysis import verdict as v
 from exporter.config import Config, RooflineConfig, VerdictConfig
 from exporter.snapshot import Snapshot
 from exporter.snapshot.engine import GraphConfig
+from exporter.snapshot.totals import GpuVerdict
 from tests.verdict_scenes import SEED, Recorder, Scene, series
 
 CFG = VerdictConfig()
@@ -396,35 +397,33 @@ def test_hold_of_one_tick_follows_every_change() -> None:
 def test_bound_seconds_follow_the_reported_verdict() -> None:
     out = v.replay(series(Scene(busy=0.97), 3.0), Config())
     inc = v.accumulate(out[-1], Config())
-    assert inc.counters[("boundwatch_bound_seconds_total", ("0", "gpu"))] == pytest.approx(0.5)
-    assert inc.counters[("boundwatch_bound_seconds_total", ("0", "host"))] == 0.0  # present from the start
+    assert inc.verdict.bound_seconds[GpuVerdict(0, "gpu")] == pytest.approx(0.5)
+    assert inc.verdict.bound_seconds[GpuVerdict(0, "host")] == 0.0  # present from the start
 
 
 def test_host_bound_seconds_use_cupti_idle_time_while_running() -> None:
     out = v.replay(series(Scene(**SEED_000, api_cpu=0.99), 2.0), Config())
     inc = v.accumulate(out[-1], Config())
-    assert inc.counters[("boundwatch_host_bound_seconds_total", ("0",))] == pytest.approx(
-        0.5 * 0.73, rel=1e-6
-    )
+    assert inc.verdict.host_bound_seconds[0] == pytest.approx(0.5 * 0.73, rel=1e-6)
 
 
 def test_host_bound_seconds_from_nvml_busy() -> None:
     out = v.replay(series(Scene(busy=0.4, busy_source="nvml", graph_share=None, running=8), 2.0), Config())
     inc = v.accumulate(out[-1], Config())
-    assert inc.counters[("boundwatch_host_bound_seconds_total", ("0",))] == pytest.approx(0.5 * 0.6)
+    assert inc.verdict.host_bound_seconds[0] == pytest.approx(0.5 * 0.6)
 
 
 def test_host_bound_seconds_count_requests_waiting_with_none_running() -> None:
     # Work offered and nothing admitted: the GPU's idle time is host-bound time too.
     out = v.replay(series(Scene(busy=0.1, running=0, waiting=3), 2.0), Config())
     inc = v.accumulate(out[-1], Config())
-    assert inc.counters[("boundwatch_host_bound_seconds_total", ("0",))] == pytest.approx(0.5 * 0.9)
+    assert inc.verdict.host_bound_seconds[0] == pytest.approx(0.5 * 0.9)
 
 
 def test_no_host_bound_seconds_when_the_engine_is_empty() -> None:
     out = v.replay(series(Scene(busy=0.1, running=0, waiting=0), 2.0), Config())
     inc = v.accumulate(out[-1], Config())
-    assert inc.counters.get(("boundwatch_host_bound_seconds_total", ("0",)), 0.0) == 0.0
+    assert inc.verdict.host_bound_seconds.get(0, 0.0) == 0.0
 
 
 def test_roofline_floor_and_achieved_ratio() -> None:

@@ -18,16 +18,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from exporter.analysis.dedup import counter_delta, step_increments
-from exporter.analysis.increments import Increments
 from exporter.analysis.verdict import once, owned_steps
 from exporter.config import Config
 from exporter.snapshot import Snapshot
 from exporter.snapshot.engine import EngineReading, demand
-
-RUNNING = "boundwatch_engine_running_request_seconds_total"
-WAITING = "boundwatch_engine_waiting_request_seconds_total"
-STEPS = "boundwatch_engine_steps_total"
-SATURATED = "boundwatch_api_server_saturated_seconds_total"
+from exporter.snapshot.totals import EngineMethod, EngineServer, EngineTotals, Tally, Totals
 
 
 def window_acceptance(history: Sequence[tuple[float, float | None, float | None]]) -> float | None:
@@ -55,21 +50,28 @@ def _agent_steps(snap: Snapshot, name: str) -> float | None:
     return float(sum(s.steps for s in found)) if found else None
 
 
-def accumulate(snap: Snapshot, cfg: Config, prev: Snapshot | None = None) -> Increments:
+def accumulate(snap: Snapshot, cfg: Config, prev: Snapshot | None = None) -> Totals:
     """Return this tick's running/waiting request-seconds, engine steps and API-server saturated seconds."""
-    inc = Increments()
+    running, waiting, steps = Tally[str](), Tally[str](), Tally[EngineMethod]()
+    saturated_s = Tally[EngineServer]()
     for reading in snap.engines:
         before = _previous(prev, reading.name)
-        labels = (reading.name,)
         if before is not None and snap.dt > 0:
             if before.running is not None:
-                inc.count(RUNNING, labels, before.running * snap.dt)
+                running.count(reading.name, before.running * snap.dt)
             if before.waiting is not None:
-                inc.count(WAITING, labels, before.waiting * snap.dt)
+                waiting.count(reading.name, before.waiting * snap.dt)
         if not reading.error:
-            for method, steps in step_increments(before, reading, _agent_steps(snap, reading.name)).items():
-                inc.count(STEPS, (reading.name, method), steps)
+            for method, n in step_increments(before, reading, _agent_steps(snap, reading.name)).items():
+                steps.count(EngineMethod(reading.name, method), n)
         for server, proc in reading.servers():
             saturated = (demand(proc) or 0.0) >= cfg.engine.api_server_saturated
-            inc.count(SATURATED, (reading.name, server), snap.dt if saturated else 0.0)
-    return inc
+            saturated_s.count(EngineServer(reading.name, server), snap.dt if saturated else 0.0)
+    return Totals(
+        engine=EngineTotals(
+            running_request_seconds=running,
+            waiting_request_seconds=waiting,
+            steps=steps,
+            api_server_saturated_seconds=saturated_s,
+        )
+    )

@@ -52,12 +52,12 @@ from typing import TypeVar
 
 from exporter.analysis import busy
 from exporter.analysis.activity import lossy
-from exporter.analysis.increments import Increments
 from exporter.config import Config, RooflineConfig, VerdictConfig
 from exporter.snapshot import Snapshot
 from exporter.snapshot.agent import EngineSteps
 from exporter.snapshot.engine import EngineReading, demand
 from exporter.snapshot.host import CgroupCpu
+from exporter.snapshot.totals import EMPTY, GpuVerdict, Tally, Totals, VerdictTotals
 from exporter.snapshot.verdict import HOST_REASONS, VERDICTS, Evidence, Verdict
 
 T = TypeVar("T")
@@ -982,24 +982,22 @@ def replay(snapshots: Sequence[Snapshot], cfg: Config) -> list[Snapshot]:
     return out
 
 
-def accumulate(snap: Snapshot, cfg: Config, prev: Snapshot | None = None) -> Increments:
+def accumulate(snap: Snapshot, cfg: Config, prev: Snapshot | None = None) -> Totals:
     """Return this tick's time per verdict and host-bound seconds.
 
-    boundwatch_bound_seconds_total{gpu,verdict} adds dt to the reported verdict.
-    boundwatch_host_bound_seconds_total{gpu} adds the GPU's idle time while work was offered to an
+    bound_seconds[gpu, verdict] adds dt to the reported verdict.
+    host_bound_seconds[gpu] adds the GPU's idle time while work was offered to an
     engine driving it (`Verdict.offered`: in its queue, in flight, or held before it by a saturated
     or throttled API server; without a verdict, while requests ran): with an agent, the exact idle
     time of the windows the agent closed (observed minus busy); else (1 - busy share) x dt.
     Without an engine nothing is added.
     """
-    inc = Increments()
     if snap.dt <= 0:
-        return inc
+        return EMPTY
+    bound, host_bound = Tally[GpuVerdict](), Tally[int]()
     for v in snap.verdicts:
         for name in VERDICTS:  # every series from the first tick, so rate() sees each start from 0
-            inc.count(
-                "boundwatch_bound_seconds_total", (str(v.gpu), name), snap.dt if name == v.verdict else 0.0
-            )
+            bound.count(GpuVerdict(v.gpu, name), snap.dt if name == v.verdict else 0.0)
     verdicts = {v.gpu: v for v in snap.verdicts}
     for gpu in gpus_of(snap):
         running = _sum([e.running for e in _engines(snap, gpu)])
@@ -1014,5 +1012,5 @@ def accumulate(snap: Snapshot, cfg: Config, prev: Snapshot | None = None) -> Inc
                 idle = sum(max(0, a.observed_ns - a.busy_ns) for a in acts) / 1e9
             elif gpu in snap.busy:
                 idle = max(0.0, 1.0 - snap.busy[gpu][0]) * snap.dt
-        inc.count("boundwatch_host_bound_seconds_total", (str(gpu),), idle)
-    return inc
+        host_bound.count(gpu, idle)
+    return Totals(verdict=VerdictTotals(bound, host_bound))

@@ -7,13 +7,19 @@ import pytest
 from exporter.analysis.engine import accumulate, window_acceptance
 from exporter.catalogue import BY_NAME
 from exporter.config import Config
-from exporter.export.engine import render
+from exporter.export import engine as export_engine
+from exporter.export.families import render as render_families
 from exporter.snapshot import Snapshot
 from exporter.snapshot.agent import AgentReading, EngineSteps
 from exporter.snapshot.engine import EngineReading, ThreadLoad
 from exporter.snapshot.host import ProcessCpu, ThreadCpu
+from exporter.snapshot.totals import EngineMethod, EngineServer
 
 CFG = Config()
+
+
+def render(s: Snapshot) -> list:
+    return render_families((*export_engine.FAMILIES, *export_engine.INTEGRATED), s)
 
 
 def server(index: int, pid: int, busiest: float, total: float | None = None) -> ProcessCpu:
@@ -45,26 +51,21 @@ def test_running_and_waiting_integrate_the_value_held_since_the_previous_tick():
     # The seed: waiting 0 while running sat at 160.
     prev = snap(1, 0.5, engine(running=160, waiting=0))
     cur = snap(2, 0.5, engine(running=164, waiting=2))
-    inc = accumulate(cur, CFG, prev).counters
-    assert inc[("boundwatch_engine_running_request_seconds_total", ("vllm:8000",))] == 80.0
-    assert inc[("boundwatch_engine_waiting_request_seconds_total", ("vllm:8000",))] == 0.0
+    inc = accumulate(cur, CFG, prev).engine
+    assert inc.running_request_seconds["vllm:8000"] == 80.0
+    assert inc.waiting_request_seconds["vllm:8000"] == 0.0
 
 
 def test_the_first_tick_and_a_failed_previous_read_add_no_request_seconds():
-    assert "boundwatch_engine_running_request_seconds_total" not in {
-        k[0] for k in accumulate(snap(1, 0.0, engine(running=5)), CFG, None).counters
-    }
+    assert not accumulate(snap(1, 0.0, engine(running=5)), CFG, None).engine.running_request_seconds
     failed = snap(1, 0.5, engine(error="HTTP 500"))
-    assert not any(
-        k[0] == "boundwatch_engine_running_request_seconds_total"
-        for k in accumulate(snap(2, 0.5, engine(running=5)), CFG, failed).counters
-    )
+    assert not accumulate(snap(2, 0.5, engine(running=5)), CFG, failed).engine.running_request_seconds
 
 
 def test_steps_come_from_the_engine_counters_with_their_method():
     prev = snap(1, 0.5, engine(iteration_count=100))
-    inc = accumulate(snap(2, 0.5, engine(iteration_count=124)), CFG, prev).counters
-    assert inc[("boundwatch_engine_steps_total", ("vllm:8000", "lower_bound"))] == 24
+    inc = accumulate(snap(2, 0.5, engine(iteration_count=124)), CFG, prev).engine
+    assert inc.steps[EngineMethod("vllm:8000", "lower_bound")] == 24
 
 
 def test_the_agents_exact_step_count_replaces_the_estimate():
@@ -78,11 +79,7 @@ def test_the_agents_exact_step_count_replaces_the_estimate():
         engine(iteration_count=128, api_server_count=4, api_server_count_source="processes"),
         agent=agent,
     )
-    steps = {
-        k[1][1]: v
-        for k, v in accumulate(cur, CFG, prev).counters.items()
-        if k[0] == "boundwatch_engine_steps_total"
-    }
+    steps = {k.method: v for k, v in accumulate(cur, CFG, prev).engine.steps.items()}
     assert steps == {"agent": 7}
 
 
@@ -90,22 +87,22 @@ def test_agent_steps_under_the_kind_go_to_the_only_engine_of_that_kind():
     agent = AgentReading(steps=(EngineSteps(engine="vllm", steps=5, wall_ns=1, gpu_busy_ns=1),))
     one = snap(2, 0.5, engine(iteration_count=1), agent=agent)
     assert (
-        accumulate(one, CFG, snap(1, 0.5, engine(iteration_count=0))).counters[
-            ("boundwatch_engine_steps_total", ("vllm:8000", "agent"))
+        accumulate(one, CFG, snap(1, 0.5, engine(iteration_count=0))).engine.steps[
+            EngineMethod("vllm:8000", "agent")
         ]
         == 5
     )
     two = snap(2, 0.5, engine(iteration_count=1), engine(name="vllm:8001", iteration_count=1), agent=agent)
-    steps = accumulate(two, CFG, snap(1, 0.5, engine(iteration_count=0))).counters
-    assert not any(k[1][1] == "agent" for k in steps if k[0] == "boundwatch_engine_steps_total")
+    steps = accumulate(two, CFG, snap(1, 0.5, engine(iteration_count=0))).engine.steps
+    assert not any(k.method == "agent" for k in steps)
 
 
 def test_a_saturated_api_server_accrues_the_tick_and_an_idle_one_does_not():
     servers = (server(0, 4101, 0.99), server(1, 4102, 0.12))
     cur = snap(2, 0.5, engine(api_servers=servers, api_server_count=2, api_server_count_source="processes"))
-    inc = accumulate(cur, CFG, snap(1, 0.5, engine())).counters
-    assert inc[("boundwatch_api_server_saturated_seconds_total", ("vllm:8000", "0"))] == 0.5
-    assert inc[("boundwatch_api_server_saturated_seconds_total", ("vllm:8000", "1"))] == 0.0
+    inc = accumulate(cur, CFG, snap(1, 0.5, engine())).engine.api_server_saturated_seconds
+    assert inc[EngineServer("vllm:8000", "0")] == 0.5
+    assert inc[EngineServer("vllm:8000", "1")] == 0.0
 
 
 def test_a_server_starved_of_cpu_but_always_runnable_counts_as_saturated():
@@ -121,8 +118,8 @@ def test_a_server_starved_of_cpu_but_always_runnable_counts_as_saturated():
         ),
     )
     cur = snap(2, 0.5, engine(api_servers=(starved,), api_server_count=1))
-    inc = accumulate(cur, CFG, snap(1, 0.5, engine())).counters
-    assert inc[("boundwatch_api_server_saturated_seconds_total", ("vllm:8000", "0"))] == 0.5
+    inc = accumulate(cur, CFG, snap(1, 0.5, engine())).engine.api_server_saturated_seconds
+    assert inc[EngineServer("vllm:8000", "0")] == 0.5
 
 
 def test_acceptance_is_the_ratio_of_counter_deltas_over_the_window():

@@ -333,6 +333,23 @@ METRICS: tuple[MetricSpec, ...] = (
         ["engine"],
         "engine",
     ),
+    _m(
+        "boundwatch_engine_counts_source",
+        "gauge",
+        "Where the engine's running and waiting requests (and their request-seconds) come from; 1 for the "
+        "source in use: agent (the engine cores' scheduler counts, sent by the in-process agent) or page "
+        "(the engine's metrics page).",
+        ["engine", "source"],
+        "engine",
+    ),
+    _m(
+        "boundwatch_engine_page_age_seconds",
+        "gauge",
+        "Age of the page figures served (tokens, KV cache, model): 0 when read this tick; while an agent "
+        "counts the engine its page is read every engine.slow_read_seconds.",
+        ["engine"],
+        "engine",
+    ),
     # --- host and cgroups ------------------------------------------------------------------
     _m("boundwatch_host_cpus", "gauge", "Logical CPUs on the host.", [], "host"),
     _m(

@@ -23,6 +23,8 @@ def render(snap: Snapshot) -> Iterator[Metric]:
     thread_cpu = gauge("boundwatch_api_server_cpu_ratio")
     process_cpu = gauge("boundwatch_api_server_process_cpu_ratio")
     scrape = gauge("boundwatch_engine_scrape_duration_seconds")
+    counts_source = gauge("boundwatch_engine_counts_source")
+    page_age = gauge("boundwatch_engine_page_age_seconds")
     prompt = counter("boundwatch_engine_prompt_tokens_total")
     generation = counter("boundwatch_engine_generation_tokens_total")
     preemptions = counter("boundwatch_engine_preemptions_total")
@@ -46,6 +48,8 @@ def render(snap: Snapshot) -> Iterator[Metric]:
                 thread_cpu.add_metric([e.name, server], proc.busiest_thread.cpu)
         if e.error:
             continue  # stale figures are dropped, never served as fresh
+        counts_source.add_metric([e.name, e.counts_source], 1.0)
+        page_age.add_metric(labels, e.page_age_seconds)
         for fam, value in (
             (running, e.running),
             (waiting, e.waiting),
@@ -59,4 +63,5 @@ def render(snap: Snapshot) -> Iterator[Metric]:
         if e.spec_acceptance is not None:
             spec.add_metric(labels, e.spec_acceptance)
     yield from (info, up, running, waiting, kv, servers, spec, thread_cpu, process_cpu, scrape)
+    yield from (counts_source, page_age)
     yield from (prompt, generation, preemptions, gpu_info, gpu_count)

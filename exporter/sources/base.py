@@ -28,7 +28,9 @@ class Source(Protocol):
     """One outside party. `read()` returns this tick's reading or raises.
 
     Sources whose reads block (NVML, /proc) do their work through `BlockingReader`, so the
-    event loop never waits on them; `close()` releases what the source holds.
+    event loop never waits on them; `close()` releases what the source holds. A source may also
+    have `follow(snap)`: the sampler hands it each new Snapshot (the engine source reads an
+    engine's page rarely while the Snapshot serves its counts from an agent).
     """
 
     name: str

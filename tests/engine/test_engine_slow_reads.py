@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -278,3 +280,44 @@ async def test_counts_that_stop_fall_back_to_the_page_read_every_tick(host) -> N
     reads = len(server.hits)
     assert [s.engines[0].page_read for s in back[1:]] == [False] * 3
     assert engine.page_reads == reads
+
+
+async def test_an_engine_read_from_its_multiprocess_files_is_read_every_tick_beside_agent_counts(
+    tmp_path,
+) -> None:
+    # The files cost the engine nothing: with agent counts they are still read every tick, never its page.
+    mp_dir = tmp_path / "mp"
+    mp_dir.mkdir()
+    writer = (
+        "import sys; sys.path.insert(0, sys.argv[2]); import vllm_sim\n"
+        "vllm_sim.use_multiproc_dir(sys.argv[1]); vllm_sim.fill(vllm_sim.define('0.33'))\n"
+    )
+    subprocess.run([sys.executable, "-c", writer, str(mp_dir), str(Path(__file__).parent)], check=True)
+    clock = Clock()
+    server = PageServer(clock)
+    await server.start()
+    proc = process_table(tmp_path, server.port)
+    (proc / "4500" / "environ").write_bytes(f"PROMETHEUS_MULTIPROC_DIR={mp_dir}\0".encode())
+    cfg = Config(
+        engine=EngineConfig(slow_read_seconds=10.0),
+        host=HostConfig(enabled=False, proc_root=str(proc), cgroup_root=str(tmp_path / "cgroup")),
+        nvml=NvmlConfig(enabled=False),
+        agent=AgentFeedConfig(socket=str(tmp_path / "run" / "agent.sock"), stale_seconds=5.0),
+    )
+    engine = EngineSource(cfg, clock=clock)
+    feed = AgentFeed(cfg.agent, clock=clock, wall_ns=clock.wall_ns)
+    await feed.start()
+    sampler = Sampler(cfg, [Gpus(), engine, feed], clock=clock, wall=clock.wall)
+    core = EngineCore(feed, clock)
+    try:
+        snaps = [await tick(sampler, clock, core) for _ in range(8)]
+    finally:
+        feed.close()
+        await engine.aclose()
+        await server.stop()
+    readings = [s.engines[0] for s in snaps]
+    assert {r.source for r in readings} == {"multiproc_files"} and all(r.page_read for r in readings)
+    assert [r.counts_source for r in readings[1:]] == ["agent"] * 7
+    assert readings[-1].running == core.ends[-1][1]  # the agent's, not the files' gauge
+    assert readings[-1].generation_tokens_total is not None  # the files' counters, read this tick
+    assert server.hits == [] and engine.page_reads == 0

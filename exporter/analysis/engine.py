@@ -63,6 +63,11 @@ def _owned(snap: Snapshot, reading: EngineReading) -> tuple[EngineSteps, ...]:
     return once(reading, owned_steps(snap).get(reading.name, ()))
 
 
+def _counted(snap: Snapshot, reading: EngineReading) -> tuple[EngineSteps, ...]:
+    """Return the agent steps of an engine this tick that came from one of its own processes (joined by pid)."""
+    return tuple(st for st in _owned(snap, reading) if st.pid and st.pid in reading.pids)
+
+
 def _agent_steps(snap: Snapshot, name: str) -> float | None:
     """Return the agent's steps for an engine this tick, None without any."""
     reading = next((e for e in snap.engines if e.name == name), None)
@@ -120,7 +125,7 @@ def serve_counts(snap: Snapshot, prev: Snapshot | None = None) -> Snapshot:
         return snap
     alive = {a.pid for a in snap.agent.agents if a.state not in GONE} if snap.agent is not None else set()
     engines = tuple(
-        e if e.error else served_counts(e, _owned(snap, e), _previous(prev, e.name), alive)
+        e if e.error else served_counts(e, _counted(snap, e), _previous(prev, e.name), alive)
         for e in snap.engines
     )
     return dataclasses.replace(snap, engines=engines)
@@ -137,9 +142,9 @@ def accumulate(snap: Snapshot, cfg: Config, prev: Snapshot | None = None) -> Inc
         before = _previous(prev, reading.name)
         labels = (reading.name,)
         if reading.counts_source == "agent" and not reading.error:
-            owned = _owned(snap, reading)
-            inc.count(RUNNING, labels, sum(st.running_seconds for st in owned))
-            inc.count(WAITING, labels, sum(st.waiting_seconds for st in owned))
+            counted = _counted(snap, reading)
+            inc.count(RUNNING, labels, sum(st.running_seconds for st in counted))
+            inc.count(WAITING, labels, sum(st.waiting_seconds for st in counted))
         elif before is not None and before.counts_source == "page" and snap.dt > 0:
             if before.running is not None:
                 inc.count(RUNNING, labels, before.running * snap.dt)

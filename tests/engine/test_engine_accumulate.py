@@ -244,3 +244,21 @@ def test_agent_request_seconds_replace_the_pages_and_a_change_of_source_adds_not
     assert "boundwatch_engine_running_request_seconds_total" not in {
         k[0] for k in accumulate(back, CFG, agent).counters
     }
+
+
+def test_only_counts_from_the_engines_own_processes_replace_its_page():
+    # joined by name alone (an engine configured by URL, no process table): the page keeps serving
+    by_name = served(
+        None, snap(1, 0.5, engine(running=50.0), agent=AgentReading(agents=live(11), steps=(core(11, 3, 1),)))
+    )
+    assert (by_name.engines[0].counts_source, by_name.engines[0].running) == ("page", 50.0)
+    by_pid = served(
+        None,
+        snap(
+            1,
+            0.5,
+            engine(running=50.0, pids=(10, 11)),
+            agent=AgentReading(agents=live(11), steps=(core(11, 3, 1),)),
+        ),
+    )
+    assert (by_pid.engines[0].counts_source, by_pid.engines[0].running) == ("agent", 3.0)

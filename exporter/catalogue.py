@@ -336,9 +336,9 @@ METRICS: tuple[MetricSpec, ...] = (
     _m(
         "boundwatch_engine_counts_source",
         "gauge",
-        "Where the engine's running and waiting requests (and their request-seconds) come from; 1 for the "
-        "source in use: agent (the engine cores' scheduler counts, sent by the in-process agent) or page "
-        "(the engine's metrics page).",
+        "Where the engine's running and waiting requests (and their request-seconds) come from, one-hot over "
+        "agent (the engine cores' scheduler counts, sent by the in-process agent) and page (the engine's "
+        "metrics page).",
         ["engine", "source"],
         "engine",
     ),

@@ -9,6 +9,7 @@ from prometheus_client.metrics_core import Metric
 from exporter.analysis.verdict import placed
 from exporter.catalogue import counter, gauge
 from exporter.snapshot import Snapshot
+from exporter.snapshot.engine import COUNTS_SOURCES
 
 
 def render(snap: Snapshot) -> Iterator[Metric]:
@@ -48,7 +49,8 @@ def render(snap: Snapshot) -> Iterator[Metric]:
                 thread_cpu.add_metric([e.name, server], proc.busiest_thread.cpu)
         if e.error:
             continue  # stale figures are dropped, never served as fresh
-        counts_source.add_metric([e.name, e.counts_source], 1.0)
+        for source in COUNTS_SOURCES:  # one-hot, so a change of source never ends a series
+            counts_source.add_metric([e.name, source], 1.0 if e.counts_source == source else 0.0)
         page_age.add_metric(labels, e.page_age_seconds)
         for fam, value in (
             (running, e.running),

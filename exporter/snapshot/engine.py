@@ -21,6 +21,9 @@ STEP_METHODS: tuple[str, ...] = (
     "dp_attention_steps",
 )
 
+# Where an engine's running / waiting come from: its agent's scheduler counts, or its page.
+COUNTS_SOURCES: tuple[str, ...] = ("agent", "page")
+
 _SERVER_INDEX = re.compile(r"APIServer_(\d+)")
 
 

@@ -221,7 +221,7 @@ async def test_agent_counts_serve_the_integrals_exactly_and_the_page_is_read_eve
     # /metrics says which source served the counts, and how old the page's figures are.
     text = metrics(snaps[-1])
     assert value(text, "boundwatch_engine_counts_source", engine=name, source="agent") == 1.0
-    assert value(text, "boundwatch_engine_counts_source", engine=name, source="page") is None
+    assert value(text, "boundwatch_engine_counts_source", engine=name, source="page") == 0.0
     assert value(text, "boundwatch_engine_page_age_seconds", engine=name) == pytest.approx(29.5 - 20.5)
     assert value(text, "boundwatch_engine_requests_running", engine=name) == last_running
     # The token counters and the model still come from the page, as of its last read.
@@ -273,6 +273,7 @@ async def test_counts_that_stop_fall_back_to_the_page_read_every_tick(host) -> N
     assert total[-1] - total[stale + 1] == pytest.approx(PAGE_RUNNING * 0.5 * (len(after) - 1))
     text = metrics(quiet[-1])
     assert value(text, "boundwatch_engine_counts_source", engine=name, source="page") == 1.0
+    assert value(text, "boundwatch_engine_counts_source", engine=name, source="agent") == 0.0
     assert value(text, "boundwatch_engine_page_age_seconds", engine=name) == 0.0
     # The agent comes back: its counts serve again, and the page goes back to the slow period.
     back = [await tick(sampler, clock, core) for _ in range(4)]

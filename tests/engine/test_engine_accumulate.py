@@ -216,6 +216,9 @@ def test_sglang_tensor_parallel_schedulers_count_their_shared_batch_once_across_
     # only the second TP scheduler reports this tick: it replaces the batch's counts, never adds to them
     two = served(one, snap(2, 0.5, e, agent=AgentReading(agents=live(21, 22), steps=(core(22, 5, 0, 0),))))
     assert (two.engines[0].running, two.engines[0].waiting) == (5.0, 0.0)
+    # both agents say they stopped (their process exits): the page serves again
+    gone = served(two, snap(3, 0.5, e, agent=AgentReading(agents=live(21, 22, state="stopped"))))
+    assert (gone.engines[0].counts_source, gone.engines[0].running) == ("page", None)
 
 
 def test_a_page_carried_between_slow_reads_serves_no_counts_of_its_own():

@@ -857,9 +857,8 @@ class EngineSource:
         self._found: set[str] = set()  # names of the engines discovery found last time
         self._states: dict[str, str] = {}  # engine name -> "up" or the class of its error
         self._agent_counted: frozenset[str] = frozenset()  # engines the newest Snapshot counted by agent
-        self._pages: dict[
-            str, tuple[float, EngineReading]
-        ] = {}  # engine name -> (read at, last page reading)
+        # engine name -> (when, the last good page reading): carried between slow reads
+        self._pages: dict[str, tuple[float, EngineReading]] = {}
         self.page_reads = 0  # HTTP reads of engine pages started (for tests and benches)
 
     @property

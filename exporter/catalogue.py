@@ -364,6 +364,23 @@ ENGINE_SCRAPE_DURATION_SECONDS = _m(
     ["engine"],
     "engine",
 )
+ENGINE_COUNTS_SOURCE = _m(
+    "boundwatch_engine_counts_source",
+    "gauge",
+    "Where the engine's running and waiting requests (and their request-seconds) come from, one-hot over "
+    "agent (the engine cores' scheduler counts, sent by the in-process agent) and page (the engine's "
+    "metrics page).",
+    ["engine", "source"],
+    "engine",
+)
+ENGINE_PAGE_AGE_SECONDS = _m(
+    "boundwatch_engine_page_age_seconds",
+    "gauge",
+    "Age of the page figures served (tokens, KV cache, model): 0 when read this tick; while an agent "
+    "counts the engine its page is read every engine.slow_read_seconds.",
+    ["engine"],
+    "engine",
+)
 # --- host and cgroups ------------------------------------------------------------------
 HOST_CPUS = _m("boundwatch_host_cpus", "gauge", "Logical CPUs on the host.", [], "host")
 HOST_CPU_RATIO = _m(

@@ -176,6 +176,10 @@ class Sampler:
             older = self._history[-1]
             self._history[-1] = dataclasses.replace(older, totals=EMPTY)
         self._history.append(snap)
+        for source in self.sources:  # a source that reads by what the last tick found (engine pages)
+            follow = getattr(source, "follow", None)
+            if follow is not None:
+                follow(snap)
         self.tick_cpu_seconds += time.process_time() - cpu0
         if self._on_tick is not None:
             self._on_tick(snap)

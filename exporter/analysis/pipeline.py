@@ -1,7 +1,8 @@
 """Turn one tick's readings and the recent history into the next Snapshot (pure).
 
 The order is the data flow: name agent GPUs by UUID (NVML's index, else one of their own), place
-each engine on its GPUs, pick each GPU's busy ratio
+each engine on its GPUs, serve each engine's running/waiting from its agent's counts (else its
+page), pick each GPU's busy ratio
 (CUPTI where an agent reports, else GPM GRAPHICS_UTIL, else NVML utilization), add every
 area's counter increments, then classify.
 """
@@ -203,6 +204,7 @@ def advance(history: Sequence[Snapshot], raw: Snapshot, cfg: Config) -> Snapshot
     """Return the next Snapshot from this tick's raw readings and the snapshots before it."""
     prev = history[-1] if history else None
     snap = resolve_engine_gpus(resolve_agent_gpus(raw, prev.gpu_uuids if prev is not None else ()))
+    snap = engine.serve_counts(snap, prev)
     if prev is not None:
         snap = dataclasses.replace(snap, totals=prev.totals, probe=prev.probe)
     snap = dataclasses.replace(snap, busy=MappingProxyType(pick_busy(snap)))

@@ -349,32 +349,40 @@ def views(snap: Snapshot, gpu: int) -> list[View]:
         waiting = a_wait if a_wait is not None else e.waiting
         if running is None and waiting is None:
             continue
-        counts = "agent" if a_run is not None or a_wait is not None else "page"
+        counts = "agent" if a_run is not None or a_wait is not None else e.counts_source
         out.append(View(e, running, waiting, a_limit or e.max_num_seqs, steps, counts))
     return out
 
 
 def _counter_rate(win: Sequence[Snapshot], vs: Sequence[Sequence[View]], attr: str) -> float | None:
-    """Return the per-second increase of an engine counter over the window, summed over engines."""
+    """Return the per-second increase of an engine counter over the window, summed over engines.
+
+    Per engine, from its first to its last reading in the window whose page was read at its tick:
+    a page carried between slow reads (`EngineReading.page_read` False) tells no value at that time.
+    """
     if len(win) < 2:
-        return None
-    span = win[-1].mono - win[0].mono
-    if span <= 0:
         return None
 
     def value(e: EngineReading) -> float | None:
         return _steps_total(e) if attr == "steps" else getattr(e, attr)
 
-    before = {x.reading.name: value(x.reading) for x in vs[0]}
+    first: dict[str, tuple[float, float]] = {}
+    last: dict[str, tuple[float, float]] = {}
+    for s, v in zip(win, vs, strict=True):
+        for x in v:
+            b = value(x.reading) if x.reading.page_read else None
+            if b is not None:
+                first.setdefault(x.reading.name, (s.mono, b))
+                last[x.reading.name] = (s.mono, b)
     total = 0.0
     seen = False
-    for x in vs[-1]:
-        a, b = before.get(x.reading.name), value(x.reading)
-        if a is None or b is None or b < a:
+    for name, (t1, b) in last.items():
+        t0, a = first[name]
+        if t1 <= t0 or b < a:
             continue
-        total += b - a
+        total += (b - a) / (t1 - t0)
         seen = True
-    return total / span if seen else None
+    return total if seen else None
 
 
 def busy_of(snap: Snapshot, gpu: int, prefer: str = "fresh") -> tuple[float, str] | None:
@@ -573,11 +581,18 @@ def _offered(win: Sequence[Snapshot], vs: Sequence[Sequence[View]], cfg: Verdict
             if any(st.running_seconds > 0 or st.waiting_seconds > 0 for st in x.steps):
                 found.add("engine_steps")
             e, e0 = x.reading, before.get(x.reading.name)
-            if e0 is not None and any(
-                a is not None and b is not None and b > a
-                for a, b in (
-                    (e0.generation_tokens_total, e.generation_tokens_total),
-                    (e0.prompt_tokens_total, e.prompt_tokens_total),
+            # Tokens moved within the newest tick only when both ends of it read the page: a
+            # delta seen at a slow read spans many ticks, and a tick without a read says nothing.
+            if (
+                e0 is not None
+                and e.page_read
+                and e0.page_read
+                and any(
+                    a is not None and b is not None and b > a
+                    for a, b in (
+                        (e0.generation_tokens_total, e.generation_tokens_total),
+                        (e0.prompt_tokens_total, e.prompt_tokens_total),
+                    )
                 )
             ):
                 found.add("tokens")

@@ -10,7 +10,7 @@ from exporter import catalogue as c
 from exporter.analysis.verdict import placed
 from exporter.export.families import Family, counters, histograms
 from exporter.snapshot import Snapshot
-from exporter.snapshot.engine import EngineReading
+from exporter.snapshot.engine import COUNTS_SOURCES, EngineReading
 
 
 def info(snap: Snapshot) -> Metric:
@@ -64,6 +64,16 @@ def process_cpu(snap: Snapshot) -> Metric:
     return fam
 
 
+def counts_source(snap: Snapshot) -> Metric:
+    """Render where each engine's running/waiting come from, one-hot (a change of source never ends a series)."""
+    fam = c.gauge(c.ENGINE_COUNTS_SOURCE)
+    for e in snap.engines:
+        if not e.error:  # stale figures are dropped, never served as fresh
+            for source in COUNTS_SOURCES:
+                fam.add_metric([e.name, source], 1.0 if e.counts_source == source else 0.0)
+    return fam
+
+
 def gpu_info(snap: Snapshot) -> Metric:
     """Render each GPU an engine drives, and how that was found."""
     fam = c.gauge(c.ENGINE_GPU_INFO)
@@ -93,6 +103,8 @@ FAMILIES: tuple[Family, ...] = (
     Family(c.API_SERVER_CPU_RATIO, thread_cpu),
     Family(c.API_SERVER_PROCESS_CPU_RATIO, process_cpu),
     _per_engine(c.ENGINE_SCRAPE_DURATION_SECONDS, lambda e: e.scrape_seconds, fresh=False),
+    Family(c.ENGINE_COUNTS_SOURCE, counts_source),
+    _per_engine(c.ENGINE_PAGE_AGE_SECONDS, lambda e: e.page_age_seconds),
     _per_engine(c.ENGINE_PROMPT_TOKENS_TOTAL, lambda e: e.prompt_tokens_total),
     _per_engine(c.ENGINE_GENERATION_TOKENS_TOTAL, lambda e: e.generation_tokens_total),
     _per_engine(c.ENGINE_PREEMPTIONS_TOTAL, lambda e: e.preemptions_total),

@@ -21,6 +21,9 @@ STEP_METHODS: tuple[str, ...] = (
     "dp_attention_steps",
 )
 
+# Where an engine's running / waiting come from: its agent's scheduler counts, or its page.
+COUNTS_SOURCES: tuple[str, ...] = ("agent", "page")
+
 _SERVER_INDEX = re.compile(r"APIServer_(\d+)")
 
 
@@ -107,6 +110,21 @@ class GraphConfig:
 
 
 @dataclass(frozen=True)
+class CoreCounts:
+    """One engine core's scheduler counts as its agent last reported them, held until the next report.
+
+    `pid` is the engine core's process (joins to its agent; never a label), `dp_rank` its
+    data-parallel rank where it has one.
+    """
+
+    pid: int
+    dp_rank: int | None
+    running: float | None
+    waiting: float | None
+    max_num_seqs: int | None = None
+
+
+@dataclass(frozen=True)
 class EngineReading:
     """One engine at one tick; None where the engine does not expose a figure.
 
@@ -157,6 +175,15 @@ class EngineReading:
     page_truncated: bool = False  # this read stopped at the byte or line budget: a partial page
     page_decode_errors: int = 0  # undecodable (non-UTF-8) bytes in this read, replaced
     rejected_values: int = 0  # samples of this read refused: NaN, infinite, negative or implausible
+    # The page's figures (tokens, KV, model...) were read this tick; False: carried from the read
+    # `page_age_seconds` ago (while an agent counts the engine, its page is read every
+    # engine.slow_read_seconds). A carried figure never counts as movement within a tick.
+    page_read: bool = True
+    page_age_seconds: float = 0.0
+    # Filled by the analysis: where running / waiting come from ("agent": the engine cores' own
+    # scheduler counts, held per core in core_counts; "page": the page's gauges).
+    counts_source: str = "page"
+    core_counts: tuple[CoreCounts, ...] = field(default=())
     error: str = ""  # why this tick's read failed ("" = it did not); figures are then None
 
     def servers(self) -> tuple[tuple[str, ProcessCpu], ...]:

@@ -31,7 +31,9 @@ class Source(Protocol):
     event loop never waits on them; `close()` releases what the source holds. A source may also
     have `async start()` (see Startable) and `async aclose()` (see AsyncClosable). The Sampler is
     the one owner of that lifecycle: it starts each source once before the first tick and closes
-    each once at the end, with `aclose()` where there is one, else `close()`.
+    each once at the end, with `aclose()` where there is one, else `close()`. A source may also
+    have `follow(snap)`: the sampler hands it each new Snapshot (the engine source reads an
+    engine's page rarely while the Snapshot serves its counts from an agent).
     """
 
     name: str

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.analysis.engine import accumulate, window_acceptance
+from exporter.analysis.engine import accumulate, serve_counts, window_acceptance
 from exporter.catalogue import BY_NAME
 from exporter.config import Config
 from exporter.export import engine as export_engine
 from exporter.export.families import render as render_families
 from exporter.snapshot import Snapshot
-from exporter.snapshot.agent import AgentReading, EngineSteps
+from exporter.snapshot.agent import AgentReading, AgentState, EngineSteps
 from exporter.snapshot.engine import EngineReading, ThreadLoad
 from exporter.snapshot.host import ProcessCpu, ThreadCpu
 from exporter.snapshot.totals import EngineMethod, EngineServer
@@ -159,3 +159,104 @@ def test_render_drops_stale_figures_of_a_failed_read():
     got = samples(render(snap(1, 0.5, engine(running=None, error="HTTP 500"))))
     assert not any(k[0] == "boundwatch_engine_requests_running" for k in got)
     assert got[("boundwatch_engine_info", (("engine", "vllm:8000"), ("kind", "vllm"), ("model", "m")))] == 1
+
+
+# --- running / waiting served by the agent's counts (analysis.engine.serve_counts) -------------
+
+
+def core(pid: int, running: float | None, waiting: float | None, dp: int | None = None, **kw) -> EngineSteps:
+    return EngineSteps(
+        engine="vllm", steps=kw.pop("steps", 5), wall_ns=1, gpu_busy_ns=0, pid=pid, dp_rank=dp,
+        running=running, waiting=waiting, **kw,
+    )  # fmt: skip
+
+
+def live(*pids: int, state: str = "running") -> tuple[AgentState, ...]:
+    return tuple(AgentState(pid=p, gpu=0, state=state) for p in pids)
+
+
+def served(prev: Snapshot | None, cur: Snapshot) -> Snapshot:
+    return serve_counts(cur, prev)
+
+
+def test_each_data_parallel_core_keeps_its_newest_counts_while_its_agent_lives():
+    e = engine(pids=(10, 11, 12), running=99.0, waiting=9.0)
+    one = served(
+        None,
+        snap(
+            1, 0.5, e, agent=AgentReading(agents=live(11, 12), steps=(core(11, 4, 1, 0), core(12, 6, 0, 1)))
+        ),
+    )
+    assert (one.engines[0].counts_source, one.engines[0].running, one.engines[0].waiting) == (
+        "agent",
+        10.0,
+        1.0,
+    )
+    # rank 1 steps on; rank 0 sends nothing this tick: its counts are held, not dropped nor taken from the page
+    two = served(one, snap(2, 0.5, e, agent=AgentReading(agents=live(11, 12), steps=(core(12, 2, 3, 1),))))
+    assert (two.engines[0].running, two.engines[0].waiting) == (4.0 + 2.0, 1.0 + 3.0)
+    # rank 0's agent goes stale: only rank 1's counts remain
+    three = served(two, snap(3, 0.5, e, agent=AgentReading(agents=(*live(11, state="stale"), *live(12)))))
+    assert (three.engines[0].running, three.engines[0].waiting) == (2.0, 3.0)
+    # rank 1 steps without counts (its scheduler can no longer be read): the page serves again
+    four = served(
+        three, snap(4, 0.5, e, agent=AgentReading(agents=live(11, 12), steps=(core(12, None, None, 1),)))
+    )
+    assert (four.engines[0].counts_source, four.engines[0].running) == ("page", 99.0)
+
+
+def test_sglang_tensor_parallel_schedulers_count_their_shared_batch_once_across_ticks():
+    e = engine(name="sglang:30000", kind="sglang", pids=(20, 21, 22))
+    tp = AgentReading(agents=live(21, 22), steps=(core(21, 8, 2, 0), core(22, 8, 2, 0)))
+    one = served(None, snap(1, 0.5, e, agent=tp))
+    assert (one.engines[0].running, one.engines[0].waiting) == (8.0, 2.0)
+    # only the second TP scheduler reports this tick: it replaces the batch's counts, never adds to them
+    two = served(one, snap(2, 0.5, e, agent=AgentReading(agents=live(21, 22), steps=(core(22, 5, 0, 0),))))
+    assert (two.engines[0].running, two.engines[0].waiting) == (5.0, 0.0)
+    # both agents say they stopped (their process exits): the page serves again
+    gone = served(two, snap(3, 0.5, e, agent=AgentReading(agents=live(21, 22, state="stopped"))))
+    assert (gone.engines[0].counts_source, gone.engines[0].running) == ("page", None)
+
+
+def test_a_page_carried_between_slow_reads_serves_no_counts_of_its_own():
+    carried = engine(running=99.0, waiting=9.0, page_read=False, page_age_seconds=4.5)
+    out = served(None, snap(1, 0.5, carried, agent=AgentReading()))
+    assert (out.engines[0].counts_source, out.engines[0].running, out.engines[0].waiting) == (
+        "page",
+        None,
+        None,
+    )
+
+
+def test_agent_request_seconds_replace_the_pages_and_a_change_of_source_adds_nothing_twice():
+    page = served(None, snap(1, 0.5, engine(pids=(10, 11), running=50.0, waiting=5.0), agent=AgentReading()))
+    steps = (core(11, 3, 1, running_seconds=1.25, waiting_seconds=0.5),)
+    agent = served(
+        page,
+        snap(2, 0.5, engine(pids=(10, 11), running=50.0), agent=AgentReading(agents=live(11), steps=steps)),
+    )
+    inc = accumulate(agent, CFG, page).engine
+    # the page's 50 held over the tick would add 25: the agent's steps add what they integrated
+    assert inc.running_request_seconds["vllm:8000"] == 1.25
+    assert inc.waiting_request_seconds["vllm:8000"] == 0.5
+    back = served(agent, snap(3, 0.5, engine(pids=(10, 11), running=50.0), agent=AgentReading()))
+    assert back.engines[0].counts_source == "page"
+    assert "vllm:8000" not in accumulate(back, CFG, agent).engine.running_request_seconds
+
+
+def test_only_counts_from_the_engines_own_processes_replace_its_page():
+    # joined by name alone (an engine configured by URL, no process table): the page keeps serving
+    by_name = served(
+        None, snap(1, 0.5, engine(running=50.0), agent=AgentReading(agents=live(11), steps=(core(11, 3, 1),)))
+    )
+    assert (by_name.engines[0].counts_source, by_name.engines[0].running) == ("page", 50.0)
+    by_pid = served(
+        None,
+        snap(
+            1,
+            0.5,
+            engine(running=50.0, pids=(10, 11)),
+            agent=AgentReading(agents=live(11), steps=(core(11, 3, 1),)),
+        ),
+    )
+    assert (by_pid.engines[0].counts_source, by_pid.engines[0].running) == ("agent", 3.0)

@@ -327,6 +327,16 @@ METRICS: tuple[MetricSpec, ...] = (
         "engine",
     ),
     _m(
+        "boundwatch_engine_page_refused_total",
+        "counter",
+        "What reads of an engine's page or multiprocess files lost, by reason: nan, infinite, negative, "
+        "too_large (values refused, never used); bytes, lines (reads cut at the byte or line budget), "
+        "files (multiprocess files over the count budget); label (samples whose labels were cut); "
+        "undecodable (bytes that were not UTF-8, replaced); unparsable (reads the parser refused whole).",
+        ["engine", "reason"],
+        "engine",
+    ),
+    _m(
         "boundwatch_engine_scrape_duration_seconds",
         "gauge",
         "Wall time of the last engine metrics read.",

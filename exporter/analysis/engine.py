@@ -11,6 +11,11 @@ that just ended: a server is saturated while its busiest thread's demand (time r
 time waiting to run, from schedstat; its CPU where schedstat is missing) reaches
 `engine.api_server_saturated` of a core. Demand, not CPU: a thread that a crowded host or a CPU
 quota lets run 60% of the time still wanted the whole core.
+
+What each read of an engine's page lost (values refused, budgets hit, labels cut, bytes that
+did not decode) is added to boundwatch_engine_page_refused_total by reason, every reason of
+every engine from its first reading on, failed reads included. A tick that reused the engine
+source's last reading (the read outlasted the tick) adds nothing: that read was counted.
 """
 
 from __future__ import annotations
@@ -22,12 +27,13 @@ from exporter.analysis.increments import Increments
 from exporter.analysis.verdict import once, owned_steps
 from exporter.config import Config
 from exporter.snapshot import Snapshot
-from exporter.snapshot.engine import EngineReading, demand
+from exporter.snapshot.engine import PAGE_REFUSED_REASONS, EngineReading, demand
 
 RUNNING = "boundwatch_engine_running_request_seconds_total"
 WAITING = "boundwatch_engine_waiting_request_seconds_total"
 STEPS = "boundwatch_engine_steps_total"
 SATURATED = "boundwatch_api_server_saturated_seconds_total"
+PAGE_REFUSED = "boundwatch_engine_page_refused_total"
 
 
 def window_acceptance(history: Sequence[tuple[float, float | None, float | None]]) -> float | None:
@@ -56,11 +62,15 @@ def _agent_steps(snap: Snapshot, name: str) -> float | None:
 
 
 def accumulate(snap: Snapshot, cfg: Config, prev: Snapshot | None = None) -> Increments:
-    """Return this tick's running/waiting request-seconds, engine steps and API-server saturated seconds."""
+    """Return this tick's running/waiting request-seconds, engine steps, saturated seconds and page losses."""
     inc = Increments()
+    reused = any(s.name == "engine" and s.late for s in snap.sources)
     for reading in snap.engines:
         before = _previous(prev, reading.name)
         labels = (reading.name,)
+        lost = {} if reused else dict(reading.page_refused)
+        for reason in PAGE_REFUSED_REASONS:  # every reason's series from the start, 0 until one is lost
+            inc.count(PAGE_REFUSED, (reading.name, reason), lost.get(reason, 0))
         if before is not None and snap.dt > 0:
             if before.running is not None:
                 inc.count(RUNNING, labels, before.running * snap.dt)

@@ -21,6 +21,25 @@ STEP_METHODS: tuple[str, ...] = (
     "dp_attention_steps",
 )
 
+# What an engine's page (or multiprocess files) lost in one read, the values of the `reason` label
+# of boundwatch_engine_page_refused_total: values refused (nan, infinite, negative, too_large: over
+# what any engine reports), reads cut at a budget (bytes, lines: the page's or the kept lines';
+# files: multiprocess files over the count, each file over the byte budget counting as bytes),
+# samples whose label names or values were cut (label), undecodable bytes replaced (undecodable),
+# and reads the metrics parser refused whole (unparsable).
+PAGE_REFUSED_REASONS: tuple[str, ...] = (
+    "nan",
+    "infinite",
+    "negative",
+    "too_large",
+    "bytes",
+    "lines",
+    "files",
+    "label",
+    "undecodable",
+    "unparsable",
+)
+
 _SERVER_INDEX = re.compile(r"APIServer_(\d+)")
 
 
@@ -130,6 +149,7 @@ class EngineReading:
     page_truncated: bool = False  # this read stopped at the byte or line budget: a partial page
     page_decode_errors: int = 0  # undecodable (non-UTF-8) bytes in this read, replaced
     rejected_values: int = 0  # samples of this read refused: NaN, infinite, negative or implausible
+    page_refused: tuple[tuple[str, int], ...] = field(default=())  # this read's losses by reason, nonzero
     error: str = ""  # why this tick's read failed ("" = it did not); figures are then None
 
     def servers(self) -> tuple[tuple[str, ProcessCpu], ...]:

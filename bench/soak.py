@@ -66,6 +66,7 @@ WATCH = (
     "boundwatch_agent_refused_total",
     "boundwatch_engine_api_servers",
     "boundwatch_engine_up",
+    "boundwatch_engine_page_refused_total",
 )
 BY_REASON = "boundwatch_agent_refused_total"  # also kept per reason
 

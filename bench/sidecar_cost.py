@@ -27,6 +27,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Any
@@ -35,6 +36,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 PAGE = os.path.join(ROOT, "bench", "results", "engine_sample_page.prom")
 TICK = 0.5
+WINDOW_NS = 500_000_000  # the agent's window (BOUNDWATCH_AGENT_WINDOW_S)
+LAG_NS = 1_000_000_000  # a window is closed this long after its end (BOUNDWATCH_AGENT_LAG_S)
+MAX_CATCH_UP = 20  # windows sent at most per GPU and loop after a stall; older ones are skipped
 CLK = os.sysconf("SC_CLK_TCK")
 
 API_SERVER = r"""
@@ -131,34 +135,69 @@ def uuid_of(i: int) -> str:
     return f"GPU-00000000-0000-0000-0000-{i:012d}"
 
 
-def part_agent(sock_path: str, gpus: int) -> None:
-    """Send every GPU's windows each tick over the real wire, as agents in N worker processes would."""
+def agent_windows(next_t0: int, now: int) -> tuple[list[tuple[int, int]], int]:
+    """Return the aligned windows due by `now` from `next_t0` on, as the agent closes them, and the next t0.
+
+    As exporter.agent.windows.DeviceWindows: windows lie on the absolute 0.5 s grid, are closed
+    `LAG_NS` after their end, and follow each other without gap or overlap (t0 of one = t1 of the
+    previous). After a stall longer than MAX_CATCH_UP windows the oldest are skipped, never resent.
+    """
+    due = (now - LAG_NS - next_t0) // WINDOW_NS
+    if due > MAX_CATCH_UP:
+        next_t0 += (due - MAX_CATCH_UP) * WINDOW_NS
+        due = MAX_CATCH_UP
+    out = [(next_t0 + k * WINDOW_NS, next_t0 + (k + 1) * WINDOW_NS) for k in range(max(0, due))]
+    return out, next_t0 + max(0, due) * WINDOW_NS
+
+
+def part_agent(sock_path: str, gpus: int, count_path: str = "") -> None:
+    """Send every GPU's windows over the real wire as N worker processes' agents would, one GPU each.
+
+    Each stand-in agent (its own pid and sequence) closes aligned, consecutive 0.5 s windows once
+    they are 1 s old and sends at most two windows per datagram, as exporter.agent.core does.
+    Every 5 s the datagrams and windows sent so far are written to `count_path`, if given.
+    """
     from exporter import wire
 
     s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    seq = 0
+    start = time.time_ns() - LAG_NS
+    next_t0 = [start - start % WINDOW_NS] * gpus
+    seq = [0] * gpus
+    sent = {"datagrams": 0, "windows": 0, "send_errors": 0}
+    counted_at = 0.0
     while True:
         now = time.time_ns()
-        t1 = now - 1_000_000_000
-        t0 = t1 - 500_000_000
-        for g in range(gpus):  # one process per GPU, as vLLM's workers
-            seq += 1
-            iv = wire.pack_intervals(
-                [(t0 + k * 5_000_000, t0 + k * 5_000_000 + 4_000_000) for k in range(100)], t0
-            )
-            w = wire.Window(dev=0, t0=t0, t1=t1, busy=400_000_000, kernels=8000, graphs=100, iv=iv[0])
-            msg = wire.Message(
-                pid=10_000 + g,
-                state="running",
-                seq=seq,
-                role="vllm_worker",
-                devices=((0, uuid_of(g)),),
-                windows=(w,),
-            )
-            try:
-                s.sendto(wire.encode(msg), sock_path)
-            except OSError:
-                pass
+        for g in range(gpus):
+            due, next_t0[g] = agent_windows(next_t0[g], now)
+            windows = []
+            for t0, t1 in due:
+                iv = wire.pack_intervals(
+                    [(t0 + k * 5_000_000, t0 + k * 5_000_000 + 4_000_000) for k in range(100)], t0
+                )
+                windows.append(
+                    wire.Window(dev=0, t0=t0, t1=t1, busy=400_000_000, kernels=8000, graphs=100, iv=iv[0])
+                )
+            for i in range(0, len(windows), 2):
+                seq[g] += 1
+                msg = wire.Message(
+                    pid=10_000 + g,
+                    state="running",
+                    seq=seq[g],
+                    role="vllm_worker",
+                    devices=((0, uuid_of(g)),),
+                    windows=tuple(windows[i : i + 2]),
+                )
+                try:
+                    s.sendto(wire.encode(msg), sock_path)
+                    sent["datagrams"] += 1
+                    sent["windows"] += len(msg.windows)
+                except OSError:
+                    sent["send_errors"] += 1
+        if count_path and time.monotonic() - counted_at >= 5.0:
+            counted_at = time.monotonic()
+            with open(count_path + ".tmp", "w") as f:
+                json.dump(sent, f)
+            os.replace(count_path + ".tmp", count_path)
         time.sleep(TICK)
 
 
@@ -323,8 +362,8 @@ def run_one(gpus: int, seconds: float, scrapes: int, scrape_every: float) -> dic
     """Measure the daemon at one GPU count."""
     me = os.path.abspath(__file__)
     eng_port, bw_port = free_port(), free_port()
-    sock_dir = f"/tmp/bw-cost-{os.getpid()}-{gpus}"
-    os.makedirs(sock_dir, exist_ok=True)
+    sock_dir = tempfile.mkdtemp(prefix=f"bw-cost-{gpus}-")  # pid 1 in the namespace: never the pid
+    os.chmod(sock_dir, 0o755)
     sock_path = os.path.join(sock_dir, "agent.sock")
     env = {k: v for k, v in os.environ.items() if not k.startswith("BOUNDWATCH")}
     env["PYTHONPATH"] = ROOT

@@ -5,14 +5,20 @@ namespace of its own (re-executed under `unshare --pid --fork --mount-proc`), so
 only the soak's processes:
 - an engine started as `vllm serve --port P` serving a real-size vLLM page whose counters move
   every 0.5 s, with 4 children titled `VLLM::APIServer_<i>` (`part_engine`);
-- an agent stand-in sending 8 GPUs' 0.5 s windows over the real wire to the daemon's socket
-  (`part_agent`);
+- an agent stand-in sending 8 GPUs' windows over the real wire to the daemon's socket as 8
+  workers' agents would: aligned, consecutive 0.5 s windows, closed 1 s after their end
+  (`part_agent`); it counts what it sent, so the report can set the daemon's received and
+  refused counts beside it;
 - the daemon (`serve()` with every source, NVML the tests' stand-in for 8 GPUs; `part_daemon`).
 The daemon's VmRSS and utime+stime are read from /proc every `--sample-every` s and its /metrics
 is scraped every `--scrape-every` s (as Prometheus would, gzip). The report: RSS at 5 minutes and
 at the end, the growth after the first 5 minutes (goal < 5 MB), the mean CPU share of one core,
-ticks/s from `boundwatch_ticks_total`, scrape latency and errors. The JSON is rewritten every
-minute, so a run cut short still leaves its numbers; every loop ends at `--minutes`.
+ticks/s from `boundwatch_ticks_total`, scrape latency and errors, and what the feed refused, by
+reason. The JSON is rewritten every minute, so a run cut short still leaves its numbers; every
+loop ends at `--minutes`. Each run has a socket directory of its own: two soaks at once never
+share a socket. (The 51-minute soak's daemon received 24.8 datagrams/s where one stand-in sends
+16 at most; its 27,736 `overlap` refusals match the excess: a second stand-in, of another soak
+sharing `/tmp/bw-soak-1` (pid 1 in every namespace), sending the same agents' windows.)
 
     python bench/soak.py --minutes 60 --out bench/results/soak.json
 """
@@ -28,6 +34,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -59,7 +66,9 @@ WATCH = (
     "boundwatch_agent_refused_total",
     "boundwatch_engine_api_servers",
     "boundwatch_engine_up",
+    "boundwatch_engine_page_refused_total",
 )
+BY_REASON = "boundwatch_agent_refused_total"  # also kept per reason
 
 
 def scrape_once(port: int) -> dict[str, Any]:
@@ -88,7 +97,11 @@ def scrape_once(port: int) -> dict[str, Any]:
         series += 1
         name = line.split(b"{", 1)[0].split(b" ", 1)[0].decode()
         if name in WATCH:
-            seen[name] = seen.get(name, 0.0) + float(line.rsplit(b" ", 1)[1])
+            value = float(line.rsplit(b" ", 1)[1])
+            seen[name] = seen.get(name, 0.0) + value
+            if name == BY_REASON and b'reason="' in line:
+                reason = line.split(b'reason="', 1)[1].split(b'"', 1)[0].decode()
+                seen[f"{name}:{reason}"] = value
         if name == "boundwatch_gpu_power_watts":
             gpus_seen += 1
     ticks = seen.pop("boundwatch_ticks_total", None)
@@ -114,8 +127,27 @@ def start_parts(me: str, eng_port: int, bw_port: int, sock_path: str) -> list[su
     )
     procs = [engine, daemon]
     if wait_port(bw_port):
-        procs.append(subprocess.Popen([sys.executable, me, "--part", "agent", "--sock", sock_path], env=env))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, me, "--part", "agent", "--sock", sock_path, "--count", sent_path(sock_path)],
+                env=env,
+            )
+        )
     return procs
+
+
+def sent_path(sock_path: str) -> str:
+    """Return where the agent stand-in writes what it sent."""
+    return os.path.join(os.path.dirname(sock_path), "agent-sent.json")
+
+
+def read_sent(sock_path: str) -> dict[str, int]:
+    """Return the agent stand-in's counts of what it sent (empty before its first write)."""
+    try:
+        with open(sent_path(sock_path)) as f:
+            return {k: int(v) for k, v in json.load(f).items()}
+    except (OSError, ValueError):
+        return {}
 
 
 def summarise(
@@ -161,7 +193,13 @@ def summarise(
         out["metrics_series_last"] = good[-1]["series"]
         out["metrics_gzip_bytes_last"] = good[-1]["bytes"]
         out["gpus_on_page_min"] = min(s["gpus"] for s in good)
-        out["last_scrape"] = good[-1]["watch"]
+        last_watch = dict(good[-1]["watch"])
+        out["agent_refused_by_reason"] = {
+            k.split(":", 1)[1]: v for k, v in last_watch.items() if k.startswith(BY_REASON + ":")
+        }
+        out["last_scrape"] = {k: v for k, v in last_watch.items() if ":" not in k}
+        if good[-1].get("sent"):
+            out["standin_sent_at_last_scrape"] = good[-1]["sent"]
     out["rss_mib_by_minute"] = [
         round(s["rss"] / MIB, 2) for s in samples if int(s["t"]) % 60 < 10 or s is last
     ]
@@ -183,8 +221,9 @@ def soak(minutes: float, sample_every: float, scrape_every: float, out_path: str
     """Run the parts for `minutes`, sampling and scraping; return the report."""
     me = os.path.abspath(__file__)
     eng_port, bw_port = free_port(), free_port()
-    sock_dir = f"/tmp/bw-soak-{os.getpid()}"
-    os.makedirs(sock_dir, mode=0o755, exist_ok=True)
+    # pid 1 in the namespace: a directory named after the pid would be every soak's
+    sock_dir = tempfile.mkdtemp(prefix="bw-soak-")
+    os.chmod(sock_dir, 0o755)
     sock_path = os.path.join(sock_dir, "agent.sock")
     meta: dict[str, Any] = {
         "argv": sys.argv[1:],
@@ -218,8 +257,10 @@ def soak(minutes: float, sample_every: float, scrape_every: float, out_path: str
                 samples.append({"t": now - t0, "rss": rss_bytes(daemon.pid), "cpu": cpu_seconds(daemon.pid)})
                 next_sample += sample_every
             if now >= next_scrape:
+                sent = read_sent(sock_path)  # written every 5 s: a few seconds behind the scrape
                 s = scrape_once(bw_port)
                 s["t"] = time.monotonic() - t0
+                s["sent"] = sent
                 scrapes.append(s)
                 next_scrape += scrape_every
             if now >= next_write:
@@ -246,12 +287,13 @@ def main() -> int:
     ap.add_argument("--part", default="", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--sock", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--count", default="", help=argparse.SUPPRESS)
     args, _rest = ap.parse_known_args()
     if args.part == "engine":
         part_engine(args.port)
         return 0
     if args.part == "agent":
-        part_agent(args.sock, GPUS)
+        part_agent(args.sock, GPUS, args.count)
         return 0
     if args.part == "daemon":
         part_daemon(args.port, args.sock, GPUS)

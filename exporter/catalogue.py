@@ -357,6 +357,16 @@ API_SERVER_SATURATED_SECONDS_TOTAL = _m(
     ["engine", "server"],
     "engine",
 )
+ENGINE_PAGE_REFUSED_TOTAL = _m(
+    "boundwatch_engine_page_refused_total",
+    "counter",
+    "What reads of an engine's page or multiprocess files lost, by reason: nan, infinite, negative, "
+    "too_large (values refused, never used); bytes, lines (reads cut at the byte or line budget), "
+    "files (multiprocess files over the count budget); label (samples whose labels were cut); "
+    "undecodable (bytes that were not UTF-8, replaced); unparsable (reads the parser refused whole).",
+    ["engine", "reason"],
+    "engine",
+)
 ENGINE_SCRAPE_DURATION_SECONDS = _m(
     "boundwatch_engine_scrape_duration_seconds",
     "gauge",

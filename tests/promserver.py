@@ -42,7 +42,7 @@ from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from exporter.catalogue import METRICS, family
-from exporter.snapshot.engine import STEP_METHODS
+from exporter.snapshot.engine import PAGE_REFUSED_REASONS, STEP_METHODS
 from exporter.snapshot.gpu import CLOCK_EVENT_REASONS
 from exporter.snapshot.verdict import REASONS, VERDICTS
 from exporter.sources.agent_feed import REFUSED_REASONS
@@ -200,6 +200,7 @@ _REASONS_BY_FAMILY = {
     "boundwatch_gpu_clock_event_reason": tuple(name for _, name in CLOCK_EVENT_REASONS),
     "boundwatch_bound_reason": REASONS,
     "boundwatch_agent_refused_total": REFUSED_REASONS,
+    "boundwatch_engine_page_refused_total": PAGE_REFUSED_REASONS,
 }
 
 

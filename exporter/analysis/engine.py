@@ -17,6 +17,11 @@ that just ended: a server is saturated while its busiest thread's demand (time r
 time waiting to run, from schedstat; its CPU where schedstat is missing) reaches
 `engine.api_server_saturated` of a core. Demand, not CPU: a thread that a crowded host or a CPU
 quota lets run 60% of the time still wanted the whole core.
+
+What each read of an engine's page lost (values refused, budgets hit, labels cut, bytes that
+did not decode) is added to boundwatch_engine_page_refused_total by reason, every reason of
+every engine from its first reading on, failed reads included. A tick that reused the engine
+source's last reading (the read outlasted the tick) adds nothing: that read was counted.
 """
 
 from __future__ import annotations
@@ -29,8 +34,8 @@ from exporter.analysis.verdict import once, owned_steps
 from exporter.config import Config
 from exporter.snapshot import Snapshot
 from exporter.snapshot.agent import EngineSteps
-from exporter.snapshot.engine import CoreCounts, EngineReading, demand
-from exporter.snapshot.totals import EngineMethod, EngineServer, EngineTotals, Tally, Totals
+from exporter.snapshot.engine import PAGE_REFUSED_REASONS, CoreCounts, EngineReading, demand
+from exporter.snapshot.totals import EngineMethod, EngineReason, EngineServer, EngineTotals, Tally, Totals
 
 # An agent in these states has stopped reporting: the counts it last sent are no longer held.
 GONE = frozenset({"stale", "stopped"})
@@ -128,15 +133,20 @@ def serve_counts(snap: Snapshot, prev: Snapshot | None = None) -> Snapshot:
 
 
 def accumulate(snap: Snapshot, cfg: Config, prev: Snapshot | None = None) -> Totals:
-    """Return this tick's running/waiting request-seconds, engine steps and API-server saturated seconds.
+    """Return this tick's running/waiting request-seconds, engine steps, saturated seconds and page losses.
 
     Served by the agent: the request-seconds its steps integrated. Served by the page: the value
     read at the previous tick held over this one; nothing across a change of source.
     """
     running, waiting, steps = Tally[str](), Tally[str](), Tally[EngineMethod]()
-    saturated_s = Tally[EngineServer]()
+    saturated_s, refused = Tally[EngineServer](), Tally[EngineReason]()
+    reused = any(s.name == "engine" and s.late for s in snap.sources)
     for reading in snap.engines:
         before = _previous(prev, reading.name)
+        # a reused late read, or a page carried from an earlier read, was counted when it was read
+        lost = {} if reused or not reading.page_read else dict(reading.page_refused)
+        for reason in PAGE_REFUSED_REASONS:  # every reason's series from the start, 0 until one is lost
+            refused.count(EngineReason(reading.name, reason), lost.get(reason, 0))
         if reading.counts_source == "agent" and not reading.error:
             counted = _counted(snap, reading)
             running.count(reading.name, sum(st.running_seconds for st in counted))
@@ -158,5 +168,6 @@ def accumulate(snap: Snapshot, cfg: Config, prev: Snapshot | None = None) -> Tot
             waiting_request_seconds=waiting,
             steps=steps,
             api_server_saturated_seconds=saturated_s,
+            page_refused=refused,
         )
     )

@@ -118,4 +118,5 @@ INTEGRATED: tuple[Family, ...] = (
     counters(c.ENGINE_STEP_GPU_SECONDS_TOTAL, lambda t: t.engine.step_gpu_seconds),
     histograms(c.ENGINE_STEP_SECONDS, lambda t: t.engine.step_seconds),
     counters(c.API_SERVER_SATURATED_SECONDS_TOTAL, lambda t: t.engine.api_server_saturated_seconds),
+    counters(c.ENGINE_PAGE_REFUSED_TOTAL, lambda t: t.engine.page_refused),
 )

@@ -24,6 +24,25 @@ STEP_METHODS: tuple[str, ...] = (
 # Where an engine's running / waiting come from: its agent's scheduler counts, or its page.
 COUNTS_SOURCES: tuple[str, ...] = ("agent", "page")
 
+# What an engine's page (or multiprocess files) lost in one read, the values of the `reason` label
+# of boundwatch_engine_page_refused_total: values refused (nan, infinite, negative, too_large: over
+# what any engine reports), reads cut at a budget (bytes, lines: the page's or the kept lines';
+# files: multiprocess files over the count, each file over the byte budget counting as bytes),
+# samples whose label names or values were cut (label), undecodable bytes replaced (undecodable),
+# and reads the metrics parser refused whole (unparsable).
+PAGE_REFUSED_REASONS: tuple[str, ...] = (
+    "nan",
+    "infinite",
+    "negative",
+    "too_large",
+    "bytes",
+    "lines",
+    "files",
+    "label",
+    "undecodable",
+    "unparsable",
+)
+
 _SERVER_INDEX = re.compile(r"APIServer_(\d+)")
 
 
@@ -184,6 +203,7 @@ class EngineReading:
     # scheduler counts, held per core in core_counts; "page": the page's gauges).
     counts_source: str = "page"
     core_counts: tuple[CoreCounts, ...] = field(default=())
+    page_refused: tuple[tuple[str, int], ...] = field(default=())  # this read's losses by reason, nonzero
     error: str = ""  # why this tick's read failed ("" = it did not); figures are then None
 
     def servers(self) -> tuple[tuple[str, ProcessCpu], ...]:

@@ -65,6 +65,13 @@ class EngineMethod(NamedTuple):
     method: str
 
 
+class EngineReason(NamedTuple):
+    """Labels of one engine's page losses by reason (snapshot.engine.PAGE_REFUSED_REASONS)."""
+
+    engine: str
+    reason: str
+
+
 class EngineServer(NamedTuple):
     """Labels of one API server of an engine (server: its number, as the page shows it)."""
 
@@ -110,6 +117,7 @@ class EngineTotals:
     step_gpu_seconds: Mapping[str, float] = field(default_factory=_none)
     step_seconds: Mapping[str, HistogramValue] = field(default_factory=_none)
     api_server_saturated_seconds: Mapping[EngineServer, float] = field(default_factory=_none)
+    page_refused: Mapping[EngineReason, float] = field(default_factory=_none)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ cost the engine nothing) every tick reads.
 
 Everything an engine says is bounded where it enters: a read stops at a byte and a line budget
 (the reading is then marked truncated), undecodable bytes are replaced per engine, label values
-are cut, and NaN, infinite, negative or implausible values are refused and counted, so one
+are cut, and NaN, infinite, negative or implausible values are refused; each reading counts what
+its read lost by reason (`page_refused`, exported as boundwatch_engine_page_refused_total), so one
 engine's page can neither hide the others nor poison an integrated counter. Each engine's change
 of state, and each engine found or lost, is logged once.
 """
@@ -26,13 +27,14 @@ from __future__ import annotations
 import asyncio
 import glob
 import json
+import math
 import os
 import re
 import stat
 import struct
 import time
-from collections import defaultdict, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections import Counter, defaultdict, deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple
@@ -46,7 +48,7 @@ from exporter.analysis import dedup, engine_page
 from exporter.analysis.engine import window_acceptance
 from exporter.config import Config, EngineConfig
 from exporter.snapshot import Snapshot
-from exporter.snapshot.engine import EngineReading, GraphConfig
+from exporter.snapshot.engine import PAGE_REFUSED_REASONS, EngineReading, GraphConfig
 from exporter.snapshot.host import CgroupCpu, ProcessCpu
 from exporter.sources import placement, procs
 from exporter.sources.base import BlockingReader, SourceUnavailable
@@ -101,7 +103,11 @@ class EngineTarget:
 
 
 class PageError(ValueError):
-    """An engine's page (or files) cannot be read as an engine's metrics."""
+    """An engine's page (or files) cannot be read as an engine's metrics; `refused`: what the read lost."""
+
+    def __init__(self, message: str, refused: Mapping[str, int] | None = None) -> None:
+        super().__init__(message)
+        self.refused: Counter[str] = Counter(refused or {})
 
 
 @dataclass(frozen=True)
@@ -126,6 +132,7 @@ MAX_ERROR_CHARS = 300  # an error text (a parser quotes the bad line) is cut to 
 MAX_REQUESTS = 1e7  # running or waiting requests beyond this are no real engine's
 MAX_COUNTER = float(2**53)  # beyond this a float counter no longer counts by one
 MAX_MULTIPROC_FILES = 4096
+VALUE_REASONS = ("nan", "infinite", "negative", "too_large")  # the page_refused reasons of refused values
 _REQUEST_GAUGES = frozenset(
     (
         *engine_page.VLLM_RUNNING,
@@ -136,21 +143,21 @@ _REQUEST_GAUGES = frozenset(
 )
 
 
-def cut_page(data: bytes, limits: PageLimits = DEFAULT_LIMITS) -> tuple[bytes, bool]:
-    """Return a page cut at a line end to the byte and line budgets, and whether anything was cut."""
-    truncated = False
+def cut_page(data: bytes, limits: PageLimits = DEFAULT_LIMITS) -> tuple[bytes, str]:
+    """Return a page cut at a line end to the byte and line budgets, and the budget that cut it ("" if none)."""
+    cut = ""
     if len(data) > limits.max_bytes:
         data = data[: limits.max_bytes]
         data = data[: data.rfind(b"\n") + 1]
-        truncated = True
+        cut = "bytes"
     if data.count(b"\n") >= limits.max_lines:
         pos = -1
         for _ in range(limits.max_lines):
             pos = data.find(b"\n", pos + 1)
         if pos + 1 < len(data):
             data = data[: pos + 1]
-            truncated = True
-    return data, truncated
+            cut = cut or "lines"
+    return data, cut
 
 
 def decode_page(data: bytes) -> tuple[str, int]:
@@ -167,20 +174,39 @@ def bounded(text: str, limit: int = MAX_ERROR_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
-def sanitise(samples: Iterable[Sample], limits: PageLimits = DEFAULT_LIMITS) -> tuple[list[Sample], int]:
-    """Drop NaN, infinite, negative and implausible values; cut label names and values; count what was dropped."""
+def refusal(value: float, top: float = MAX_COUNTER) -> str:
+    """Return why a value is refused (nan, infinite, negative, too_large), or "" when it is kept."""
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "infinite"
+    if value < 0.0:
+        return "negative"
+    return "too_large" if value > top else ""
+
+
+def sanitise(
+    samples: Iterable[Sample], limits: PageLimits = DEFAULT_LIMITS
+) -> tuple[list[Sample], Counter[str]]:
+    """Drop NaN, infinite, negative and implausible values; cut label names and values; count both by reason."""
     out: list[Sample] = []
-    refused = 0
+    refused: Counter[str] = Counter()
     n = limits.max_label_chars
     for s in samples:
         top = MAX_REQUESTS if s.name in _REQUEST_GAUGES else MAX_COUNTER
         if not 0.0 <= s.value <= top:  # False for NaN too
-            refused += 1
+            refused[refusal(s.value, top)] += 1
             continue
         if any(len(k) > n or len(v) > n for k, v in s.labels.items()):
             s = Sample(s.name, {k[:n]: v[:n] for k, v in s.labels.items()}, s.value)
+            refused["label"] += 1
         out.append(s)
     return out, refused
+
+
+def refused_tuple(refused: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
+    """Return the nonzero counts of a read's losses in PAGE_REFUSED_REASONS order."""
+    return tuple((r, int(refused[r])) for r in PAGE_REFUSED_REASONS if refused.get(r, 0) > 0)
 
 
 def parse_page(text: str, *, prefilter: bool = True) -> list[Sample]:
@@ -228,21 +254,32 @@ def reading_from_page(
     truncated = len(kept) > limits.max_kept_lines + 1  # the last is the empty string after the final newline
     if truncated:
         kept = [*kept[: limits.max_kept_lines], ""]
-    samples, refused = sanitise(parse_page("\n".join(kept), prefilter=False), limits)
+    lost: Counter[str] = Counter(lines=1) if truncated else Counter()
+    try:
+        parsed = parse_page("\n".join(kept), prefilter=False)
+    except PageError as exc:
+        exc.refused.update(lost + Counter(unparsable=1))
+        raise
+    samples, refused = sanitise(parsed, limits)
+    lost.update(refused)
+    values = sum(refused[r] for r in VALUE_REASONS)
     if engine_page.detect_kind(samples) is None:
-        if refused:
+        if values:
             raise PageError(
-                f"every engine sample on the page was refused ({refused}: NaN, negative or too large)"
+                f"every engine sample on the page was refused ({values}: NaN, negative or too large)", lost
             )
-        raise _no_engine_metrics(text)
+        error = _no_engine_metrics(text)
+        error.refused.update(lost)
+        raise error
     reading = engine_page.normalise(
         samples, name=name, url=url, source=source, multiprocess=engine_page.looks_multiprocess(text)
     )
     reading = replace(
         reading,
         model=bounded(reading.model, limits.max_label_chars),
-        rejected_values=refused,
+        rejected_values=values,
         page_truncated=truncated,
+        page_refused=refused_tuple(lost),
     )
     return replace(reading, steps=dedup.step_count(reading))
 
@@ -256,10 +293,21 @@ def reading_from_bytes(
     limits: PageLimits = DEFAULT_LIMITS,
 ) -> EngineReading:
     """Return the reading of a page as read (bytes): cut to the budgets, decoded per engine, then parsed."""
-    data, truncated = cut_page(data, limits)
+    data, cut = cut_page(data, limits)
     text, replaced = decode_page(data)
-    reading = reading_from_page(text, name=name, url=url, source=source, limits=limits)
-    return replace(reading, page_truncated=truncated or reading.page_truncated, page_decode_errors=replaced)
+    lost: Counter[str] = Counter({cut: 1} if cut else {}) + Counter(undecodable=replaced)
+    try:
+        reading = reading_from_page(text, name=name, url=url, source=source, limits=limits)
+    except PageError as exc:
+        exc.refused.update(lost)
+        raise
+    lost.update(dict(reading.page_refused))
+    return replace(
+        reading,
+        page_truncated=bool(cut) or reading.page_truncated,
+        page_decode_errors=replaced,
+        page_refused=refused_tuple(lost),
+    )
 
 
 def read_page_file(path: str, limits: PageLimits = DEFAULT_LIMITS) -> bytes:
@@ -363,7 +411,7 @@ class MultiprocReader:
         self.path = path
         self.limits = limits
         self.truncated = False  # the last read skipped files over the budgets
-        self.refused = 0  # values the last read refused
+        self.refused: Counter[str] = Counter()  # what the last read refused or skipped, by reason
         self._index: dict[str, _FileIndex] = {}
 
     def read(self) -> tuple[list[Sample], tuple[tuple[int, float], ...]]:
@@ -383,7 +431,7 @@ class MultiprocReader:
         seen = set()
         files = sorted(glob.glob(os.path.join(self.path, "*.db")))
         self.truncated = len(files) > MAX_MULTIPROC_FILES
-        self.refused = 0
+        self.refused = Counter(files=max(0, len(files) - MAX_MULTIPROC_FILES))
         for filename in files[:MAX_MULTIPROC_FILES]:
             seen.add(filename)
             base = os.path.basename(filename)
@@ -398,6 +446,7 @@ class MultiprocReader:
                     (used,) = _INT.unpack_from(head, 0)
                     if used > self.limits.max_bytes:
                         self.truncated = True
+                        self.refused["bytes"] += 1
                         continue
                     data = head + fh.read(max(0, used - 8))
                 index = self._index.get(filename)
@@ -411,7 +460,7 @@ class MultiprocReader:
             for value_pos, sample, lkey, bucket in index.entries:
                 value, ts = _TWO_DOUBLES.unpack_from(data, value_pos)
                 if not 0.0 <= value <= MAX_COUNTER:  # NaN, infinite or negative in one process's file
-                    self.refused += 1
+                    self.refused[refusal(value)] += 1
                     continue
                 if bucket and pid.isdigit():
                     per_pid[int(pid)] += value
@@ -478,18 +527,19 @@ def reading_from_multiproc(
     path = reader.path
     raw, per_pid_raw = reader.read()
     samples, refused = sanitise(raw, reader.limits)
-    refused += reader.refused
+    refused.update(reader.refused)
     per_pid = tuple((pid, c) for pid, c in per_pid_raw if 0.0 <= c <= MAX_COUNTER)
     if engine_page.detect_kind(samples) is None and kind is None:
-        raise PageError(bounded(f"no vllm: or sglang: metrics in {path}"))
+        raise PageError(bounded(f"no vllm: or sglang: metrics in {path}"), refused)
     reading = engine_page.normalise(
         samples, name=name, url=url, source="multiproc_files", multiprocess=True, kind=kind
     )
     reading = replace(
         reading,
         model=bounded(reading.model, reader.limits.max_label_chars),
-        rejected_values=refused,
+        rejected_values=sum(refused[r] for r in VALUE_REASONS),
         page_truncated=reader.truncated,
+        page_refused=refused_tuple(refused),
     )
     reading = replace(reading, iteration_count_by_pid=per_pid if reading.kind == "vllm" else ())
     if reading.kind == "vllm" and reading.api_server_count is None and per_pid:
@@ -1061,7 +1111,10 @@ class EngineSource:
                 return EngineReading(name=name, kind=kind, url=target.url, error=reason)
         except Exception as exc:  # one engine's bad page must not hide the others
             name = name or self._claim(target, kind)
-            return EngineReading(name=name, kind=kind, url=target.url, error=describe_error(exc))
+            lost = refused_tuple(exc.refused) if isinstance(exc, PageError) else ()
+            return EngineReading(
+                name=name, kind=kind, url=target.url, error=describe_error(exc), page_refused=lost
+            )
         if not name:
             reading = replace(reading, name=self._claim(target, reading.kind))
         return replace(reading, scrape_seconds=seconds + time.perf_counter() - start)

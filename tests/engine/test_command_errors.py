@@ -88,4 +88,5 @@ def test_inspect_prints_what_the_reader_returns_for_an_sglang_page_with_dp_atten
     data = json.loads(capsys.readouterr().out)
     assert rc == 0
     assert (data["running"], data["waiting"]) == (reading.running, reading.waiting)
-    assert data["running"] == pytest.approx(10.0)  # four dp ranks, each its own tp_rank 0
+    # four dp ranks, each its own tp_rank 0: 1+2+3+4 running, 0+2+4+6 waiting (row 18 read waiting = null)
+    assert (data["running"], data["waiting"]) == (pytest.approx(10.0), pytest.approx(12.0))

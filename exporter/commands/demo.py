@@ -424,29 +424,14 @@ class DemoCollector:
         yield fam
 
 
-def _banner_middleware() -> Any:
-    import html
-
-    from aiohttp import web
-
-    @web.middleware
-    async def banner(request: web.Request, handler: Any) -> Any:
-        resp = await handler(request)
-        if request.path == "/" and isinstance(resp, web.Response) and resp.text is not None:
-            note = f'<p style="background:#fe8;padding:.5em;font-weight:bold">{html.escape(BANNER)}</p>'
-            resp.text = resp.text.replace("<body>", "<body>" + note, 1)
-        return resp
-
-    return banner
-
-
 def make_demo_app(cfg: Any, sampler: Any) -> Any:
     """Return the real web app for a demo sampler, with the demo gauge and the page banner."""
+    from exporter.export.web import BANNER as BANNER_KEY
     from exporter.export.web import REGISTRY, make_app
 
     app = make_app(cfg, sampler)
     app[REGISTRY].register(DemoCollector())  # type: ignore[arg-type]
-    app.middlewares.append(_banner_middleware())
+    app[BANNER_KEY] = BANNER
     return app
 
 

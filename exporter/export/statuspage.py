@@ -30,7 +30,7 @@ BUSY_TOP, BUSY_H = 5.0, 70.0  # the busy line's lane
 BAND_TOP, BAND_H = 80.0, 22.0  # the verdict band
 HEIGHT = 104
 TITLE_MIN_PX = 3.0  # a run this wide gets a tooltip
-LABEL_PX_PER_CHAR = 6.8  # a run gets its name written in the band where the name fits (12 px text)
+LABEL_PX_PER_CHAR = 6.6  # a run gets its name written in the band where the name fits (11 px text)
 
 VERDICT_TEXT = {"gpu": "GPU-bound", "host": "host-bound", "idle": "idle", "unknown": "unknown"}
 REASON_TEXT = {
@@ -255,7 +255,7 @@ def band_label(v: Verdict, width: float) -> str:
     else:
         names = (VERDICT_TEXT.get(v.verdict, ""),)
     for name in names:
-        if name and (len(name) + 2) * LABEL_PX_PER_CHAR <= width:
+        if name and (len(name) + 1) * LABEL_PX_PER_CHAR <= width:
             return name
     return ""
 
@@ -287,7 +287,7 @@ def timeline(track: Track, window: float, gap: float) -> tuple[str, list[_Run]]:
         if label:
             fill = "#212529" if key in DARK_TEXT else "#fff"
             parts.append(
-                f'<text x="{x0 + w / 2:.1f}" y="{BAND_TOP + 15}" text-anchor="middle" font-size="12" '
+                f'<text x="{x0 + w / 2:.1f}" y="{BAND_TOP + 15}" text-anchor="middle" font-size="11" '
                 f'fill="{fill}" pointer-events="none">{escape(label)}</text>'
             )
     path = busy_path(track, gap_px)

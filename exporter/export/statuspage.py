@@ -9,6 +9,7 @@ MAX_COLUMNS ticks per timeline (a longer history is sampled down).
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -260,6 +261,22 @@ def band_label(v: Verdict, width: float) -> str:
     return ""
 
 
+@functools.lru_cache(maxsize=64)
+def _rect_head(verdict: str, key: str) -> str:
+    """Return the start of a band run's rect: its class, verdict, colour and the band's place."""
+    return (
+        f'<rect class="seg" data-verdict="{escape(verdict)}" fill="{COLOUR[key]}" '
+        f'y="{BAND_TOP}" height="{BAND_H}"'
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _title(verdict: str, reasons: tuple[str, ...]) -> str:
+    """Return a run's tooltip text: the verdict and its reasons, escaped."""
+    title = VERDICT_TEXT.get(verdict) or escape(verdict)
+    return f"{title}: {reasons_text(reasons)}" if reasons else title
+
+
 def timeline(track: Track, window: float, gap: float) -> tuple[str, list[_Run]]:
     """Return one GPU's SVG (busy line above, verdict band below) and its runs."""
     scale = WIDTH / window
@@ -272,17 +289,11 @@ def timeline(track: Track, window: float, gap: float) -> tuple[str, list[_Run]]:
             continue
         v = run.verdict
         key = colour_key(v)
-        rect = (
-            f'<rect class="seg" data-verdict="{escape(v.verdict)}" x="{x0:.1f}" y="{BAND_TOP}" '
-            f'width="{max(w, 0.8):.1f}" height="{BAND_H}" fill="{COLOUR[key]}"'
-        )
-        if w < TITLE_MIN_PX:  # too thin to point at: no tooltip, fewer bytes
+        rect = f'{_rect_head(v.verdict, key)} x="{x0:.1f}" width="{max(w, 0.8):.1f}"'
+        if w < TITLE_MIN_PX:  # too thin to point at: no tooltip, no label, fewer bytes
             parts.append(rect + "/>")
             continue
-        title = VERDICT_TEXT.get(v.verdict, escape(v.verdict))
-        if v.reasons:
-            title += ": " + reasons_text(v.reasons)
-        parts.append(f"{rect}><title>{title} ({w / scale:.0f} s)</title></rect>")
+        parts.append(f"{rect}><title>{_title(v.verdict, v.reasons)} ({w / scale:.0f} s)</title></rect>")
         label = band_label(v, w)
         if label:
             fill = "#212529" if key in DARK_TEXT else "#fff"

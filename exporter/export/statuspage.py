@@ -13,7 +13,7 @@ import functools
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from html import escape
 
 from exporter.snapshot import Snapshot
@@ -150,8 +150,20 @@ class _Run:
     verdict: Verdict  # its first tick's verdict
 
 
-# A GPU's history as drawn: (x in px, x formatted, verdict) per kept tick, oldest first.
-Track = list[tuple[float, str, Verdict]]
+@dataclass
+class Track:
+    """One GPU's history as drawn, oldest first: x in px, x formatted, the verdict, per kept tick.
+
+    Parallel lists of floats, strings and the Snapshots' own Verdicts: a render allocates no
+    object per tick that the garbage collector must track (a tuple each would wake it up several
+    times per render over a heap of Snapshots).
+    """
+
+    x: list[float] = field(default_factory=list)
+    xs: list[str] = field(default_factory=list)
+    v: list[Verdict] = field(default_factory=list)
+
+
 # The busy line's y for busy 0%, 1%, ... 100%.
 _BUSY_Y = tuple(f"{BUSY_TOP + BUSY_H * (1 - k / 100):.1f}" for k in range(101))
 
@@ -163,7 +175,7 @@ def stride(ticks: int) -> int:
 
 def tracks(history: Sequence[Snapshot], gpus: Sequence[int], window: float) -> dict[int, Track]:
     """Return each shown GPU's ticks placed on the timeline, sampled down to at most MAX_COLUMNS ticks."""
-    out: dict[int, Track] = {g: [] for g in gpus}
+    out = {g: Track() for g in gpus}
     if not history:
         return out
     every = stride(len(history))
@@ -178,7 +190,9 @@ def tracks(history: Sequence[Snapshot], gpus: Sequence[int], window: float) -> d
         for v in snap.verdicts:
             track = out.get(v.gpu)
             if track is not None:
-                track.append((x, xs, v))
+                track.x.append(x)
+                track.xs.append(xs)
+                track.v.append(v)
     return out
 
 
@@ -189,7 +203,7 @@ def runs(track: Track, gap_px: float) -> list[_Run]:
     verdict = ""
     first: tuple[str, ...] = ()
     prev = -math.inf
-    for x, _, v in track:
+    for x, v in zip(track.x, track.v, strict=True):
         if last is not None:
             last.x1 = x if x - prev <= gap_px else prev + gap_px / 3
             if x - prev <= gap_px and v.verdict == verdict and (verdict != "host" or v.reasons[:1] == first):
@@ -210,7 +224,7 @@ def busy_path(track: Track, gap_px: float) -> str:
     pen = "M"
     prev = -math.inf
     ys = _BUSY_Y
-    for x, xs, v in track:
+    for x, xs, v in zip(track.x, track.xs, track.v, strict=True):
         busy = v.busy_ratio
         if busy is None:
             pen = "M"

@@ -250,7 +250,7 @@ class _Page:
 
 
 class PageCache:
-    """Render /metrics at most once per tick and format, and gzip it at most once too.
+    """Render a page (/metrics per format, the status page) at most once per tick, and gzip it at most once too.
 
     A page is kept for the Snapshot it was rendered from and at most one tick (so the Snapshot's
     age and the process figures stay true while ticks stall); any number of scrapes in between

@@ -85,6 +85,15 @@ def build(torch: Any, batch: int, layers: int, hidden: int) -> tuple[Any, Any, A
     return g, stamps, counter, nodes
 
 
+def _scan_ms() -> float:
+    """Time one heap scan for live CUDA graphs in this process (what a late deep-mode start pays once)."""
+    from exporter.agent import hooks
+
+    t = time.perf_counter()
+    hooks.live_graphs()
+    return round((time.perf_counter() - t) * 1e3, 3)
+
+
 def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
     import numpy as np
     import torch
@@ -158,6 +167,7 @@ def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "records": a.stats.records if a else 0,
         "kernels": sum(w.kernels for w in wins),
         "graphs": sum(w.graphs for w in wins),
+        "heap_scan_ms": _scan_ms(),
     }
     return out
 

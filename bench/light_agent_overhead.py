@@ -7,9 +7,13 @@ every workload once:
   replayed once per step, the step's tokens copied back (a sync), as an engine's decode loop does. With
   the light agent the step goes through the vLLM plugin's step wrapper (timing, scheduler counts) and
   every replay through the CUDAGraph hook.
+- decode_8b: one decode step of a Llama-3-8B-shaped model at batch 1 (32 layers, 14 GB of bf16
+  weights read a step), captured in a CUDA graph: a realistic step length for the same wrapper.
+- *_hook_only / *_wrapper_only (same process): the replay hook alone, the step wrapper alone.
 - eager: a launch-bound loop of tiny eager kernels (x.add_), synchronised every 256 launches.
 - cpu_steps: the same step wrapper around a pure-Python step (runs without torch or a GPU).
-- pause: a pure-Python loop that records the longest gap between its iterations (the agent's thread
+- pause_after_decode / pause: a pure-Python loop that records the longest gap between its iterations,
+  after the decode loops and after the CPU-step flood (~300k steps/s) (the agent's thread
   holding the GIL shows up here as an added pause).
 
 The goal (issue 9): <= 0.1% throughput on decode, no app pause added over 0.1 ms. Without torch or a
@@ -73,7 +77,7 @@ def engine_class(light: bool) -> type[Engine]:
     if light:
         from exporter.agent import plugins
 
-        batch_of = lambda core: (core.scheduler.batch, core.scheduler.batch)  # noqa: E731
+        batch_of = lambda core, n: (core.scheduler.batch * n, core.scheduler.batch * n)  # noqa: E731
         cls.step = plugins.wrap_step(Engine.step, "vllm", batch_of, plugins.vllm_counts)  # type: ignore[method-assign]
     return cls
 
@@ -198,6 +202,14 @@ def gpu_workloads(light: bool, seconds: float) -> dict[str, Any]:
 
             bare = Engine(batch, raw_step)
             out[f"decode_b{batch}_same_process"] = interleaved(bare.step, engine.step, seconds)
+            # Which part costs: the replay hook alone (no step wrapper), the step wrapper alone (replay unhooked).
+            hook_only = Engine(batch, decode_step)
+            out[f"decode_b{batch}_hook_only_same_process"] = interleaved(bare.step, hook_only.step, seconds)
+            wrapper_only = cls(batch, raw_step)
+            out[f"decode_b{batch}_wrapper_only_same_process"] = interleaved(
+                bare.step, wrapper_only.step, seconds
+            )
+    out.update(big_decode(torch, cls, light, seconds))
     small = torch.zeros(16, device="cuda")
 
     def eager() -> None:
@@ -208,6 +220,60 @@ def gpu_workloads(light: bool, seconds: float) -> dict[str, Any]:
     r = timed_loop(eager, seconds)
     r["kernels_per_s"] = r["per_s"] * 256
     out["eager"] = r
+    return out
+
+
+def big_decode(torch: Any, cls: Any, light: bool, seconds: float) -> dict[str, Any]:
+    """Time a decode step of a Llama-3-8B-shaped model at batch 1 (32 layers, 7.0 B bf16 weights: 14 GB read a step)."""
+    out: dict[str, Any] = {}
+    hidden, ffn, layers, kv = 4096, 14336, 32, 1024
+
+    def w(rows: int, cols: int) -> Any:
+        return torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16) * 0.01
+
+    ws = [
+        (w(hidden, hidden + 2 * kv), w(hidden, hidden), w(hidden, 2 * ffn), w(ffn, hidden))
+        for _ in range(layers)
+    ]
+    x = torch.randn(1, hidden, device="cuda", dtype=torch.bfloat16)
+
+    def body(x: Any = x) -> Any:
+        for qkv, o, gate_up, down in ws:
+            q = (x @ qkv)[:, :hidden]
+            x = x + (q @ o) * 0.01
+            g, u = (x @ gate_up).chunk(2, dim=-1)
+            x = x + (torch.nn.functional.silu(g) * u) @ down * 0.01
+        return x.argmax(-1)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            body()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        tokens = body()
+    host = torch.empty_like(tokens, device="cpu").pin_memory()
+
+    def step(g: Any = g) -> Any:
+        g.replay()
+        host.copy_(tokens)
+        return host
+
+    engine = cls(1, step)
+    out["decode_8b"] = timed_loop(engine.step, seconds)
+    if light:
+        original = getattr(type(g).replay, "__wrapped__", None)
+
+        def raw_step(g: Any = g) -> Any:
+            (original or type(g).replay)(g)
+            host.copy_(tokens)
+            return host
+
+        out["decode_8b_same_process"] = interleaved(Engine(1, raw_step).step, engine.step, seconds, block=10)
+    ws.clear()  # free the 14 GB of weights before the next workload
+    torch.cuda.empty_cache()
     return out
 
 
@@ -222,6 +288,8 @@ def child(mode: str, seconds: float) -> dict[str, Any]:
     res["gpu"] = gpu_workloads(light, seconds)
     if "skipped" in res["gpu"]:
         print(res["gpu"]["skipped"], file=sys.stderr, flush=True)
+    # after an engine-like loop (hundreds of steps a second): what the agent's thread adds there
+    res["pause_after_decode"] = pause_probe(min(seconds, 3.0))
 
     def cpu_body() -> int:
         return sum(range(200))
@@ -284,7 +352,8 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
         loads["cpu_steps"] = r["cpu_steps"]
         for name, v in loads.items():
             by[r["mode"]].setdefault(name, []).append(v)
-        by[r["mode"]].setdefault("pause", []).append(r["pause"])
+        by[r["mode"]].setdefault("pause", []).append(r["pause"])  # after the CPU-step flood (~250k steps/s)
+        by[r["mode"]].setdefault("pause_after_decode", []).append(r["pause_after_decode"])
     out: dict[str, Any] = {}
     same: dict[str, list[dict[str, Any]]] = {}
     for r in runs:
@@ -315,7 +384,7 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
         light_runs = by["light"].get(name)
         if not light_runs:
             continue
-        if name == "pause":
+        if name.startswith("pause"):
             n_max = max(p["max_us"] for p in none_runs)
             l_max = max(p["max_us"] for p in light_runs)
             out[name] = {"none_max_us": n_max, "light_max_us": l_max, "added_us": round(l_max - n_max, 1),

@@ -1,7 +1,8 @@
 """Command line: parse flags, configure logging, run the daemon or a sub-command.
 
 `boundwatch` alone (or `boundwatch run`) starts the daemon. Every module in
-`exporter/commands/` with `add_parser(subparsers)` and `run(args) -> int` adds a sub-command.
+`exporter/commands/` with `add_parser(subparsers, config_flags)` and `run(args) -> int` adds a
+sub-command; it gets `add_config_flags` and the loaded Config (`args.cfg`) from here.
 """
 
 from __future__ import annotations
@@ -124,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(run_p)
     for mod in _commands():
         before = set(sub.choices)
-        mod.add_parser(sub)
+        mod.add_parser(sub, add_config_flags)
         for name in set(sub.choices) - before:
             sub.choices[name].set_defaults(func=mod.run)
     return parser

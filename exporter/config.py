@@ -21,6 +21,7 @@ from exporter.wire import default_agent_socket  # shared with the in-process age
 
 DEFAULT_PORT = 9482  # 9400 is dcgm-exporter's, 9401 and 9835 are other GPU exporters'.
 ENV_PREFIX = "BOUNDWATCH_"
+MAX_SLOW_READ_SECONDS = 300.0  # engine.slow_read_seconds: token counters older than this are of little use
 
 
 class ConfigError(ValueError):
@@ -64,6 +65,9 @@ class EngineConfig:
     max_page_bytes: int = 8 * 1024 * 1024  # per read of one page: the rest is left unread (truncated)
     max_page_lines: int = 50_000  # per read of one page
     max_label_chars: int = 128  # label values (and the model name) are cut to this length
+    # While an agent reports an engine's scheduler counts, its API server's page is read only this
+    # often (for the token counters and the model name); 0 reads it every tick regardless.
+    slow_read_seconds: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -272,6 +276,11 @@ class Config:
         check(e.max_page_lines >= 10, "engine.max_page_lines", f"must be at least 10, got {e.max_page_lines}")
         check(
             e.max_label_chars >= 8, "engine.max_label_chars", f"must be at least 8, got {e.max_label_chars}"
+        )
+        check(
+            0 <= e.slow_read_seconds <= MAX_SLOW_READ_SECONDS,
+            "engine.slow_read_seconds",
+            f"must be between 0 and {MAX_SLOW_READ_SECONDS:g}, got {e.slow_read_seconds}",
         )
         for url in self.engine.urls:
             check(

@@ -117,20 +117,14 @@ async def serve(
     with contextlib.suppress(NotImplementedError, RuntimeError):
         loop.add_signal_handler(signal.SIGHUP, _on_sighup)
     sources = build_sources(cfg) if sources is None else sources
-    for source in sources:
-        start = getattr(source, "start", None)
-        if start is not None:
-            try:
-                await start()
-            except Exception as exc:
-                log.warning("source_start_failed", source=source.name, error=str(exc))
     watchdog = os.environ.get("WATCHDOG_USEC")
 
     def on_tick(_snap: object) -> None:
         if watchdog:
             sd_notify("WATCHDOG=1")
 
-    sampler = Sampler(cfg, sources, on_tick=on_tick)
+    sampler = Sampler(cfg, sources, on_tick=on_tick)  # from here on, the sampler owns the sources
+    await sampler.start()
     await sampler.tick()  # serve a first Snapshot from the start
     app = make_app(cfg, sampler)
     w = cfg.web
@@ -143,8 +137,10 @@ async def serve(
         max_field_size=8190,
     )
     await runner.setup()
+    if runner.server is None:  # setup() sets it
+        raise RuntimeError("the web runner has no server after setup()")
     guard = ConnectionGuard(
-        runner.server,  # type: ignore[arg-type]
+        runner.server,
         connection_cap(w.max_connections, raise_descriptor_limit()),
         w.header_timeout_seconds,
         stats=app[LISTENER],
@@ -184,9 +180,4 @@ async def serve(
             await accepting
         listener.close()
         await runner.cleanup()
-        for source in sources:
-            aclose = getattr(source, "aclose", None)
-            if aclose is not None:
-                with contextlib.suppress(Exception):
-                    await aclose()
         await sampler.aclose()

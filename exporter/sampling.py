@@ -12,7 +12,6 @@ import dataclasses
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from types import MappingProxyType
 from typing import Any
 
 import structlog
@@ -21,10 +20,8 @@ from exporter.analysis.pipeline import advance
 from exporter.config import Config
 from exporter.probe.scheduled import ProbeScheduler
 from exporter.snapshot import Snapshot, SourceStatus
-from exporter.sources.base import Source, SourceUnavailable
-
-_NO_COUNTERS: Mapping[Any, float] = MappingProxyType({})
-_NO_HISTOGRAMS: Mapping[Any, Any] = MappingProxyType({})
+from exporter.snapshot.totals import EMPTY
+from exporter.sources.base import AsyncClosable, Source, SourceUnavailable, Startable
 
 log = structlog.get_logger("boundwatch.sampler")
 
@@ -76,6 +73,7 @@ class Sampler:
         self._budget = 0.8 * cfg.tick_seconds
         self._stale = max(2.0, 4 * cfg.tick_seconds)
         self.tick_cpu_seconds = 0.0
+        self._closed = False
 
     def now(self) -> float:
         """Return the sampler's monotonic clock reading."""
@@ -176,8 +174,12 @@ class Sampler:
             snap = dataclasses.replace(snap, probe=self.probes.tick((*self._history, snap)))
         if self._history:  # only the newest Snapshot's counters are ever read: older ones keep none
             older = self._history[-1]
-            self._history[-1] = dataclasses.replace(older, counters=_NO_COUNTERS, histograms=_NO_HISTOGRAMS)
+            self._history[-1] = dataclasses.replace(older, totals=EMPTY)
         self._history.append(snap)
+        for source in self.sources:  # a source that reads by what the last tick found (engine pages)
+            follow = getattr(source, "follow", None)
+            if follow is not None:
+                follow(snap)
         self.tick_cpu_seconds += time.process_time() - cpu0
         if self._on_tick is not None:
             self._on_tick(snap)
@@ -201,19 +203,42 @@ class Sampler:
             except TimeoutError:
                 pass
 
+    async def start(self) -> None:
+        """Start every source that has a start(); one that cannot start reports itself down each tick."""
+        for source in self.sources:
+            if isinstance(source, Startable):
+                try:
+                    await source.start()
+                except Exception as exc:
+                    log.warning("source_start_failed", source=source.name, error=str(exc))
+
     async def aclose(self) -> None:
-        """Stop a probe still running, then close every source."""
+        """Stop a probe still running, then close every source once (aclose() where it has one)."""
         if self.probes is not None:
             await self.probes.close()
-        self.close()
+        for source in self._closing():
+            try:
+                if isinstance(source, AsyncClosable):
+                    await source.aclose()
+                else:
+                    source.close()
+            except Exception:
+                log.exception("source_close_failed", source=source.name)
 
     def close(self) -> None:
-        """Close every source and drop reads still in flight."""
-        for state in self._state.values():
-            if state.pending is not None:
-                state.pending.cancel()
-        for source in self.sources:
+        """Close every source once with its close(), without awaiting (outside an event loop)."""
+        for source in self._closing():
             try:
                 source.close()
             except Exception:
                 log.exception("source_close_failed", source=source.name)
+
+    def _closing(self) -> list[Source]:
+        """Drop reads still in flight and return the sources to close: all of them, the first time only."""
+        for state in self._state.values():
+            if state.pending is not None:
+                state.pending.cancel()
+        if self._closed:
+            return []
+        self._closed = True
+        return self.sources

@@ -41,9 +41,11 @@ MAX_DATAGRAM_BYTES = 16 * 1024
 STATES = ("running", "preempted", "unavailable", "stopped")
 ROLES = ("vllm_worker", "vllm_engine", "sglang_scheduler", "generic")
 MAX_INTERVALS = 600  # busy intervals per window kept for cross-process unions (~8 KiB at worst)
-# Histogram layouts on the wire: the same bounds as exporter.catalogue (tests check it).
+# Histogram layouts, here only: the agent fills them, the sidecar adds them up, export renders them.
 STEP_BUCKETS_SECONDS: tuple[float, ...] = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0)
-IDLE_GAP_BUCKET_COUNT = 11  # len(IDLE_GAP_BUCKETS_SECONDS) + 1
+# Idle gaps shorter than 1 ms are launch jitter; the seed's starving GPU shows up above it.
+IDLE_GAP_BUCKETS_SECONDS: tuple[float, ...] = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+IDLE_GAP_BUCKET_COUNT = len(IDLE_GAP_BUCKETS_SECONDS) + 1
 STEP_BUCKET_COUNT = len(STEP_BUCKETS_SECONDS) + 1
 # Bounds of one message: no field may claim more than a real agent can report.
 MAX_INT = 2**62  # every integer on the wire (ns timestamps until 2116)

@@ -41,11 +41,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from exporter.catalogue import IDLE_GAP_BUCKETS_SECONDS, METRICS, STEP_BUCKETS_SECONDS, family
+from exporter.catalogue import METRICS, family
 from exporter.snapshot.engine import STEP_METHODS
 from exporter.snapshot.gpu import CLOCK_EVENT_REASONS
 from exporter.snapshot.verdict import REASONS, VERDICTS
 from exporter.sources.agent_feed import REFUSED_REASONS
+from exporter.wire import IDLE_GAP_BUCKETS_SECONDS, STEP_BUCKETS_SECONDS
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMETHEUS = shutil.which("prometheus") or (
@@ -217,7 +218,7 @@ class FullPage(Collector):
         """Yield each family with one series per combination of label values."""
         elapsed = time.time() - self.started + 1.0
         for spec in METRICS:
-            fam = family(spec.name)
+            fam = family(spec)
             combos = itertools.product(*(self._values(spec.name, label) for label in spec.labels))
             for values in combos:
                 if isinstance(fam, HistogramMetricFamily):

@@ -6,6 +6,7 @@ from exporter.config import Config
 from exporter.snapshot import Snapshot
 from exporter.snapshot.agent import AgentReading, GpuActivity
 from exporter.snapshot.gpu import GpmRatios, GpuReading
+from exporter.snapshot.totals import GpuSource
 
 HALF = 500_000_000
 
@@ -45,8 +46,8 @@ def test_lossy_windows_add_no_cupti_busy_time_but_their_drops_are_counted() -> N
     history: list[Snapshot] = []
     for seq, dropped in enumerate((0, 746_000, 0)):
         history.append(advance(history, _snap(seq, kept=206_000, dropped=dropped), cfg))
-    c = history[-1].counters
-    observed = c[("boundwatch_gpu_observed_seconds_total", ("0", "cupti"))]
+    busy = history[-1].totals.busy
+    observed = busy.observed_seconds[GpuSource(0, "cupti")]
     assert observed == 2 * HALF * 1e-9  # the lossy window's half second is not in it
-    assert c[("boundwatch_agent_dropped_records_total", ("0",))] == 746_000
+    assert busy.dropped_records[0] == 746_000
     assert activity.lossy(history[1].agent.activity[0])  # type: ignore[union-attr]

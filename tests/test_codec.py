@@ -13,6 +13,16 @@ from exporter.analysis import verdict as v
 from exporter.config import Config
 from exporter.export import web
 from exporter.snapshot import HistogramValue, codec
+from exporter.snapshot.totals import (
+    AgentTotals,
+    BusyTotals,
+    EngineMethod,
+    EngineTotals,
+    GpuSource,
+    GpuVerdict,
+    Totals,
+    VerdictTotals,
+)
 from tests.verdict_scenes import SEED, Recorder, Scene
 
 
@@ -23,15 +33,17 @@ def seed_snapshots() -> list:
     )
     out = v.replay(rec.snaps, Config())
     last = out[-1]
-    counters = {("boundwatch_bound_seconds_total", ("0", "host")): 1.5}
-    hist = {
-        ("boundwatch_gpu_idle_gap_seconds", ("0",)): HistogramValue((0.001, 0.002), (1.0, 2.0, 0.0), 0.004)
-    }
+    totals = Totals(
+        busy=BusyTotals(
+            busy_seconds=MappingProxyType({GpuSource(0, "gpm"): 0.4}),
+            idle_gaps=MappingProxyType({0: HistogramValue((0.001, 0.002), (1.0, 2.0, 0.0), 0.004)}),
+        ),
+        agent=AgentTotals(messages=3.0, refused=MappingProxyType({"overlap": 1.0})),
+        engine=EngineTotals(steps=MappingProxyType({EngineMethod("vllm:8000", "agent"): 7.0})),
+        verdict=VerdictTotals(bound_seconds=MappingProxyType({GpuVerdict(0, "host"): 1.5})),
+    )
     out[-1] = dataclasses.replace(
-        last,
-        counters=MappingProxyType(counters),
-        histograms=MappingProxyType(hist),
-        probe=MappingProxyType({"hbm_bandwidth_bytes_per_second": 4.2e12}),
+        last, totals=totals, probe=MappingProxyType({"hbm_bandwidth_bytes_per_second": 4.2e12})
     )
     return out
 
@@ -48,7 +60,8 @@ def test_round_trip_keeps_types() -> None:
     assert isinstance(back.engines[0].api_servers[0].cmdline, tuple)
     assert list(back.busy) == [0]
     assert back.verdicts[0].reasons == snap.verdicts[0].reasons
-    assert back.histograms[("boundwatch_gpu_idle_gap_seconds", ("0",))].counts == (1.0, 2.0, 0.0)
+    assert back.totals.busy.idle_gaps[0].counts == (1.0, 2.0, 0.0)
+    assert list(back.totals.verdict.bound_seconds) == [GpuVerdict(0, "host")]
 
 
 def test_recording_lines_read_back_without_counters() -> None:
@@ -61,19 +74,28 @@ def test_recording_lines_read_back_without_counters() -> None:
     got = list(back)
     assert head["tick_seconds"] == 0.5
     assert len(got) == len(snaps)
-    assert got[-1].counters == {}
+    assert got[-1].totals == Totals()
+    assert '"totals"' not in codec.dumps(snaps[-1])
     assert got[-1].engines == snaps[-1].engines
     assert got[-1].agent == snaps[-1].agent
 
 
 def test_reads_the_daemons_snapshot_page() -> None:
     snap = seed_snapshots()[-1]
-    page = web.served(dataclasses.replace(snap, counters={}, histograms={}))
-    page["counters"] = {f"{n}{{{','.join(labels)}}}": x for (n, labels), x in snap.counters.items()}
+    page = web.snapshot_page(snap)
+    assert page["counters"]["boundwatch_bound_seconds_total{0,host}"] == 1.5
     back = codec.from_json(json.loads(json.dumps(page)))
     assert back.engines == snap.engines
     assert back.busy == snap.busy
-    assert back.counters == snap.counters
+    assert back.totals == snap.totals
+
+
+def test_reads_pages_and_recordings_written_before_the_totals_were_typed() -> None:
+    data = codec.to_json(seed_snapshots()[-1], totals=False)
+    data["counters"] = {"boundwatch_bound_seconds_total{0,host}": 1.5}  # an older /api/snapshot
+    data["histograms"] = []  # an older recording line
+    back = codec.from_json(json.loads(json.dumps(data)))
+    assert back.totals == Totals() and back.engines == seed_snapshots()[-1].engines
 
 
 def test_rejects_a_file_that_is_not_a_recording() -> None:

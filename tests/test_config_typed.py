@@ -94,3 +94,14 @@ def test_precedence_still_defaults_toml_env_flags(tmp_path, capsys):
     assert main(["--config", str(path), "--check-config"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["web"]["port"] == 9100 and out["web"]["header_timeout_seconds"] == 3.0
+
+
+def test_the_slow_page_period_is_a_checked_number_of_seconds(tmp_path):
+    path = tmp_path / "bw.toml"
+    path.write_text("[engine]\nslow_read_seconds = 15\n")
+    assert load(str(path), environ={}).engine.slow_read_seconds == 15.0
+    assert load(environ={"BOUNDWATCH_ENGINE__SLOW_READ_SECONDS": "0"}).engine.slow_read_seconds == 0.0
+    for bad in ("-1", "301"):
+        (problem,) = _problems(environ={"BOUNDWATCH_ENGINE__SLOW_READ_SECONDS": bad})
+        assert "engine.slow_read_seconds: must be between 0 and 300" in problem
+    assert "expected a number" in _problems(environ={"BOUNDWATCH_ENGINE__SLOW_READ_SECONDS": "often"})[0]

@@ -8,6 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter.analysis import verdict as v
 from exporter.config import Config, RooflineConfig
 from exporter.export import verdict as export
+from exporter.export.families import render
 from tests.verdict_scenes import SEED, Scene, series
 
 
@@ -16,7 +17,7 @@ class _One:
         self.snap = snap
 
     def collect(self):
-        yield from export.render(self.snap)
+        yield from render((*export.FAMILIES, *export.INTEGRATED), self.snap)
 
 
 def samples(snap) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

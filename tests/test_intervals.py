@@ -1,14 +1,9 @@
 """Interval union, windows with carry-over and late records, idle-gap histograms, cross-process unions."""
 
-from exporter import catalogue
 from exporter.analysis import intervals as iv
 
 MS = 1_000_000
 S = 1_000_000_000
-
-
-def test_idle_gap_buckets_match_the_catalogue() -> None:
-    assert iv.IDLE_GAP_BUCKETS_SECONDS == catalogue.IDLE_GAP_BUCKETS_SECONDS
 
 
 def test_merge_unions_overlapping_and_touching_intervals() -> None:

@@ -6,7 +6,8 @@ Rules (docs/architecture.md, STYLE.md 1 and 13):
   Prometheus library;
 - the agent, inside someone's inference process, imports of the sidecar only the wire and the interval
   maths, and no Prometheus, HTTP, NVML or logging library;
-- sources never import export, commands, the daemon or the sampler.
+- sources never import export, commands, the daemon or the sampler;
+- sub-commands never import the command line (`exporter.cli` hands them what they need).
 """
 
 from __future__ import annotations
@@ -78,6 +79,8 @@ def violations(module: str, names: set[str]) -> list[str]:
         allowed = {"exporter.agent", "exporter.wire", "exporter.analysis.intervals"}
         bad += [n for n in own if n != "exporter" and not _under(n, allowed)]
         bad += [n for n in names if _under(n, IO_LIBRARIES - {"socket"})]
+    if module.startswith("exporter.commands"):
+        bad += [n for n in own if _under(n, {"exporter.cli"})]
     if module.startswith("exporter.sources"):
         forbidden = {"exporter.export", "exporter.commands", "exporter.daemon", "exporter.sampling"}
         bad += [n for n in own if _under(n, forbidden)]
@@ -113,3 +116,12 @@ def test_the_check_catches_the_agent_pulling_in_the_sidecar() -> None:
     src = "from exporter import catalogue\nimport prometheus_client\nfrom exporter import wire\n"
     names = imports_of(src, "exporter.agent.core")
     assert violations("exporter.agent.core", names) == ["exporter.catalogue", "prometheus_client"]
+
+
+def test_the_check_catches_a_sub_command_importing_the_command_line() -> None:
+    src = "from exporter.cli import add_config_flags\nfrom exporter.commands import ConfigFlags\n"
+    names = imports_of(src, "exporter.commands.diagnose")
+    assert violations("exporter.commands.diagnose", names) == [
+        "exporter.cli",
+        "exporter.cli.add_config_flags",
+    ]

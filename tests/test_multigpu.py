@@ -31,6 +31,7 @@ from exporter.snapshot.agent import AgentReading, AgentState, EngineSteps, GpuAc
 from exporter.snapshot.engine import EngineReading, Placement, ThreadLoad
 from exporter.snapshot.gpu import GpuReading
 from exporter.snapshot.host import ProcessCpu
+from exporter.snapshot.totals import GpuSource
 from exporter.sources.nvml import NvmlSource
 from tests.nvml_standin import FakeGpu, FakeNvml
 
@@ -467,8 +468,10 @@ def test_without_nvml_two_agents_on_ordinal_0_are_two_gpus_with_stable_indices()
     assert first.busy == {0: (0.3, "cupti"), 1: (0.9, "cupti")}
     assert last.busy[1] == (0.8, "cupti")  # u2 keeps index 1 after u1 stops reporting
     assert last.gpu_uuids == (u1, u2)
-    observed = {k[1]: v for k, v in last.counters.items() if k[0] == "boundwatch_gpu_observed_seconds_total"}
-    assert observed[("0", "cupti")] == pytest.approx(1.5) and observed[("1", "cupti")] == pytest.approx(2.0)
+    observed = last.totals.busy.observed_seconds
+    assert observed[GpuSource(0, "cupti")] == pytest.approx(1.5) and observed[
+        GpuSource(1, "cupti")
+    ] == pytest.approx(2.0)
 
 
 def test_with_nvml_an_unknown_uuid_gets_an_index_past_nvmls_never_one_of_its_gpus():

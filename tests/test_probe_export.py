@@ -13,15 +13,17 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.export import probe as export_probe
 from exporter.export.collectors import SnapshotCollector
+from exporter.export.families import render
 from exporter.probe import check, logic
 from exporter.snapshot import Snapshot
 from exporter.snapshot.gpu import GpuReading
+from exporter.snapshot.totals import BusyTotals, GpuSource, Totals
 
 UUID0 = "GPU-caae7614-31f3-a614-966f-97619c318eb5"
 UUID1 = "GPU-0b1c2d3e-0000-1111-2222-333344445555"
 
 
-def _snapshot(counters: dict, probe: dict | None = None) -> Snapshot:
+def _snapshot(busy: BusyTotals, probe: dict | None = None) -> Snapshot:
     return Snapshot(
         seq=7,
         at=1.8e9,
@@ -32,7 +34,7 @@ def _snapshot(counters: dict, probe: dict | None = None) -> Snapshot:
             GpuReading(index=0, uuid=UUID0, name="NVIDIA H200", driver="580.159.04", utilization=0.5),
             GpuReading(index=1, uuid=UUID1, name="NVIDIA H200", driver="580.159.04", utilization=0.0),
         ),
-        counters=MappingProxyType(counters),
+        totals=Totals(busy=busy),
         probe=MappingProxyType(probe or {}),
     )
 
@@ -43,15 +45,10 @@ def _page(snap: Snapshot) -> str:
     return generate_latest(reg).decode()
 
 
-def _counters(busy0: float, obs0: float) -> dict:
-    return {
-        ("boundwatch_gpu_busy_seconds_total", ("0", "cupti")): busy0,
-        ("boundwatch_gpu_observed_seconds_total", ("0", "cupti")): obs0,
-        ("boundwatch_gpu_busy_seconds_total", ("0", "gpm")): busy0 + 0.1,
-        ("boundwatch_gpu_observed_seconds_total", ("0", "gpm")): obs0,
-        ("boundwatch_gpu_busy_seconds_total", ("1", "gpm")): 0.0,
-        ("boundwatch_gpu_observed_seconds_total", ("1", "gpm")): obs0,
-    }
+def _counters(busy0: float, obs0: float) -> BusyTotals:
+    busy = {GpuSource(0, "cupti"): busy0, GpuSource(0, "gpm"): busy0 + 0.1, GpuSource(1, "gpm"): 0.0}
+    observed = {GpuSource(0, "cupti"): obs0, GpuSource(0, "gpm"): obs0, GpuSource(1, "gpm"): obs0}
+    return BusyTotals(busy_seconds=busy, observed_seconds=observed)
 
 
 def test_gpu_label_found_by_uuid_in_either_spelling() -> None:
@@ -130,7 +127,7 @@ def test_probe_gauges_render_from_the_snapshot_summary() -> None:
         },
     }
     probe = {"0": logic.summarize(logic.finish(result)), "1": logic.summarize(logic.unavailable("OOM"))}
-    samples = _samples(_page(_snapshot({}, probe)))
+    samples = _samples(_page(_snapshot(BusyTotals(), probe)))
     g0 = (("gpu", "0"),)
     assert samples[("boundwatch_probe_hbm_bandwidth_bytes_per_second", g0)] == pytest.approx(4.271e12)
     assert samples[("boundwatch_probe_hbm_bandwidth_ratio", g0)] == pytest.approx(4.271 / 4.8)
@@ -149,13 +146,16 @@ def test_probe_gauges_render_from_the_snapshot_summary() -> None:
 
 
 def test_no_probe_no_probe_families() -> None:
-    text = _page(_snapshot({}))
+    text = _page(_snapshot(BusyTotals()))
     assert "boundwatch_probe_" not in text
-    assert all(not fam.samples for fam in export_probe.render(_snapshot({}, {"0": "not a mapping"})))
+    assert all(
+        not fam.samples
+        for fam in render(export_probe.FAMILIES, _snapshot(BusyTotals(), {"0": "not a mapping"}))
+    )
 
 
 def test_failed_probe_reads_zero() -> None:
     result = {"schema": 1, "duty": {"phases": [logic.evaluate_duty_phase(0.5, 0.5, {"cupti": 0.56})]}}
-    samples = _samples(_page(_snapshot({}, {"0": logic.summarize(logic.finish(result))})))
+    samples = _samples(_page(_snapshot(BusyTotals(), {"0": logic.summarize(logic.finish(result))})))
     assert samples[("boundwatch_probe_success", (("gpu", "0"),))] == 0.0
     assert ("boundwatch_probe_hbm_bandwidth_bytes_per_second", (("gpu", "0"),)) not in samples

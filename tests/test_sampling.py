@@ -1,13 +1,16 @@
 """The sampler: concurrent reads, failing and hung sources, bounded history, integrated busy time."""
 
 import asyncio
+import dataclasses
 import threading
 
 import pytest
+import structlog
 
 from exporter.config import Config, NvmlConfig
 from exporter.sampling import Sampler
 from exporter.snapshot.engine import EngineReading
+from exporter.snapshot.totals import GpuSource, Totals
 from exporter.sources.base import BlockingReader, SourceUnavailable
 from exporter.sources.nvml import NvmlSource
 from tests.nvml_standin import FakeGpu, FakeNvml
@@ -112,11 +115,11 @@ async def test_nvml_and_gpm_busy_integrate_over_ticks_and_gpm_is_preferred():
     for _ in range(21):  # 20 intervals of 0.5 s = 10 s
         snap = await sampler.tick()
         clock.t += 0.5
-    busy = snap.counters[("boundwatch_gpu_busy_seconds_total", ("0", "gpm"))]
-    observed = snap.counters[("boundwatch_gpu_observed_seconds_total", ("0", "gpm"))]
+    busy = snap.totals.busy.busy_seconds[GpuSource(0, "gpm")]
+    observed = snap.totals.busy.observed_seconds[GpuSource(0, "gpm")]
     assert observed == pytest.approx(10.0)
     assert busy == pytest.approx(2.7)  # the seed's 27% busy over 10 s
-    assert snap.counters[("boundwatch_gpu_busy_seconds_total", ("0", "nvml"))] == pytest.approx(5.0)
+    assert snap.totals.busy.busy_seconds[GpuSource(0, "nvml")] == pytest.approx(5.0)
     assert snap.busy[0] == (pytest.approx(0.27), "gpm")
 
 
@@ -128,8 +131,8 @@ async def test_history_keeps_counters_on_the_newest_snapshot_only_and_they_still
         await sampler.tick()
         clock.t += 0.5
     hist = sampler.history()
-    assert all(not s.counters and not s.histograms for s in hist[:-1])
-    assert hist[-1].counters[("boundwatch_gpu_observed_seconds_total", ("7", "nvml"))] == pytest.approx(5.0)
+    assert all(s.totals == Totals() for s in hist[:-1])
+    assert hist[-1].totals.busy.observed_seconds[GpuSource(7, "nvml")] == pytest.approx(5.0)
 
 
 async def test_run_ticks_on_schedule_until_stopped():
@@ -225,3 +228,75 @@ async def test_scheduled_probe_runs_while_idle_and_its_result_reaches_the_snapsh
     registry.register(SnapshotCollector(sampler.latest, 0.5, 5.0, clock=clock))  # type: ignore[arg-type]
     assert 'boundwatch_probe_success{gpu="0"} 1.0' in generate_latest(registry).decode()
     await sampler.aclose()
+
+
+class _Lifecycle:
+    """A source that records every lifecycle call made to it."""
+
+    name = "engine"
+
+    def __init__(self, fail_start: bool = False) -> None:
+        self.calls: list[str] = []
+        self.fail_start = fail_start
+
+    async def start(self) -> None:
+        self.calls.append("start")
+        if self.fail_start:
+            raise OSError("socket taken")
+
+    async def read(self) -> tuple:
+        self.calls.append("read")
+        return ()
+
+    def close(self) -> None:
+        self.calls.append("close")
+
+    async def aclose(self) -> None:
+        self.calls.append("aclose")
+
+
+class _SyncOnly:
+    name = "host"
+
+    def __init__(self) -> None:
+        self.closed = 0
+
+    async def read(self):
+        return None
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+async def test_the_sampler_starts_each_source_once_and_closes_each_once_however_often_it_is_closed():
+    src, plain = _Lifecycle(), _SyncOnly()
+    sampler = Sampler(Config(), [src, plain], clock=Clock())
+    await sampler.start()
+    await sampler.tick()
+    await sampler.aclose()
+    await sampler.aclose()
+    sampler.close()
+    assert src.calls == ["start", "read", "aclose"]  # aclose where there is one, never close as well
+    assert plain.closed == 1
+
+
+async def test_a_source_that_cannot_start_is_logged_and_still_read_each_tick():
+    src = _Lifecycle(fail_start=True)
+    sampler = Sampler(Config(), [src], clock=Clock())
+    with structlog.testing.capture_logs() as logs:
+        await sampler.start()
+    await sampler.tick()
+    assert [e["event"] for e in logs] == ["source_start_failed"] and src.calls == ["start", "read"]
+    sampler.close()
+
+
+async def test_the_daemon_leaves_the_sources_lifecycle_to_the_sampler():
+    from exporter import daemon
+
+    cfg = Config()
+    cfg = dataclasses.replace(cfg, web=dataclasses.replace(cfg.web, address="127.0.0.1", port=0))
+    src = _Lifecycle()
+    stop = asyncio.Event()
+    await asyncio.wait_for(daemon.serve(cfg, sources=[src], stop=stop, on_ready=lambda _port: stop.set()), 30)
+    assert src.calls[0] == "start" and src.calls[-1] == "aclose"
+    assert src.calls.count("start") == 1 and src.calls.count("aclose") == 1 and "close" not in src.calls

@@ -18,6 +18,7 @@ from exporter.config import Config, VerdictConfig
 from exporter.snapshot import Snapshot
 from exporter.snapshot.agent import AgentReading, EngineSteps
 from exporter.snapshot.host import CgroupCpu
+from exporter.snapshot.totals import GpuVerdict
 from tests.verdict_scenes import Recorder, Scene, series
 
 
@@ -185,7 +186,7 @@ def test_host_bound_seconds_count_while_work_waits_before_the_engine() -> None:
     out = v.replay(series(API_BOUND, 2.0), Config())
     assert out[-1].verdicts[0].offered
     inc = v.accumulate(out[-1], Config())
-    assert inc.counters[("boundwatch_host_bound_seconds_total", ("0",))] == pytest.approx(0.5 * 0.55)
+    assert inc.verdict.host_bound_seconds[0] == pytest.approx(0.5 * 0.55)
 
 
 def test_the_pipeline_integrates_host_bound_seconds_of_an_empty_queue() -> None:
@@ -193,17 +194,17 @@ def test_the_pipeline_integrates_host_bound_seconds_of_an_empty_queue() -> None:
     history: list[Snapshot] = []
     for raw in series(API_BOUND, 4.0):
         history.append(pipeline.advance(history, raw, Config()))
-    host_bound = history[-1].counters[("boundwatch_host_bound_seconds_total", ("0",))]
+    host_bound = history[-1].totals.verdict.host_bound_seconds[0]
     host_ticks = sum(1 for s in history[1:] if s.verdicts[0].offered)
     assert host_ticks == len(history) - 1
     assert host_bound == pytest.approx(0.55 * 0.5 * host_ticks)
-    assert history[-1].counters[("boundwatch_bound_seconds_total", ("0", "idle"))] == 0.0
+    assert history[-1].totals.verdict.bound_seconds[GpuVerdict(0, "idle")] == 0.0
 
 
 def test_no_host_bound_seconds_when_nothing_is_offered() -> None:
     out = v.replay(series(NOTHING, 2.0), Config())
     inc = v.accumulate(out[-1], Config())
-    assert inc.counters[("boundwatch_host_bound_seconds_total", ("0",))] == 0.0
+    assert inc.verdict.host_bound_seconds[0] == 0.0
 
 
 # --- eager decode: the bar for GPM/NVML figures ---------------------------------------------

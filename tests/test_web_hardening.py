@@ -129,8 +129,9 @@ def _with_secrets(snap):
         name="vllm:8000", kind="vllm", url="http://u:pw@127.0.0.1:8000/metrics", api_servers=(proc,)
     )
     host = HostReading(cpus=2, cpu_busy=float("inf"))
-    counters = {**snap.counters, ("boundwatch_x_total", ("0",)): float("nan")}
-    return dataclasses.replace(snap, host=host, engines=(engine,), counters=counters)
+    busy = dataclasses.replace(snap.totals.busy, graph_busy_seconds={0: float("nan")})
+    totals = dataclasses.replace(snap.totals, busy=busy)
+    return dataclasses.replace(snap, host=host, engines=(engine,), totals=totals)
 
 
 async def test_snapshot_json_has_no_command_line_and_no_bare_nan(aiohttp_client):
@@ -148,7 +149,8 @@ async def test_snapshot_json_has_no_command_line_and_no_bare_nan(aiohttp_client)
     assert server["name"] == "vllm" and server["pid"] == 41 and server["cpu"] is None
     assert server["cmdline"] == ["vllm"]  # the title, which diagnose --url reads; no arguments
     assert data["host"]["cpu_busy"] is None and "pw@" not in text
-    assert data["counters"]["boundwatch_x_total{0}"] is None
+    assert data["counters"]["boundwatch_gpu_graph_busy_seconds_total{0}"] is None
+    assert data["totals"]["busy"]["graph_busy_seconds"] == {"0": None}
     resp = await client.get("/")
     page = await resp.text()
     assert resp.status == 200 and "vllm:8000" in page  # the engine is shown, by name only

@@ -1,11 +1,13 @@
 """The agent -> sidecar wire format: round trips, validation, interval packing, shared bucket layouts."""
 
+import ast
 import json
+from pathlib import Path
 
 import pytest
 
-from exporter import catalogue, wire
-from exporter.analysis import activity, intervals
+from exporter import wire
+from exporter.analysis import intervals
 
 
 def window(**kw: object) -> wire.Window:
@@ -145,11 +147,17 @@ def test_packed_gaps_never_go_negative_when_ends_round_up() -> None:
     )
 
 
-def test_bucket_layouts_match_the_catalogue() -> None:
-    assert intervals.IDLE_GAP_BUCKETS_SECONDS == catalogue.IDLE_GAP_BUCKETS_SECONDS
-    assert wire.IDLE_GAP_BUCKET_COUNT == len(catalogue.IDLE_GAP_BUCKETS_SECONDS) + 1
-    assert wire.STEP_BUCKETS_SECONDS == catalogue.STEP_BUCKETS_SECONDS
-    assert activity.STEP_BUCKETS_SECONDS == catalogue.STEP_BUCKETS_SECONDS
+def test_bucket_layouts_are_defined_in_the_wire_only() -> None:
+    root = Path(wire.__file__).parent
+    defined = set()
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+            for t in targets:
+                if isinstance(t, ast.Name) and t.id.endswith("_BUCKETS_SECONDS"):
+                    defined.add((path.relative_to(root).as_posix(), t.id))
+    assert defined == {("wire.py", "IDLE_GAP_BUCKETS_SECONDS"), ("wire.py", "STEP_BUCKETS_SECONDS")}
+    assert len(intervals.IDLE_GAP_BUCKETS_NS) + 1 == wire.IDLE_GAP_BUCKET_COUNT
 
 
 def test_agent_socket_default_is_shared_with_the_sidecar_config() -> None:

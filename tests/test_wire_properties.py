@@ -12,6 +12,7 @@ from exporter import wire
 from exporter.analysis.pipeline import advance
 from exporter.config import AgentFeedConfig, Config
 from exporter.snapshot import Snapshot
+from exporter.snapshot.totals import HistogramValue
 from exporter.sources import agent_feed
 from exporter.sources.agent_feed import AgentFeed
 
@@ -169,17 +170,19 @@ def test_no_message_sequence_makes_a_counter_decrease_or_nan(ticks: list[list[by
             agent=feed.collect(),
         )
         snap = advance(tuple(history), raw, cfg)
-        prev = history[-1].counters if history else {}
-        for key, value in snap.counters.items():
+        prev = dict(history[-1].totals.series()) if history else {}
+        for key, value in snap.totals.series():
+            if isinstance(value, HistogramValue):
+                assert all(math.isfinite(c) and c >= 0 for c in value.counts) and math.isfinite(
+                    value.total
+                ), key
+                continue
             assert math.isfinite(value) and value >= 0, key
-            assert value >= prev.get(key, 0.0), key
-        for key, hist in snap.histograms.items():
-            assert all(math.isfinite(c) and c >= 0 for c in hist.counts) and math.isfinite(hist.total), key
-        for (name, labels), value in snap.counters.items():
-            if name == "boundwatch_gpu_busy_seconds_total" and labels[1] == "cupti":
-                observed = snap.counters[("boundwatch_gpu_observed_seconds_total", labels)]
-                assert value <= observed + 1e-9
-            if name == "boundwatch_engine_steps_total":  # 4 agents, each no faster than a step per 10 us
-                budget = agent_feed.STEP_BURST_NS + agent_feed.MAX_PAST_NS + agent_feed.MAX_FUTURE_NS
-                assert value <= 4 * (budget + elapsed_ns) / agent_feed.MIN_STEP_NS + 4
+            assert value >= prev.get(key, 0.0), key  # type: ignore[operator]
+        for gpu_source, value in snap.totals.busy.busy_seconds.items():
+            if gpu_source.source == "cupti":
+                assert value <= snap.totals.busy.observed_seconds[gpu_source] + 1e-9
+        for value in snap.totals.engine.steps.values():  # 4 agents, each no faster than a step per 10 us
+            budget = agent_feed.STEP_BURST_NS + agent_feed.MAX_PAST_NS + agent_feed.MAX_FUTURE_NS
+            assert value <= 4 * (budget + elapsed_ns) / agent_feed.MIN_STEP_NS + 4
         history.append(snap)

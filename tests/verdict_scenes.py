@@ -7,7 +7,7 @@ from types import MappingProxyType
 
 from exporter.snapshot import Snapshot
 from exporter.snapshot.agent import AgentReading, EngineSteps, GpuActivity, GraphUse
-from exporter.snapshot.engine import EngineReading, StepCount, ThreadLoad
+from exporter.snapshot.engine import EngineReading, GraphConfig, StepCount, ThreadLoad
 from exporter.snapshot.gpu import GpmRatios, GpuReading
 from exporter.snapshot.host import CgroupCpu, HostReading, ProcessCpu
 
@@ -58,6 +58,7 @@ class Scene:
     step_tokens: int = 0  # scheduled tokens per tick, summed over steps
     step_seqs: int = 0
     replays: int | None = None  # CUDAGraph.replay calls per tick (None: no GraphUse)
+    graph_config: GraphConfig | None = None  # what the engine's command line says about CUDA graphs
     captures: int = 0
     engine_pids: tuple[int, ...] = ()
 
@@ -101,6 +102,7 @@ class Recorder:
                     prompt_tokens_total=self.prompt,
                     steps=StepCount("iteration_count", self.steps),
                     max_num_seqs=s.max_num_seqs,
+                    graph_config=s.graph_config,
                     api_servers=self._servers(s),
                     cgroups=self._cgroups(s),
                     gpus=s.gpus,

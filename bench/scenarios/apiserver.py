@@ -7,7 +7,10 @@ sends a request, waits for the last token, and sends the next. So one API server
 prompts saturates its main thread while the engine's queue reads empty most instants.
 
 Started by the launcher (bench/scenarios/serve.py) with a pipe for control messages:
-("load", kind, clients, quota_cores | None), ("stop",). Kinds: "idle", "short", "long" (LOADS).
+("load", kind, clients, quota_cores | None), ("cost", us_per_token), ("stop",). Kinds: "idle",
+"short", "long" (LOADS). The tokeniser's cost per token is held at its target by feedback on the
+thread's own CPU time (`Tokeniser`): a calibration alone missed by 2x on the H200's cores, which
+let one API server feed the engine twice as fast as the field's.
 """
 
 from __future__ import annotations
@@ -69,6 +72,36 @@ def calibrate(us_per_token: float) -> int:
     return max(1, round((us_per_token - render_us) / max(one_round_us, 1e-3)))
 
 
+class Tokeniser:
+    """Hold render + tokenise at `us_per_token` of this thread's CPU per token, by feedback on what it costs."""
+
+    def __init__(self, us_per_token: float) -> None:
+        self.target_us = us_per_token
+        self.rounds_f = float(calibrate(us_per_token))
+        self.seen_us: float | None = None  # the last request's cost per token
+
+    @property
+    def rounds(self) -> int:
+        """Return the hash rounds per token in use."""
+        return max(1, round(self.rounds_f))
+
+    def retarget(self, us_per_token: float) -> None:
+        """Aim at a new cost per token (rounds scaled at once, then held by feedback)."""
+        if us_per_token > 0 and us_per_token != self.target_us:
+            self.rounds_f *= us_per_token / self.target_us
+            self.target_us = us_per_token
+
+    def run(self, n_tokens: int, seed: int) -> list[int]:
+        """Render and tokenise one prompt; correct the rounds toward the target from its CPU time."""
+        t = time.thread_time()
+        ids = tokenise(render(n_tokens, seed), self.rounds)
+        used = time.thread_time() - t
+        if n_tokens > 0 and used > 0:
+            self.seen_us = used / n_tokens * 1e6
+            self.rounds_f *= min(2.0, max(0.5, self.target_us / self.seen_us))
+        return ids
+
+
 class ApiServer:
     """Clients, the engine connection and the tokeniser of one API server."""
 
@@ -78,7 +111,7 @@ class ApiServer:
         self.cfg = cfg
         self.engine = Client(engine_address, family="AF_UNIX")
         self.engine.send(("hello", index, os.getpid()))
-        self.rounds = calibrate(cfg.get("us_per_token", 2.5))
+        self.tok = Tokeniser(cfg.get("us_per_token", 2.5))
         self.kind = "idle"
         self.clients = 0
         self.pending: list[int] = []  # clients whose next request is not tokenised yet
@@ -106,7 +139,7 @@ class ApiServer:
         client = self.pending.pop(0)
         lo, hi, max_tokens = LOADS[self.kind]
         n = self.rnd.randint(lo, hi)
-        ids = tokenise(render(n, self.next_rid), self.rounds)
+        ids = self.tok.run(n, self.next_rid)
         self.engine.send(("add", self.index, self.next_rid, len(ids), max_tokens))
         self.inflight[self.next_rid] = client
         self.next_rid += 1
@@ -143,6 +176,8 @@ class ApiServer:
                     return
                 if msg[0] == "load":
                     self.set_load(msg[1], msg[2], msg[3])
+                elif msg[0] == "cost":
+                    self.tok.retarget(float(msg[1]))
             self.outputs()
             self.admit_one()
             self.throttle()
@@ -154,7 +189,7 @@ def run(index: int, ctl: Connection, engine_address: str, cfg: dict[str, Any]) -
     """Process entry: title the process, connect to the engine and serve."""
     set_title(f"VLLM::APIServer_{index}")
     server = ApiServer(index, ctl, engine_address, cfg)
-    ctl.send(("ready", index, os.getpid(), server.rounds))
+    ctl.send(("ready", index, os.getpid(), server.tok.rounds))
     try:
         server.serve()
     except (EOFError, OSError):

@@ -12,6 +12,7 @@ Commands, one a line; each is answered with `OK <word> <json>`:
   load KIND CLIENTS [CAP] closed-loop clients spread over the servers; KIND idle|short|long;
                           CAP: emulated CPU quota of all the servers together (cores), or -
   mode graph|eager        the engine's decode (eager = CUDA graphs off)
+  cost US                 API-server CPU per prompt token (render + tokenise), held by feedback
   cap CORES|-             emulated CPU quota of the engine core (where no cgroup is writable)
   stop
 """
@@ -164,6 +165,10 @@ class Launcher:
         if word == "load":
             cap = float(rest[2]) if len(rest) > 2 and rest[2] != "-" else None
             self.load(rest[0], int(rest[1]), cap)
+        elif word == "cost":  # API-server CPU per prompt token, every server (and those started later)
+            self.cfg["us_per_token"] = float(rest[0])
+            for _, ctl, _ in self.servers:
+                ctl.send(("cost", float(rest[0])))
         elif word == "mode":
             self.engine_ctl.send(("mode", rest[0]))
         elif word == "cap":

@@ -58,10 +58,16 @@ def graph_trace_safe() -> bool:
     """Return whether enabling GRAPH_TRACE now is safe: no graph can exist yet in this process.
 
     Enabling it after a capture and replaying that graph crashed on the H200. Before CUDA is
-    initialised no graph exists; later, only the light hooks can tell, when they were installed
-    before CUDA was initialised and saw no capture begin since.
+    initialised no graph exists. Later, the light hooks tell when they were installed before CUDA
+    was initialised (none seen, or some); when they came too late, a heap scan for live
+    torch.cuda.CUDAGraph objects (hooks.live_graphs) decides: none alive, none can be replayed.
     """
-    return not cuda_initialized() or hooks.graphs_so_far() == "none"
+    if not cuda_initialized():
+        return True
+    seen = hooks.graphs_so_far()
+    if seen != "unknown":
+        return seen == "none"
+    return hooks.live_graphs() == 0
 
 
 @dataclass

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from exporter import wire
-from exporter.agent import hooks
+from exporter.agent import hooks, plugins
 from exporter.agent.sender import Sender
 from exporter.agent.settings import Settings
 from exporter.agent.steps import StepTracker
@@ -64,12 +64,17 @@ class LightAgent:
 
     def tick(self, force: bool = False, final: bool = False) -> None:
         """Send what the hooks counted since the last tick (a heartbeat once a second when nothing)."""
+        plugins.flush_pending(self.steps, 0 if final else 2 * plugins.STEP_SAMPLE_NS)  # an idle engine's
+        time.sleep(0)  # hand the GIL back between phases: the engine's thread never waits on a whole tick
         steps = self.steps.take(final=True)
         now = time.monotonic_ns()
         if not steps and not force and now - self._last_send_ns < 1_000_000_000:
             return
         self._last_send_ns = now
-        self.send(steps, self.graph_counts())
+        time.sleep(0)
+        graphs = self.graph_counts()
+        time.sleep(0)
+        self.send(steps, graphs)
 
     def graph_counts(self) -> wire.GraphCounts | None:
         """Return the graph counters' window since the last call, None while the hooks are not installed."""
@@ -90,6 +95,8 @@ class LightAgent:
         """Send steps in messages of a few entries each, the graph counts on the first."""
         chunks = [steps[i : i + STEPS_PER_MESSAGE] for i in range(0, len(steps), STEPS_PER_MESSAGE)] or [[]]
         for i, chunk in enumerate(chunks):
+            if i:
+                time.sleep(0)
             self.sender.send(
                 wire.Message(
                     pid=os.getpid(),

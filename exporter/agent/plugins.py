@@ -12,7 +12,9 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import threading
 import time
+import weakref
 from typing import Any
 
 from exporter.agent import hooks
@@ -23,6 +25,11 @@ _patched: set[str] = set()
 _steps_started: list[bool] = []
 _cache: dict[int, tuple[Any, ...]] = {}  # id(engine or runner) -> what its config says (read once)
 MAX_CACHE = 64
+# The light agent hands an engine's steps to its tracker at most this often (the steps in between are
+# counted and timed with two clock reads): the batch and scheduler counts are sampled at 100 Hz.
+STEP_SAMPLE_NS = 10_000_000
+_wrappers: list[tuple[list[int], str, Any, Any, list[Any]]] = []  # every wrap_step's counters (flush_pending)
+_handover = threading.Lock()
 
 
 def _enabled() -> bool:
@@ -153,21 +160,41 @@ def _vllm_limits(core: Any) -> tuple[int, int]:
     return limit, dp
 
 
-def wrap_step(step: Any, engine: str, batch_of: Any, counts_of: Any = None) -> Any:
-    """Return step wrapped to time each call that ran the model, with the same arguments and result."""
+def wrap_step(step: Any, engine: str, batch_of: Any, counts_of: Any = None, clock: Any = time.time_ns) -> Any:
+    """Return step wrapped to time each call that ran the model, with the same arguments and result.
+
+    batch_of(core, n) returns the scheduled tokens and sequences of the n steps being handed over.
+
+    Every model step is counted and timed (two clock reads, three stores); the batch, the scheduler's
+    counts and the hand-over to the tracker happen once per STEP_SAMPLE_NS for the steps since (the
+    light agent), or after every step where CUPTI attaches GPU time to each (per_step). Steps still
+    pending when the engine stops stepping are handed over by the agent's thread (`flush_pending`).
+    """
+    # steps, their wall ns, the last hand-over's end, steps and wall handed over, sampling period,
+    # the newest step's end
+    acc = [0, 0, 0, 0, 0, 0, 0]
+    core_ref: list[Any] = [None]
+    if len(_wrappers) < MAX_CACHE:
+        _wrappers.append((acc, engine, batch_of, counts_of, core_ref))
 
     @functools.wraps(step)
     def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
-        tracker = _tracker()
-        if tracker is not None:
-            tracker.engine_here = True  # before the step: mode counts made inside it are this engine's
-        t0 = time.time_ns()
+        if not acc[2]:  # until the first hand-over: mode counts made inside the step are this engine's
+            tracker = _tracker()
+            if tracker is not None:
+                tracker.engine_here = True
+        t0 = clock()
         result = step(self, *args, **kwargs)
-        t1 = time.time_ns()
+        t1 = clock()
+        if isinstance(result, tuple) and len(result) == 2 and result[1] is False:
+            return result  # no model step ran (EngineCore.step's model_executed)
+        acc[0] += 1
+        acc[1] += t1 - t0
+        acc[6] = t1
+        if t1 - acc[2] < acc[5]:
+            return result
         try:
-            executed = result[1] if isinstance(result, tuple) and len(result) == 2 else True
-            if executed is not False:
-                _record_step(self, engine, t0, t1, batch_of, counts_of)
+            _record_step(self, engine, batch_of, counts_of, acc, core_ref)
         except Exception:
             pass
         return result
@@ -176,9 +203,17 @@ def wrap_step(step: Any, engine: str, batch_of: Any, counts_of: Any = None) -> A
     return wrapped
 
 
-def _record_step(core: Any, engine: str, t0: int, t1: int, batch_of: Any, counts_of: Any) -> None:
-    tokens, seqs = batch_of(core)
-    tracker = _tracker()
+def _record_step(
+    core: Any,
+    engine: str,
+    batch_of: Any,
+    counts_of: Any,
+    acc: list[int],
+    core_ref: list[Any],
+    tracker: Any = None,
+) -> None:
+    """Hand the steps counted since the last hand-over to the tracker, with the newest batch and counts."""
+    tracker = tracker or _tracker()
     if tracker is None and not _steps_started:
         _steps_started.append(True)  # once: only a process that really steps gets an agent
         _start(f"{engine}_engine", mode="light")
@@ -186,10 +221,34 @@ def _record_step(core: Any, engine: str, t0: int, t1: int, batch_of: Any, counts
     if tracker is None:
         return
     tracker.engine_here = True
-    if counts_of is None:
-        tracker.record(engine, t0, t1, tokens, seqs)
-    else:
-        tracker.record(engine, t0, t1, tokens, seqs, *counts_of(core))
+    with _handover:  # the engine's thread, or the agent's flushing an idle engine's last steps
+        steps, walls, t1 = acc[0], acc[1], acc[6]  # read once: the engine's thread may step meanwhile
+        n, wall = steps - acc[3], walls - acc[4]
+        if n <= 0:
+            return
+        acc[2], acc[3], acc[4] = t1, steps, walls
+        acc[5] = 0 if tracker.per_step else STEP_SAMPLE_NS
+        if core_ref[0] is None:
+            try:
+                core_ref[0] = weakref.ref(core)
+            except TypeError:
+                core_ref[0] = lambda: None
+        tokens, seqs = batch_of(core, n)
+        counts = counts_of(core) if counts_of is not None else ()
+        tracker.record(engine, t1 - wall, t1, tokens, seqs, *counts, n=n)
+
+
+def flush_pending(tracker: Any, idle_ns: int, now_ns: int | None = None) -> None:
+    """Hand over to tracker the steps that wait for a next step that has not come for idle_ns (agent's thread; at stop, 0)."""
+    now = time.time_ns() if now_ns is None else now_ns
+    for acc, engine, batch_of, counts_of, core_ref in list(_wrappers):
+        if acc[0] > acc[3] and now - acc[6] >= idle_ns and core_ref[0] is not None:
+            core = core_ref[0]()
+            if core is not None:
+                try:
+                    _record_step(core, engine, batch_of, counts_of, acc, core_ref, tracker)
+                except Exception:
+                    pass
 
 
 def _patch_vllm_engine_core(core_mod: Any) -> None:
@@ -198,15 +257,21 @@ def _patch_vllm_engine_core(core_mod: Any) -> None:
         return
     last: dict[int, tuple[int, int]] = {}
 
-    def batch_of(core: Any) -> tuple[int, int]:
+    def batch_of(core: Any, n: int) -> tuple[int, int]:
         return last.pop(0, (0, 0))
 
     def step_wrapper(fn: Any) -> Any:
         counted = wrap_step(fn, "vllm", batch_of, vllm_counts)
 
+        seen: set[type] = set()
+
         @functools.wraps(fn)
         def first_patch_scheduler(self: Any, *args: Any, **kwargs: Any) -> Any:
-            _patch_schedule(type(getattr(self, "scheduler", None)), last)  # once per scheduler class
+            sched_cls = type(getattr(self, "scheduler", None))
+            if sched_cls not in seen:  # once per scheduler class, then one set lookup a step
+                if len(seen) < MAX_CACHE:
+                    seen.add(sched_cls)
+                _patch_schedule(sched_cls, last)
             return counted(self, *args, **kwargs)
 
         first_patch_scheduler.__boundwatch__ = True  # type: ignore[attr-defined]
@@ -231,7 +296,9 @@ def _patch_schedule(sched_cls: Any, last: dict[int, tuple[int, int]]) -> None:
     def schedule_wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
         output = schedule(self, *args, **kwargs)
         try:
-            last[0] = scheduled_batch(output)
+            tokens, seqs = scheduled_batch(output)
+            before = last.get(0)  # summed until the step wrapper hands the steps over
+            last[0] = (tokens, seqs) if before is None else (before[0] + tokens, before[1] + seqs)
         except Exception:
             pass
         return output

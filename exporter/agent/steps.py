@@ -66,14 +66,16 @@ class StepTracker:
         max_seqs: int = 0,
         dp: int = -1,
         mode: int = MODE_UNKNOWN,
+        n: int = 1,
     ) -> None:
-        """Record one step (CLOCK_REALTIME ns) with the counts read after it; cheap, on the engine's thread.
+        """Record n steps ending at t1 (CLOCK_REALTIME ns, t1 - t0 their wall time together) with the counts read after them.
 
         The light path only appends the raw figures (one tuple, ~0.2 us): the agent's thread folds
-        them into totals, integrals and the histogram when it takes them.
+        them into totals, integrals and the histogram (each step at their mean wall time) when it
+        takes them. The per-step path (CUPTI) keeps each step and takes n = 1.
         """
         if not self.per_step:
-            self._raw.append((engine, t0, t1, tokens, seqs, running, waiting, max_seqs, dp, mode))
+            self._raw.append((engine, t0, t1, tokens, seqs, running, waiting, max_seqs, dp, mode, max(1, n)))
             return
         run_ns, wait_ns = self._integrate(engine, dp, t1, running, waiting)
         self._steps.append(
@@ -106,7 +108,7 @@ class StepTracker:
             done += 1
             if done % FOLD_CHUNK == 0:  # hand the GIL back: a long loop here would pause the engine ~5 ms
                 time.sleep(FOLD_YIELD_S)
-            engine, t0, t1, tokens, seqs, running, waiting, max_seqs, dp, mode = raw.popleft()
+            engine, t0, t1, tokens, seqs, running, waiting, max_seqs, dp, mode, n = raw.popleft()
             run_ns, wait_ns = self._integrate(engine, dp, t1, running, waiting)
             key = (engine, dp)
             c = self._cum.get(key)
@@ -116,10 +118,10 @@ class StepTracker:
                 c = (0, 0, 0, 0, 0, 0, 0, 0, t0, t1, -1, -1, 0)
                 self._hist[key] = [0] * (len(STEP_BOUNDS_NS) + 1)
             wall = t1 - t0
-            self._hist[key][bisect.bisect_left(STEP_BOUNDS_NS, wall)] += 1
+            self._hist[key][bisect.bisect_left(STEP_BOUNDS_NS, wall // n)] += n
             self._cum[key] = (
-                c[0] + 1, c[1] + wall, c[2] + tokens, c[3] + seqs, c[4] + run_ns, c[5] + wait_ns,
-                c[6] + (mode == MODE_GRAPH), c[7] + (mode == MODE_EAGER), c[8], t1,
+                c[0] + n, c[1] + wall, c[2] + tokens, c[3] + seqs, c[4] + run_ns, c[5] + wait_ns,
+                c[6] + (mode == MODE_GRAPH) * n, c[7] + (mode == MODE_EAGER) * n, c[8], t1,
                 running, waiting, max_seqs or c[12],
             )  # fmt: skip
 

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
-from exporter.analysis.increments import Increments
-from exporter.analysis.intervals import IDLE_GAP_BUCKETS_SECONDS
 from exporter.config import Config
 from exporter.snapshot import Snapshot
 from exporter.snapshot.agent import GpuActivity
+from exporter.snapshot.totals import (
+    EMPTY,
+    AgentTotals,
+    BusyTotals,
+    EngineMethod,
+    EngineTotals,
+    GpuKind,
+    GpuSource,
+    HistogramTally,
+    Tally,
+    Totals,
+)
+from exporter.wire import IDLE_GAP_BUCKETS_SECONDS, STEP_BUCKETS_SECONDS
 
-# Same as exporter.catalogue.STEP_BUCKETS_SECONDS (analysis may not import the catalogue; a test checks).
-STEP_BUCKETS_SECONDS: tuple[float, ...] = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0)
 KINDS = (("kernel", "kernels"), ("memcpy", "memcpys"), ("memset", "memsets"), ("graph", "graphs"))
 NS = 1e-9
 # A window that lost more than this share of its records (CUPTI's buffers full, the agent's queue
@@ -25,49 +34,41 @@ def lossy(a: GpuActivity) -> bool:
     return a.dropped > LOSSY_SHARE * (records + a.dropped)
 
 
-def accumulate(snap: Snapshot, cfg: Config, prev: Snapshot | None = None) -> Increments:
+def accumulate(snap: Snapshot, cfg: Config, prev: Snapshot | None = None) -> Totals:
     """Return this tick's increments from snap.agent: busy, observed, graph, gaps, records, steps."""
-    inc = Increments()
     reading = snap.agent
     if reading is None:
-        return inc
+        return EMPTY
+    busy_s, observed_s, graph_s = Tally[GpuSource](), Tally[GpuSource](), Tally[int]()
+    records, dropped, gaps = Tally[GpuKind](), Tally[int](), HistogramTally[int]()
     for a in reading.activity:
-        gpu = str(a.gpu)
         if a.observed_ns > 0 and not lossy(a):
-            inc.count("boundwatch_gpu_busy_seconds_total", (gpu, "cupti"), a.busy_ns * NS)
-            inc.count("boundwatch_gpu_observed_seconds_total", (gpu, "cupti"), a.observed_ns * NS)
-            inc.count("boundwatch_gpu_graph_busy_seconds_total", (gpu,), a.graph_busy_ns * NS)
+            busy_s.count(GpuSource(a.gpu, "cupti"), a.busy_ns * NS)
+            observed_s.count(GpuSource(a.gpu, "cupti"), a.observed_ns * NS)
+            graph_s.count(a.gpu, a.graph_busy_ns * NS)
             if a.idle_gap_counts:
-                inc.observe(
-                    "boundwatch_gpu_idle_gap_seconds",
-                    (gpu,),
-                    IDLE_GAP_BUCKETS_SECONDS,
-                    a.idle_gap_counts,
-                    a.idle_gap_sum_ns * NS,
-                )
+                gaps.observe(a.gpu, IDLE_GAP_BUCKETS_SECONDS, a.idle_gap_counts, a.idle_gap_sum_ns * NS)
         if a.observed_ns > 0:
             for kind, attr in KINDS:
-                inc.count("boundwatch_gpu_activity_records_total", (gpu, kind), getattr(a, attr))
-            inc.count("boundwatch_agent_dropped_records_total", (gpu,), a.dropped)
-    inc.count("boundwatch_agent_messages_total", (), reading.messages)
-    inc.count("boundwatch_agent_bad_messages_total", (), reading.bad_messages)
+                records.count(GpuKind(a.gpu, kind), getattr(a, attr))
+            dropped.count(a.gpu, a.dropped)
+    refused = Tally[str]()
     for reason, n in reading.refused:
-        inc.count("boundwatch_agent_refused_total", (reason,), n)
+        refused.count(reason, n)
+    steps, step_gpu, step_hist = Tally[EngineMethod](), Tally[str](), HistogramTally[str]()
     for s in reading.steps:
         if s.steps <= 0:
             continue
-        inc.count("boundwatch_engine_steps_total", (s.engine, "agent"), s.steps)
+        steps.count(EngineMethod(s.engine, "agent"), s.steps)
         if s.gpu_measured:  # else CUPTI ran in other processes: no GPU time to add here
-            inc.count("boundwatch_engine_step_gpu_seconds_total", (s.engine,), s.gpu_busy_ns * NS)
+            step_gpu.count(s.engine, s.gpu_busy_ns * NS)
         if s.step_hist:
-            inc.observe(
-                "boundwatch_engine_step_seconds",
-                (s.engine,),
-                STEP_BUCKETS_SECONDS,
-                s.step_hist,
-                s.wall_ns * NS,
-            )
-    return inc
+            step_hist.observe(s.engine, STEP_BUCKETS_SECONDS, s.step_hist, s.wall_ns * NS)
+    return Totals(
+        busy=BusyTotals(busy_s, observed_s, graph_s, records, dropped, gaps),
+        agent=AgentTotals(float(max(0, reading.messages)), float(max(0, reading.bad_messages)), refused),
+        engine=EngineTotals(steps=steps, step_gpu_seconds=step_gpu, step_seconds=step_hist),
+    )
 
 
 def cupti_busy_ratio(snap: Snapshot) -> dict[int, float]:

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-# Same as exporter.catalogue.IDLE_GAP_BUCKETS_SECONDS (tests/test_intervals.py checks it).
-IDLE_GAP_BUCKETS_SECONDS: tuple[float, ...] = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+from exporter.wire import IDLE_GAP_BUCKETS_SECONDS
+
 IDLE_GAP_BUCKETS_NS: tuple[int, ...] = tuple(round(b * 1e9) for b in IDLE_GAP_BUCKETS_SECONDS)
 GAP_MIN_NS = 1_000_000  # idle gaps of 1 ms or less are launch jitter, not starvation
 

@@ -1,7 +1,8 @@
 """Turn one tick's readings and the recent history into the next Snapshot (pure).
 
 The order is the data flow: name agent GPUs by UUID (NVML's index, else one of their own), place
-each engine on its GPUs, pick each GPU's busy ratio
+each engine on its GPUs, serve each engine's running/waiting from its agent's counts (else its
+page), pick each GPU's busy ratio
 (CUPTI where an agent reports, else GPM GRAPHICS_UTIL, else NVML utilization), add every
 area's counter increments, then classify.
 """
@@ -14,17 +15,17 @@ from types import MappingProxyType
 from typing import Protocol
 
 from exporter.analysis import activity, busy, engine, verdict
-from exporter.analysis.increments import Increments, apply
 from exporter.config import Config
 from exporter.snapshot import Snapshot
 from exporter.snapshot.agent import AgentReading
 from exporter.snapshot.engine import EngineReading
+from exporter.snapshot.totals import EMPTY, BusyTotals, GpuSource, Tally, Totals
 
 
 class Accumulate(Protocol):
     """An area's contribution to the integrated counters for one tick."""
 
-    def __call__(self, snap: Snapshot, cfg: Config, prev: Snapshot | None = None) -> Increments: ...
+    def __call__(self, snap: Snapshot, cfg: Config, prev: Snapshot | None = None) -> Totals: ...
 
 
 # GPUs known by UUID alone (no NVML, or a UUID NVML does not list: a MIG instance, another host's view).
@@ -176,39 +177,39 @@ def pick_busy(snap: Snapshot) -> dict[int, tuple[float, str]]:
     return busy.shown(snap)
 
 
-def device_busy_increments(snap: Snapshot) -> Increments:
+def device_busy_increments(snap: Snapshot, cfg: Config | None = None, prev: Snapshot | None = None) -> Totals:
     """Integrate the NVML and GPM busy ratios over the tick (CUPTI is integrated exactly elsewhere)."""
-    inc = Increments()
-    if snap.dt <= 0:
-        return inc
-    for g in snap.gpus:
-        gpu = str(g.index)
-        sources: list[tuple[str, float | None]] = [("nvml", g.utilization)]
-        if g.gpm is not None:
-            sources.append(("gpm", g.gpm.graphics))
-        for source, ratio in sources:
-            if ratio is None:
-                continue
-            inc.count("boundwatch_gpu_busy_seconds_total", (gpu, source), ratio * snap.dt)
-            inc.count("boundwatch_gpu_observed_seconds_total", (gpu, source), snap.dt)
-    return inc
+    busy_s, observed_s = Tally[GpuSource](), Tally[GpuSource]()
+    if snap.dt > 0:
+        for g in snap.gpus:
+            sources: list[tuple[str, float | None]] = [("nvml", g.utilization)]
+            if g.gpm is not None:
+                sources.append(("gpm", g.gpm.graphics))
+            for source, ratio in sources:
+                if ratio is not None:
+                    busy_s.count(GpuSource(g.index, source), ratio * snap.dt)
+                    observed_s.count(GpuSource(g.index, source), snap.dt)
+    return Totals(busy=BusyTotals(busy_seconds=busy_s, observed_seconds=observed_s))
 
 
-ACCUMULATORS: tuple[Accumulate, ...] = (activity.accumulate, engine.accumulate, verdict.accumulate)
+ACCUMULATORS: tuple[Accumulate, ...] = (
+    device_busy_increments,
+    activity.accumulate,
+    engine.accumulate,
+    verdict.accumulate,
+)
 
 
 def advance(history: Sequence[Snapshot], raw: Snapshot, cfg: Config) -> Snapshot:
     """Return the next Snapshot from this tick's raw readings and the snapshots before it."""
     prev = history[-1] if history else None
     snap = resolve_engine_gpus(resolve_agent_gpus(raw, prev.gpu_uuids if prev is not None else ()))
+    snap = engine.serve_counts(snap, prev)
     if prev is not None:
-        snap = dataclasses.replace(snap, counters=prev.counters, histograms=prev.histograms, probe=prev.probe)
+        snap = dataclasses.replace(snap, totals=prev.totals, probe=prev.probe)
     snap = dataclasses.replace(snap, busy=MappingProxyType(pick_busy(snap)))
     snap = verdict.classify_tick(history, snap, cfg)
-    inc = device_busy_increments(snap)
+    inc = EMPTY
     for acc in ACCUMULATORS:
-        inc.merge(acc(snap, cfg, prev))
-    counters, histograms = apply(snap.counters, snap.histograms, inc)
-    return dataclasses.replace(
-        snap, counters=MappingProxyType(counters), histograms=MappingProxyType(histograms)
-    )
+        inc = inc.plus(acc(snap, cfg, prev))
+    return dataclasses.replace(snap, totals=snap.totals.plus(inc))

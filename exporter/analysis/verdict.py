@@ -52,12 +52,12 @@ from typing import TypeVar
 
 from exporter.analysis import busy
 from exporter.analysis.activity import lossy
-from exporter.analysis.increments import Increments
 from exporter.config import Config, RooflineConfig, VerdictConfig
 from exporter.snapshot import Snapshot
 from exporter.snapshot.agent import EngineSteps
 from exporter.snapshot.engine import EngineReading, demand
 from exporter.snapshot.host import CgroupCpu
+from exporter.snapshot.totals import EMPTY, GpuVerdict, Tally, Totals, VerdictTotals
 from exporter.snapshot.verdict import HOST_REASONS, VERDICTS, Evidence, Verdict
 
 T = TypeVar("T")
@@ -108,6 +108,8 @@ class Facts:
     graph_share: float | None = None  # CUDA-graph time over busy time (graph spans: an upper bound)
     graph_step_share: float | None = None  # steps in a CUDA graph over all steps (light agent)
     graph_step_method: str | None = None  # modes (graph/eager steps) | replays (replays per step)
+    # the flag that puts decode outside CUDA graphs at this batch (engine command line), when one does
+    graph_config_eager: str | None = None
     step_tokens_per_seq: float | None = None  # scheduled tokens per sequence in the agent's steps
     idle_gaps: int | None = None  # idle gaps over 1 ms in the window
     idle_gap_seconds_per_second: float | None = None
@@ -347,32 +349,40 @@ def views(snap: Snapshot, gpu: int) -> list[View]:
         waiting = a_wait if a_wait is not None else e.waiting
         if running is None and waiting is None:
             continue
-        counts = "agent" if a_run is not None or a_wait is not None else "page"
+        counts = "agent" if a_run is not None or a_wait is not None else e.counts_source
         out.append(View(e, running, waiting, a_limit or e.max_num_seqs, steps, counts))
     return out
 
 
 def _counter_rate(win: Sequence[Snapshot], vs: Sequence[Sequence[View]], attr: str) -> float | None:
-    """Return the per-second increase of an engine counter over the window, summed over engines."""
+    """Return the per-second increase of an engine counter over the window, summed over engines.
+
+    Per engine, from its first to its last reading in the window whose page was read at its tick:
+    a page carried between slow reads (`EngineReading.page_read` False) tells no value at that time.
+    """
     if len(win) < 2:
-        return None
-    span = win[-1].mono - win[0].mono
-    if span <= 0:
         return None
 
     def value(e: EngineReading) -> float | None:
         return _steps_total(e) if attr == "steps" else getattr(e, attr)
 
-    before = {x.reading.name: value(x.reading) for x in vs[0]}
+    first: dict[str, tuple[float, float]] = {}
+    last: dict[str, tuple[float, float]] = {}
+    for s, v in zip(win, vs, strict=True):
+        for x in v:
+            b = value(x.reading) if x.reading.page_read else None
+            if b is not None:
+                first.setdefault(x.reading.name, (s.mono, b))
+                last[x.reading.name] = (s.mono, b)
     total = 0.0
     seen = False
-    for x in vs[-1]:
-        a, b = before.get(x.reading.name), value(x.reading)
-        if a is None or b is None or b < a:
+    for name, (t1, b) in last.items():
+        t0, a = first[name]
+        if t1 <= t0 or b < a:
             continue
-        total += b - a
+        total += (b - a) / (t1 - t0)
         seen = True
-    return total / span if seen else None
+    return total if seen else None
 
 
 def busy_of(snap: Snapshot, gpu: int, prefer: str = "fresh") -> tuple[float, str] | None:
@@ -423,6 +433,8 @@ def gather(
     ran_all = bool(good) and all((_sum([x.running for x in v]) or 0) > 0 for _, v in good)
     f.update(_step_timing(win, vs, names, ran_all, span, gpu))
     f.update(_graph_steps(win, vs, gpu, names, span))
+    if good and "graph_share" not in f and "graph_step_share" not in f:
+        f.update(_graph_config(good))
 
     # NVML: power against its limit, clocks (latest).
     g = last.gpu(gpu)
@@ -569,11 +581,18 @@ def _offered(win: Sequence[Snapshot], vs: Sequence[Sequence[View]], cfg: Verdict
             if any(st.running_seconds > 0 or st.waiting_seconds > 0 for st in x.steps):
                 found.add("engine_steps")
             e, e0 = x.reading, before.get(x.reading.name)
-            if e0 is not None and any(
-                a is not None and b is not None and b > a
-                for a, b in (
-                    (e0.generation_tokens_total, e.generation_tokens_total),
-                    (e0.prompt_tokens_total, e.prompt_tokens_total),
+            # Tokens moved within the newest tick only when both ends of it read the page: a
+            # delta seen at a slow read spans many ticks, and a tick without a read says nothing.
+            if (
+                e0 is not None
+                and e.page_read
+                and e0.page_read
+                and any(
+                    a is not None and b is not None and b > a
+                    for a, b in (
+                        (e0.generation_tokens_total, e.generation_tokens_total),
+                        (e0.prompt_tokens_total, e.prompt_tokens_total),
+                    )
                 )
             ):
                 found.add("tokens")
@@ -769,8 +788,24 @@ def _throttling(win: Sequence[Snapshot], vs: Sequence[Sequence[View]]) -> dict[s
     return out
 
 
+def _graph_config(good: Sequence[tuple[Snapshot, Sequence[View]]]) -> dict[str, object]:
+    """Return the flag that sends decode outside CUDA graphs at the window's mean batch, for an engine that has one."""
+    running: dict[str, list[tuple[float, float]]] = {}
+    configs = {}
+    for s, v in good:
+        for x in v:
+            if x.reading.graph_config is not None and x.running is not None:
+                configs[x.reading.name] = x.reading.graph_config
+                running.setdefault(x.reading.name, []).append((x.running, s.dt))
+    for name, gc in configs.items():
+        mean = _weighted_mean(running[name])
+        if mean is not None and gc.eager_at(mean):
+            return {"graph_config_eager": gc.source}
+    return {}
+
+
 def eager_decode(f: Facts, cfg: VerdictConfig) -> bool:
-    """Say whether decode ran without CUDA graphs: CUPTI's graph share of busy time, or the light agent's of steps.
+    """Say whether decode ran without CUDA graphs: CUPTI's graph share of busy time, the light agent's of steps, else the command line.
 
     Prefill-shaped steps (over DECODE_TOKENS_PER_SEQ tokens per sequence) run eager by design.
     """
@@ -779,7 +814,23 @@ def eager_decode(f: Facts, cfg: VerdictConfig) -> bool:
     if f.step_tokens_per_seq is not None and f.step_tokens_per_seq > DECODE_TOKENS_PER_SEQ:
         return False
     shares = [x for x in (f.graph_share, f.graph_step_share) if x is not None]
+    if not shares:  # nothing measured the graphs: the command line may still say decode runs eager
+        return f.graph_config_eager is not None
     return any(x < cfg.graph_share_low for x in shares)
+
+
+def engine_holds_work(f: Facts, cfg: VerdictConfig) -> bool:
+    """Say whether the engine decodes with work queued or a full batch: the GPU then waits on the engine's own step.
+
+    Without the agent's GPU time per step this is what shows host time inside the step (eager
+    launches, scheduling, sampling on the CPU): requests run and more wait, or the batch is full,
+    yet the GPU idles. Requests waiting with none running are no step (the engine may be stuck).
+    """
+    if f.running_mean is None or f.running_mean <= 0:
+        return False
+    if f.waiting_mean is not None and f.waiting_mean > cfg.waiting_empty:
+        return True
+    return bool(f.max_batch) and f.running_mean >= cfg.admission_fill * (f.max_batch or 0)
 
 
 def host_reasons(f: Facts, cfg: VerdictConfig) -> tuple[str, ...]:
@@ -802,8 +853,11 @@ def host_reasons(f: Facts, cfg: VerdictConfig) -> tuple[str, ...]:
     ):
         found.add("admission_stalled")
     share = f.step_gpu_share
-    if share is not None and f.step_method == "agent" and share < cfg.step_gpu_share_low:
-        found.add("step_overhead")
+    if share is not None and f.step_method == "agent":
+        if share < cfg.step_gpu_share_low:
+            found.add("step_overhead")
+    elif "cuda_graph_fallback" not in found and engine_holds_work(f, cfg):
+        found.add("step_overhead")  # inferred from the queue: only where no cause inside the step is known
     if not found:
         return ("unknown",)
     return tuple(r for r in HOST_REASONS if r in found)
@@ -943,24 +997,22 @@ def replay(snapshots: Sequence[Snapshot], cfg: Config) -> list[Snapshot]:
     return out
 
 
-def accumulate(snap: Snapshot, cfg: Config, prev: Snapshot | None = None) -> Increments:
+def accumulate(snap: Snapshot, cfg: Config, prev: Snapshot | None = None) -> Totals:
     """Return this tick's time per verdict and host-bound seconds.
 
-    boundwatch_bound_seconds_total{gpu,verdict} adds dt to the reported verdict.
-    boundwatch_host_bound_seconds_total{gpu} adds the GPU's idle time while work was offered to an
+    bound_seconds[gpu, verdict] adds dt to the reported verdict.
+    host_bound_seconds[gpu] adds the GPU's idle time while work was offered to an
     engine driving it (`Verdict.offered`: in its queue, in flight, or held before it by a saturated
     or throttled API server; without a verdict, while requests ran): with an agent, the exact idle
     time of the windows the agent closed (observed minus busy); else (1 - busy share) x dt.
     Without an engine nothing is added.
     """
-    inc = Increments()
     if snap.dt <= 0:
-        return inc
+        return EMPTY
+    bound, host_bound = Tally[GpuVerdict](), Tally[int]()
     for v in snap.verdicts:
         for name in VERDICTS:  # every series from the first tick, so rate() sees each start from 0
-            inc.count(
-                "boundwatch_bound_seconds_total", (str(v.gpu), name), snap.dt if name == v.verdict else 0.0
-            )
+            bound.count(GpuVerdict(v.gpu, name), snap.dt if name == v.verdict else 0.0)
     verdicts = {v.gpu: v for v in snap.verdicts}
     for gpu in gpus_of(snap):
         running = _sum([e.running for e in _engines(snap, gpu)])
@@ -975,5 +1027,5 @@ def accumulate(snap: Snapshot, cfg: Config, prev: Snapshot | None = None) -> Inc
                 idle = sum(max(0, a.observed_ns - a.busy_ns) for a in acts) / 1e9
             elif gpu in snap.busy:
                 idle = max(0.0, 1.0 - snap.busy[gpu][0]) * snap.dt
-        inc.count("boundwatch_host_bound_seconds_total", (str(gpu),), idle)
-    return inc
+        host_bound.count(gpu, idle)
+    return Totals(verdict=VerdictTotals(bound, host_bound))

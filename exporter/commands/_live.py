@@ -89,14 +89,6 @@ async def _sample_here(cfg: Config, seconds: float, on_snapshot: OnSnapshot | No
     from exporter.daemon import build_sources
     from exporter.sampling import Sampler
 
-    sources = build_sources(cfg)
-    for source in sources:
-        start = getattr(source, "start", None)
-        if start is not None:
-            try:
-                await start()
-            except Exception:  # a source that cannot start reports itself down each tick
-                pass
     out: list[Snapshot] = []
 
     def keep(snap: Snapshot) -> None:
@@ -104,21 +96,15 @@ async def _sample_here(cfg: Config, seconds: float, on_snapshot: OnSnapshot | No
         if on_snapshot is not None:
             on_snapshot(snap)
 
-    sampler = Sampler(cfg, sources, on_tick=keep)
+    sampler = Sampler(cfg, build_sources(cfg), on_tick=keep)
+    await sampler.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.call_later(seconds + cfg.tick_seconds / 2, stop.set)
     try:
         await sampler.run(stop)
     finally:
-        sampler.close()
-        for source in sources:
-            aclose = getattr(source, "aclose", None)
-            if aclose is not None:
-                try:
-                    await aclose()
-                except Exception:
-                    pass
+        await sampler.aclose()
     return out
 
 

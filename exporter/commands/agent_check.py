@@ -15,10 +15,12 @@ import sysconfig
 import time
 from typing import Any
 
+from exporter.commands import ConfigFlags
+
 HELP = "check the in-process CUPTI agent here: libcupti, cupti-python, whether CUPTI can start (JSON)"
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: Any, config_flags: ConfigFlags) -> argparse.ArgumentParser:
     """Add the `agent-check` sub-command."""
     p = subparsers.add_parser("agent-check", help=HELP, description=__doc__)
     p.add_argument(

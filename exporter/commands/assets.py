@@ -8,11 +8,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from exporter.commands import ConfigFlags
+
 HELP = "copy the dashboards, alert rules and systemd unit into DIR (DIR/dashboards, DIR/alerts, DIR/systemd)"
 FOLDERS = ("dashboards", "alerts", "systemd")
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: Any, config_flags: ConfigFlags) -> argparse.ArgumentParser:
     """Add the `assets` sub-command."""
     p = subparsers.add_parser("assets", help=HELP, description=__doc__)
     p.add_argument("dir", metavar="DIR", nargs="?", help="where to write them (omit with --list)")

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from exporter.catalogue import METRICS
+from exporter.commands import ConfigFlags
 
 AREA_TITLES = {
     "self": "boundwatch itself",
@@ -34,7 +35,7 @@ def markdown() -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: Any, config_flags: ConfigFlags) -> None:
     """Add the catalogue sub-command."""
     p = sub.add_parser("catalogue", help="print every exported metric (Markdown or JSON)")
     p.add_argument("--json", action="store_true", help="print JSON instead of Markdown")

@@ -25,15 +25,16 @@ import random
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.catalogue import IDLE_GAP_BUCKETS_SECONDS, STEP_BUCKETS_SECONDS
+from exporter.commands import ConfigFlags
 from exporter.snapshot.agent import AgentReading, AgentState, EngineSteps, GpuActivity, GraphUse
 from exporter.snapshot.engine import EngineReading, StepCount, ThreadLoad
 from exporter.snapshot.gpu import GpmRatios, GpuReading
 from exporter.snapshot.host import CgroupCpu, HostReading, ProcessCpu, ThreadCpu
+from exporter.wire import IDLE_GAP_BUCKETS_SECONDS, STEP_BUCKETS_SECONDS
 
 HELP = "serve synthetic demo readings (clearly labelled) through the real pipeline and /metrics"
 BANNER = "DEMO DATA: synthetic readings from `boundwatch demo`, not this host"
@@ -412,20 +413,9 @@ def demo_sources(world: World, cfg: Any) -> list[Any]:
     return [cls(world) for name, cls in kinds if getattr(cfg, name).enabled]
 
 
-class DemoCollector:
-    """Render `boundwatch_demo 1`: every scrape of a demo says it is one."""
-
-    def collect(self) -> Iterator[Any]:
-        """Yield the demo gauge."""
-        from exporter import catalogue as c
-
-        fam = c.gauge("boundwatch_demo")
-        fam.add_metric([], 1.0)
-        yield fam
-
-
 def make_demo_app(cfg: Any, sampler: Any) -> Any:
     """Return the real web app for a demo sampler, with the demo gauge and the page banner."""
+    from exporter.export.collectors import DemoCollector
     from exporter.export.web import BANNER as BANNER_KEY
     from exporter.export.web import REGISTRY, make_app
 
@@ -471,10 +461,8 @@ async def serve(
         await sampler.aclose()
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: Any, config_flags: ConfigFlags) -> argparse.ArgumentParser:
     """Add the `demo` sub-command."""
-    from exporter.cli import add_config_flags
-
     p = subparsers.add_parser(
         "demo", help=HELP, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -492,7 +480,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--seconds", type=float, default=None, help="stop after this long (default: run until stopped)"
     )
-    add_config_flags(p)
+    config_flags(p)
     return p
 
 

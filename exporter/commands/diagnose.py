@@ -7,6 +7,8 @@ import json
 import sys
 from typing import Any
 
+from exporter.commands import ConfigFlags
+
 HELP = "sample for N seconds and print whether each GPU is GPU- or host-bound, the evidence, and likely fixes"
 
 
@@ -22,14 +24,12 @@ def add_sampling_flags(p: argparse.ArgumentParser, seconds: float) -> None:
     p.add_argument("--local", action="store_true", help="sample in this process even if a daemon answers")
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: Any, config_flags: ConfigFlags) -> argparse.ArgumentParser:
     """Add the `diagnose` sub-command."""
-    from exporter.cli import add_config_flags
-
     p = subparsers.add_parser("diagnose", help=HELP, description=__doc__)
     add_sampling_flags(p, 10.0)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    add_config_flags(p)
+    config_flags(p)
     return p
 
 

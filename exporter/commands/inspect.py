@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from exporter.analysis.dedup import counter_delta, step_count, step_increments
+from exporter.commands import ConfigFlags
 from exporter.snapshot.engine import EngineReading
 
 if TYPE_CHECKING:
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 HELP = "read an engine's /metrics (URL, page file or PROMETHEUS_MULTIPROC_DIR) and print what boundwatch makes of it"
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: Any, config_flags: ConfigFlags) -> argparse.ArgumentParser:
     """Add `inspect engine`."""
     p = subparsers.add_parser("inspect", help=HELP, description=HELP)
     what = p.add_subparsers(dest="inspect_what", required=True)

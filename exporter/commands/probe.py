@@ -7,12 +7,13 @@ import json
 import sys
 from typing import Any
 
+from exporter.commands import ConfigFlags
 from exporter.probe import logic
 
 HELP = "run the GPU self-test: HBM bandwidth, a known duty-cycle load, a bf16 matmul (needs torch + triton)"
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: Any, config_flags: ConfigFlags) -> argparse.ArgumentParser:
     """Add the `probe` sub-command."""
     p = subparsers.add_parser("probe", help=HELP, description=__doc__)
     configure(p)

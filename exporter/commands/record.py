@@ -8,19 +8,19 @@ import time
 from typing import Any
 
 from exporter import __version__
+from exporter.commands import ConfigFlags
 
 HELP = "record N seconds of Snapshots to a JSON-lines file (analyse it with `boundwatch replay`)"
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: Any, config_flags: ConfigFlags) -> argparse.ArgumentParser:
     """Add the `record` sub-command."""
-    from exporter.cli import add_config_flags
     from exporter.commands.diagnose import add_sampling_flags
 
     p = subparsers.add_parser("record", help=HELP, description=__doc__)
     p.add_argument("file", metavar="FILE", help="where to write the recording ('-' for stdout)")
     add_sampling_flags(p, 60.0)
-    add_config_flags(p)
+    config_flags(p)
     return p
 
 

@@ -6,14 +6,13 @@ import argparse
 import sys
 from typing import Any
 
+from exporter.commands import ConfigFlags
+
 HELP = "print the diagnose report of a recording, with this host's thresholds (--config)"
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: Any, config_flags: ConfigFlags) -> argparse.ArgumentParser:
     """Add the `replay` sub-command."""
-
-    from exporter.cli import add_config_flags
-
     p = subparsers.add_parser("replay", help=HELP, description=__doc__)
     p.add_argument("file", metavar="FILE", help="a recording, optionally gzipped ('-' for stdin)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -22,7 +21,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="also print each tick's verdict per GPU (JSON lines on stderr)",
     )
-    add_config_flags(p)
+    config_flags(p)
     return p
 
 

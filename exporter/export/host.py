@@ -1,68 +1,74 @@
-"""Render the host reading and boundwatch's own cgroup."""
+"""Render the host reading, boundwatch's own cgroup, and the cgroups of the engines."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable
 
 from prometheus_client.metrics_core import Metric
 
 from exporter import catalogue as c
+from exporter.export.families import Family
 from exporter.snapshot import Snapshot
 from exporter.snapshot.host import CgroupCpu
 
 
-def render_cgroups(groups: Iterable[tuple[str, CgroupCpu]]) -> Iterator[Metric]:
-    """Yield quota and throttling families for labelled cgroups."""
-    quota = c.gauge("boundwatch_cgroup_cpu_quota_cores")
-    usage = c.counter("boundwatch_cgroup_cpu_usage_seconds_total")
-    throttled = c.counter("boundwatch_cgroup_cpu_throttled_seconds_total")
-    throttled_periods = c.counter("boundwatch_cgroup_cpu_throttled_periods_total")
-    periods = c.counter("boundwatch_cgroup_cpu_periods_total")
-    seen: set[str] = set()
-    for label, cg in groups:
-        if label in seen:
-            continue
-        seen.add(label)
-        if cg.quota_cores is not None:
-            quota.add_metric([label], cg.quota_cores)
-        for fam, value in (
-            (usage, cg.usage_seconds),
-            (throttled, cg.throttled_seconds),
-            (throttled_periods, cg.throttled_periods),
-            (periods, cg.periods),
-        ):
-            if value is not None:
-                fam.add_metric([label], float(value))
-    yield from (quota, usage, throttled, throttled_periods, periods)
-
-
-def cgroups_of(snap: Snapshot) -> list[tuple[str, CgroupCpu]]:
-    """Return every cgroup the Snapshot knows, labelled by path (own cgroup, engines' cgroups)."""
-    groups: list[tuple[str, CgroupCpu]] = []
-    if snap.host is not None and snap.host.own_cgroup is not None:
-        groups.append((snap.host.own_cgroup.path, snap.host.own_cgroup))
-    for engine in snap.engines:
-        groups.extend((cg.path, cg) for cg in engine.cgroups)
-    return groups
-
-
-def render(snap: Snapshot) -> Iterator[Metric]:
-    """Yield host CPU and cgroup families.
-
-    boundwatch_cgroup_cpu_quota_cores{cgroup="/kubepods.slice/pod1/ctr"} 0.5
-    """
+def cpus(snap: Snapshot) -> Metric:
+    """Render the host's logical CPUs."""
+    fam = c.gauge(c.HOST_CPUS)
     if snap.host is not None:
-        cpus = c.gauge("boundwatch_host_cpus")
-        cpus.add_metric([], snap.host.cpus)
-        yield cpus
-        if snap.host.cpu_busy is not None:
-            busy = c.gauge("boundwatch_host_cpu_ratio")
-            busy.add_metric([], snap.host.cpu_busy)
-            yield busy
+        fam.add_metric([], snap.host.cpus)
+    return fam
+
+
+def cpu_ratio(snap: Snapshot) -> Metric:
+    """Render the host's CPU busy share over the last tick."""
+    fam = c.gauge(c.HOST_CPU_RATIO)
+    if snap.host is not None and snap.host.cpu_busy is not None:
+        fam.add_metric([], snap.host.cpu_busy)
+    return fam
+
+
+def own_cgroup(snap: Snapshot) -> Metric:
+    """Render boundwatch_self_cgroup_info{cgroup="/kubepods.slice/pod1/ctr"} 1."""
+    fam = c.gauge(c.SELF_CGROUP_INFO)
     if snap.host is not None and snap.host.own_cgroup is not None:
-        own = c.gauge("boundwatch_self_cgroup_info")
-        own.add_metric([snap.host.own_cgroup.path], 1.0)
-        yield own
-    groups = cgroups_of(snap)
-    if groups:
-        yield from render_cgroups(groups)
+        fam.add_metric([snap.host.own_cgroup.path], 1.0)
+    return fam
+
+
+def cgroups_of(snap: Snapshot) -> list[CgroupCpu]:
+    """Return every cgroup the Snapshot knows once, by path: its own cgroup, then the engines' cgroups."""
+    groups: dict[str, CgroupCpu] = {}
+    if snap.host is not None and snap.host.own_cgroup is not None:
+        groups[snap.host.own_cgroup.path] = snap.host.own_cgroup
+    for engine in snap.engines:
+        for cg in engine.cgroups:
+            groups.setdefault(cg.path, cg)
+    return list(groups.values())
+
+
+def _per_cgroup(spec: c.MetricSpec, value: Callable[[CgroupCpu], float | None]) -> Family:
+    """Return a family of one sample per cgroup whose value is known."""
+
+    def render(snap: Snapshot) -> Metric:
+        fam = c.number(spec)
+        for cg in cgroups_of(snap):
+            v = value(cg)
+            if v is not None:
+                fam.add_metric([cg.path], float(v))
+        return fam
+
+    return Family(spec, render)
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family(c.HOST_CPUS, cpus),
+    Family(c.HOST_CPU_RATIO, cpu_ratio),
+    Family(c.SELF_CGROUP_INFO, own_cgroup),
+    _per_cgroup(c.CGROUP_CPU_QUOTA_CORES, lambda cg: cg.quota_cores),
+    _per_cgroup(c.CGROUP_CPU_USAGE_SECONDS_TOTAL, lambda cg: cg.usage_seconds),
+    _per_cgroup(c.CGROUP_CPU_THROTTLED_SECONDS_TOTAL, lambda cg: cg.throttled_seconds),
+    _per_cgroup(c.CGROUP_CPU_THROTTLED_PERIODS_TOTAL, lambda cg: cg.throttled_periods),
+    _per_cgroup(c.CGROUP_CPU_PERIODS_TOTAL, lambda cg: cg.periods),
+)
+INTEGRATED: tuple[Family, ...] = ()

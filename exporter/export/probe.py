@@ -17,11 +17,12 @@ Entries that are not mappings, and keys that are absent or None, render nothing.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
 from prometheus_client.metrics_core import Metric
 
 from exporter import catalogue as c
+from exporter.export.families import Family
 from exporter.snapshot import Snapshot
 
 
@@ -31,35 +32,53 @@ def _num(value: object) -> float | None:
     return float(value)
 
 
-def render(snap: Snapshot) -> Iterator[Metric]:
-    """Yield the probe gauges.
+def _entries(snap: Snapshot) -> list[tuple[str, Mapping[str, object]]]:
+    """Return each GPU's probe summary that is a mapping, by GPU label."""
+    found = sorted(snap.probe.items(), key=lambda kv: str(kv[0]))
+    return [(str(gpu), entry) for gpu, entry in found if isinstance(entry, Mapping)]
 
-    boundwatch_probe_hbm_bandwidth_bytes_per_second{gpu="0"} 4.27e+12
-    boundwatch_probe_duty_error_ratio{gpu="0",source="cupti"} 0.0003
-    """
-    bandwidth = c.gauge("boundwatch_probe_hbm_bandwidth_bytes_per_second")
-    ratio = c.gauge("boundwatch_probe_hbm_bandwidth_ratio")
-    duty = c.gauge("boundwatch_probe_duty_error_ratio")
-    success = c.gauge("boundwatch_probe_success")
-    last = c.gauge("boundwatch_probe_last_run_timestamp_seconds")
-    for gpu, entry in sorted(snap.probe.items(), key=lambda kv: str(kv[0])):
-        if not isinstance(entry, Mapping):
-            continue
-        label = [str(gpu)]
-        for fam, key in (
-            (bandwidth, "hbm_bandwidth_bytes_per_second"),
-            (ratio, "hbm_bandwidth_ratio"),
-            (last, "timestamp"),
-        ):
+
+def _number(spec: c.MetricSpec, key: str) -> Family:
+    """Return a family of one number of each probe summary, e.g. boundwatch_probe_hbm_bandwidth_bytes_per_second{gpu="0"} 4.27e+12."""
+
+    def render(snap: Snapshot) -> Metric:
+        fam = c.gauge(spec)
+        for gpu, entry in _entries(snap):
             value = _num(entry.get(key))
             if value is not None:
-                fam.add_metric(label, value)
+                fam.add_metric([gpu], value)
+        return fam
+
+    return Family(spec, render)
+
+
+def success(snap: Snapshot) -> Metric:
+    """Render whether each GPU's last probe passed (1) or failed (0)."""
+    fam = c.gauge(c.PROBE_SUCCESS)
+    for gpu, entry in _entries(snap):
         if isinstance(entry.get("success"), bool):
-            success.add_metric(label, 1.0 if entry["success"] else 0.0)
+            fam.add_metric([gpu], 1.0 if entry["success"] else 0.0)
+    return fam
+
+
+def duty_errors(snap: Snapshot) -> Metric:
+    """Render boundwatch_probe_duty_error_ratio{gpu="0",source="cupti"} 0.0003 per source."""
+    fam = c.gauge(c.PROBE_DUTY_ERROR_RATIO)
+    for gpu, entry in _entries(snap):
         errors = entry.get("duty_errors")
         if isinstance(errors, Mapping):
             for source, err in sorted(errors.items()):
                 value = _num(err)
                 if value is not None:
-                    duty.add_metric([str(gpu), str(source)], value)
-    yield from (bandwidth, ratio, duty, success, last)
+                    fam.add_metric([gpu, str(source)], value)
+    return fam
+
+
+FAMILIES: tuple[Family, ...] = (
+    _number(c.PROBE_HBM_BANDWIDTH_BYTES_PER_SECOND, "hbm_bandwidth_bytes_per_second"),
+    _number(c.PROBE_HBM_BANDWIDTH_RATIO, "hbm_bandwidth_ratio"),
+    Family(c.PROBE_DUTY_ERROR_RATIO, duty_errors),
+    Family(c.PROBE_SUCCESS, success),
+    _number(c.PROBE_LAST_RUN_TIMESTAMP_SECONDS, "timestamp"),
+)
+INTEGRATED: tuple[Family, ...] = ()

@@ -27,9 +27,12 @@ from exporter import __version__
 from exporter import catalogue as c
 from exporter.config import Config
 from exporter.export import statuspage
-from exporter.export.collectors import SnapshotCollector
+from exporter.export.collectors import SnapshotCollector, counter_series
 from exporter.export.listener import ListenerStats
 from exporter.sampling import Sampler
+from exporter.snapshot import Snapshot
+from exporter.snapshot.codec import encode
+from exporter.snapshot.totals import EMPTY
 
 SAMPLER: web.AppKey[Sampler] = web.AppKey("sampler", Sampler)
 REGISTRY: web.AppKey[CollectorRegistry] = web.AppKey("registry", CollectorRegistry)
@@ -55,6 +58,10 @@ def make_registry(sampler: Sampler, cfg: Config, http: HttpCollector | None = No
     return registry
 
 
+# The families this module renders (HttpCollector).
+SELF_FAMILIES: tuple[c.MetricSpec, ...] = (c.HTTP_CONNECTIONS, c.HTTP_REFUSED_TOTAL)
+
+
 class HttpCollector:
     """Render the listener's and basic auth's counts: connections open, and what was refused."""
 
@@ -64,10 +71,10 @@ class HttpCollector:
 
     def collect(self) -> Iterator[Metric]:
         """Yield the open connections and the refusals by cause."""
-        conns = c.gauge("boundwatch_http_connections")
+        conns = c.gauge(c.HTTP_CONNECTIONS)
         conns.add_metric([], self.listener.open)
         yield conns
-        refused = c.counter("boundwatch_http_refused_total")
+        refused = c.counter(c.HTTP_REFUSED_TOTAL)
         refused.add_metric(["connection_limit"], self.listener.refused_total)
         refused.add_metric(["header_timeout"], self.listener.timed_out_total)
         if self.auth is not None:
@@ -359,15 +366,24 @@ def served(value: Any) -> Any:
     return redact(str(value))
 
 
+def snapshot_page(snap: Snapshot) -> dict[str, Any]:
+    """Return a Snapshot as /api/snapshot serves it: without secrets or NaN.
+
+    Its typed totals are served as `codec.to_json` writes them (so `from_json` reads them back),
+    and its counters once more by name, keyed "name{labels}", for people.
+    """
+    data: dict[str, Any] = served(dataclasses.replace(snap, totals=EMPTY))
+    data["totals"] = served(encode(snap.totals))
+    data["counters"] = served(counter_series(snap))
+    return data
+
+
 async def snapshot_json(request: web.Request) -> web.Response:
-    """Serve the newest Snapshot as JSON (counters keyed "name{labels}"), without secrets or NaN."""
+    """Serve the newest Snapshot as JSON (see snapshot_page)."""
     snap = request.app[SAMPLER].latest()
     if snap is None:
         return web.json_response({"error": "no snapshot yet"}, status=503)
-    data = served(dataclasses.replace(snap, counters={}, histograms={}))
-    data["counters"] = served(
-        {f"{name}{{{','.join(labels)}}}": v for (name, labels), v in snap.counters.items()}
-    )
+    data = snapshot_page(snap)
     return web.Response(text=json.dumps(data, allow_nan=False), content_type="application/json")
 
 

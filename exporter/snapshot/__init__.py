@@ -15,10 +15,8 @@ from exporter.snapshot.agent import AgentReading
 from exporter.snapshot.engine import EngineReading
 from exporter.snapshot.gpu import GpuReading
 from exporter.snapshot.host import HostReading
+from exporter.snapshot.totals import HistogramValue, Totals
 from exporter.snapshot.verdict import Verdict
-
-# A counter or histogram series: (metric name, label values in catalogue order).
-SeriesKey = tuple[str, tuple[str, ...]]
 
 
 @dataclass(frozen=True)
@@ -31,35 +29,6 @@ class SourceStatus:
     last_error: str = ""
     duration_seconds: float = 0.0
     late: bool = False  # the read outlasted the tick: its last reading was reused
-
-
-@dataclass(frozen=True)
-class HistogramValue:
-    """A cumulative histogram: counts per upper bound (ascending, +Inf last), sum, count."""
-
-    bounds: tuple[float, ...]
-    counts: tuple[float, ...]  # non-cumulative, len(bounds) + 1 (the last is +Inf)
-    total: float = 0.0
-
-    def add(self, counts: tuple[float, ...], total: float) -> HistogramValue:
-        """Return this histogram with more observations added."""
-        if not self.counts:
-            return HistogramValue(self.bounds, tuple(counts), total)
-        merged = tuple(a + b for a, b in zip(self.counts, counts, strict=True))
-        return HistogramValue(self.bounds, merged, self.total + total)
-
-    @property
-    def count(self) -> float:
-        """Return the number of observations."""
-        return float(sum(self.counts))
-
-
-def _empty_counters() -> Mapping[SeriesKey, float]:
-    return MappingProxyType({})
-
-
-def _empty_histograms() -> Mapping[SeriesKey, HistogramValue]:
-    return MappingProxyType({})
 
 
 @dataclass(frozen=True)
@@ -77,8 +46,7 @@ class Snapshot:
     agent: AgentReading | None = None
     verdicts: tuple[Verdict, ...] = field(default=())
     busy: Mapping[int, tuple[float, str]] = field(default_factory=lambda: MappingProxyType({}))
-    counters: Mapping[SeriesKey, float] = field(default_factory=_empty_counters)
-    histograms: Mapping[SeriesKey, HistogramValue] = field(default_factory=_empty_histograms)
+    totals: Totals = field(default_factory=Totals)  # the newest Snapshot's only (see sampling)
     sources: tuple[SourceStatus, ...] = field(default=())
     probe: Mapping[str, object] = field(default_factory=lambda: MappingProxyType({}))
     gpu_uuids: tuple[str, ...] = field(
@@ -106,8 +74,8 @@ __all__ = [
     "GpuReading",
     "HistogramValue",
     "HostReading",
-    "SeriesKey",
     "Snapshot",
     "SourceStatus",
+    "Totals",
     "Verdict",
 ]

@@ -2,10 +2,10 @@
 
 `to_json(snap)` returns plain data (dicts, lists, numbers, strings); `from_json(data)` rebuilds the
 Snapshot from it using the dataclasses' type hints. Mappings with int or str keys become JSON
-objects (keys as strings); others (the counters' (name, labels) keys) become lists of
-[key, value] pairs. `from_json` also reads the daemon's /api/snapshot page, whose counters are
-keyed "name{label,label}". Unknown keys are ignored and missing ones take their defaults, so a
-recording survives fields being added.
+objects (keys as strings); others (the totals' label tuples) become lists of [key, value] pairs.
+`from_json` also reads the daemon's /api/snapshot page (its "counters" view by metric name is
+for people and is ignored). Unknown keys are ignored and missing ones take their defaults, so a
+recording survives fields being added (and old recordings' "counters" and "histograms").
 """
 
 from __future__ import annotations
@@ -42,11 +42,12 @@ def encode(value: Any) -> Any:
     return value
 
 
-def to_json(snap: Snapshot, *, counters: bool = True) -> dict[str, Any]:
-    """Return a Snapshot as plain data (without counters and histograms when counters is False)."""
-    if not counters:
-        snap = dataclasses.replace(snap, counters=MappingProxyType({}), histograms=MappingProxyType({}))
-    return typing.cast(dict[str, Any], encode(snap))
+def to_json(snap: Snapshot, *, totals: bool = True) -> dict[str, Any]:
+    """Return a Snapshot as plain data (without its integrated totals when totals is False)."""
+    data = typing.cast(dict[str, Any], encode(snap))
+    if not totals:
+        del data["totals"]
+    return data
 
 
 @cache
@@ -54,11 +55,8 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def _series_key(text: str) -> tuple[str, tuple[str, ...]]:
-    """Parse the daemon's "name{a,b}" counter key."""
-    name, _, rest = text.partition("{")
-    labels = rest[:-1] if rest.endswith("}") else rest
-    return name, tuple(labels.split(",")) if labels else ()
+def _is_named_tuple(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, tuple) and hasattr(tp, "_fields")
 
 
 def decode(tp: Any, value: Any) -> Any:
@@ -74,6 +72,8 @@ def decode(tp: Any, value: Any) -> Any:
         return value  # e.g. float | str: JSON already says which
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         return from_data(tp, value)
+    if _is_named_tuple(tp):
+        return tp(*(decode(t, v) for t, v in zip(_hints(tp).values(), value, strict=True)))
     if origin is tuple:
         if len(args) == 2 and args[1] is Ellipsis:
             return tuple(decode(args[0], v) for v in value)
@@ -84,14 +84,7 @@ def decode(tp: Any, value: Any) -> Any:
         isinstance(origin, type) and issubclass(origin, Mapping)
     ):
         key_t, val_t = args if args else (Any, Any)
-        pairs: Iterable[tuple[Any, Any]]
-        if isinstance(value, dict):
-            if typing.get_origin(key_t) is tuple:
-                pairs = ((_series_key(k), v) for k, v in value.items())
-            else:
-                pairs = value.items()
-        else:
-            pairs = ((k, v) for k, v in value)
+        pairs: Iterable[tuple[Any, Any]] = value.items() if isinstance(value, dict) else value
         return MappingProxyType({decode(key_t, k): decode(val_t, v) for k, v in pairs})
     if tp is float:
         return float(value)
@@ -139,8 +132,8 @@ def header(**meta: Any) -> str:
 
 
 def dumps(snap: Snapshot) -> str:
-    """Return one recording line for a Snapshot (counters left out: a replay integrates its own)."""
-    return json.dumps(to_json(snap, counters=False), separators=(",", ":"))
+    """Return one recording line for a Snapshot (totals left out: a replay integrates its own)."""
+    return json.dumps(to_json(snap, totals=False), separators=(",", ":"))
 
 
 def read_lines(lines: Iterable[str]) -> tuple[dict[str, Any], Iterator[Snapshot]]:

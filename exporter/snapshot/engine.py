@@ -21,6 +21,9 @@ STEP_METHODS: tuple[str, ...] = (
     "dp_attention_steps",
 )
 
+# Where an engine's running / waiting come from: its agent's scheduler counts, or its page.
+COUNTS_SOURCES: tuple[str, ...] = ("agent", "page")
+
 _SERVER_INDEX = re.compile(r"APIServer_(\d+)")
 
 
@@ -81,6 +84,47 @@ class Placement:
 
 
 @dataclass(frozen=True)
+class GraphConfig:
+    """What an engine's command line says about its CUDA graphs (sources.engine_flags).
+
+    `off`: graphs disabled (vLLM --enforce-eager or cudagraph_mode NONE, SGLang --disable-cuda-graph).
+    `capture_limit`: the largest captured decode batch, in tokens (vLLM, `limit_in_tokens`) or in
+    sequences (SGLang); a decode step above it runs eager. `spec_tokens`: speculative tokens per
+    sequence and step (a vLLM step carries sequences x (1 + spec_tokens) tokens).
+    """
+
+    off: bool = False
+    capture_limit: int | None = None
+    limit_in_tokens: bool = True
+    spec_tokens: int = 0
+    source: str = ""  # the flag or key that said it
+
+    def eager_at(self, running: float) -> bool:
+        """Say whether a decode step with this many running sequences runs without a CUDA graph."""
+        if self.off:
+            return True
+        if self.capture_limit is None or running <= 0:
+            return False
+        tokens = running * (1 + self.spec_tokens) if self.limit_in_tokens else running
+        return tokens > self.capture_limit
+
+
+@dataclass(frozen=True)
+class CoreCounts:
+    """One engine core's scheduler counts as its agent last reported them, held until the next report.
+
+    `pid` is the engine core's process (joins to its agent; never a label), `dp_rank` its
+    data-parallel rank where it has one.
+    """
+
+    pid: int
+    dp_rank: int | None
+    running: float | None
+    waiting: float | None
+    max_num_seqs: int | None = None
+
+
+@dataclass(frozen=True)
 class EngineReading:
     """One engine at one tick; None where the engine does not expose a figure.
 
@@ -111,6 +155,7 @@ class EngineReading:
     eager_passes_total: float | None = None  # SGLang passes with mode *_none
     dp_attention_steps_total: float | None = None  # SGLang dp_attention_steps_total over DP ranks and states
     max_num_seqs: int | None = None
+    graph_config: GraphConfig | None = None  # from the engine's command line, when it says
     api_server_count: int | None = None
     api_server_count_source: str = ""  # processes | cmdline | multiproc_files | kv_cache_pids | page
     multiprocess: bool = False
@@ -130,6 +175,15 @@ class EngineReading:
     page_truncated: bool = False  # this read stopped at the byte or line budget: a partial page
     page_decode_errors: int = 0  # undecodable (non-UTF-8) bytes in this read, replaced
     rejected_values: int = 0  # samples of this read refused: NaN, infinite, negative or implausible
+    # The page's figures (tokens, KV, model...) were read this tick; False: carried from the read
+    # `page_age_seconds` ago (while an agent counts the engine, its page is read every
+    # engine.slow_read_seconds). A carried figure never counts as movement within a tick.
+    page_read: bool = True
+    page_age_seconds: float = 0.0
+    # Filled by the analysis: where running / waiting come from ("agent": the engine cores' own
+    # scheduler counts, held per core in core_counts; "page": the page's gauges).
+    counts_source: str = "page"
+    core_counts: tuple[CoreCounts, ...] = field(default=())
     error: str = ""  # why this tick's read failed ("" = it did not); figures are then None
 
     def servers(self) -> tuple[tuple[str, ProcessCpu], ...]:

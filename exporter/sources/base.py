@@ -28,7 +28,12 @@ class Source(Protocol):
     """One outside party. `read()` returns this tick's reading or raises.
 
     Sources whose reads block (NVML, /proc) do their work through `BlockingReader`, so the
-    event loop never waits on them; `close()` releases what the source holds.
+    event loop never waits on them; `close()` releases what the source holds. A source may also
+    have `async start()` (see Startable) and `async aclose()` (see AsyncClosable). The Sampler is
+    the one owner of that lifecycle: it starts each source once before the first tick and closes
+    each once at the end, with `aclose()` where there is one, else `close()`. A source may also
+    have `follow(snap)`: the sampler hands it each new Snapshot (the engine source reads an
+    engine's page rarely while the Snapshot serves its counts from an agent).
     """
 
     name: str
@@ -39,6 +44,24 @@ class Source(Protocol):
 
     def close(self) -> None:
         """Release handles, threads and sockets."""
+        ...
+
+
+@runtime_checkable
+class Startable(Protocol):
+    """A source with something to set up before its first read (a socket to bind)."""
+
+    async def start(self) -> None:
+        """Set up; raise when impossible (the source then reports itself down each tick)."""
+        ...
+
+
+@runtime_checkable
+class AsyncClosable(Protocol):
+    """A source whose release must be awaited (an HTTP session)."""
+
+    async def aclose(self) -> None:
+        """Release everything, awaiting what must be awaited."""
         ...
 
 

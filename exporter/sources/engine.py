@@ -6,6 +6,14 @@ directly (no request to the serving process, and per-API-server histogram counts
 of each API-server process and its busiest thread, and the cgroups of the engine's processes.
 Discovery scans the process table every `DISCOVER_EVERY_SECONDS`; CPU is sampled every tick.
 
+Each scrape of an API server's /metrics costs that process CPU on the event loop that also
+tokenises and streams (bench/api_server_scrape_cost.py). So while an agent reports an engine's
+scheduler counts (the newest Snapshot says `counts_source == "agent"`, see `follow`), its page
+is read over HTTP only every `engine.slow_read_seconds`, for the token counters and the model
+name; between reads the last page reading is carried, marked `page_read=False` with its age.
+Without agent counts, after a failed read, and for page files and multiprocess files (which
+cost the engine nothing) every tick reads.
+
 Everything an engine says is bounded where it enters: a read stops at a byte and a line budget
 (the reading is then marked truncated), undecodable bytes are replaced per engine, label values
 are cut, and NaN, infinite, negative or implausible values are refused and counted, so one
@@ -37,11 +45,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter.analysis import dedup, engine_page
 from exporter.analysis.engine import window_acceptance
 from exporter.config import Config, EngineConfig
-from exporter.snapshot.engine import EngineReading
+from exporter.snapshot import Snapshot
+from exporter.snapshot.engine import EngineReading, GraphConfig
 from exporter.snapshot.host import CgroupCpu, ProcessCpu
 from exporter.sources import placement, procs
 from exporter.sources.base import BlockingReader, SourceUnavailable
 from exporter.sources.cgroup import cgroup_path_of, read_cgroup_cpu
+from exporter.sources.engine_flags import graph_config
 
 log = structlog.get_logger("boundwatch.engine")
 
@@ -83,6 +93,7 @@ class EngineTarget:
     servers_titled: bool = False  # api_server_pids are processes titled APIServer_<i>
     port_known: bool = False  # the port came from the flags or a listening socket, not the default
     max_num_seqs: int | None = None  # the engine's own batch limit, from its command line
+    graph_config: GraphConfig | None = None  # what its command line says about CUDA graphs
     extra: dict[str, str] = field(default_factory=dict)
 
 
@@ -694,6 +705,7 @@ def _target(
         servers_titled=bool(servers),
         port_known=port_known,
         max_num_seqs=batch_limit(proc_root, e.root, e.kind, cmdline),
+        graph_config=graph_config(e.kind, cmdline),
     )
 
 
@@ -826,8 +838,10 @@ class EngineSource:
         proc_root: str | None = None,
         cgroup_root: str | None = None,
         discover_every: float = DISCOVER_EVERY_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.cfg = cfg
+        self._clock = clock
         self.proc_root = proc_root or cfg.host.proc_root
         self.cgroup_root = cgroup_root or cfg.host.cgroup_root
         self._discover_every = discover_every
@@ -845,6 +859,10 @@ class EngineSource:
         self._said_none = False
         self._found: set[str] = set()  # names of the engines discovery found last time
         self._states: dict[str, str] = {}  # engine name -> "up" or the class of its error
+        self._agent_counted: frozenset[str] = frozenset()  # engines the newest Snapshot counted by agent
+        # engine name -> (when, the last good page reading): carried between slow reads
+        self._pages: dict[str, tuple[float, EngineReading]] = {}
+        self.page_reads = 0  # HTTP reads of engine pages started (for tests and benches)
 
     @property
     def targets(self) -> tuple[EngineTarget, ...]:
@@ -855,7 +873,7 @@ class EngineSource:
         """Return this tick's reading of every engine (a failed engine carries `error`)."""
         if not self.cfg.engine.enabled:
             raise SourceUnavailable("engine source disabled")
-        now = time.monotonic()
+        now = self._clock()
         if self.cfg.engine.discover and (
             self._discovered_at is None or now - self._discovered_at >= self._discover_every
         ):
@@ -871,10 +889,36 @@ class EngineSource:
                 self._said_none = True
             return ()  # nothing to read is not a failure: the source stays up
         self._said_none = False
-        pages = await asyncio.gather(*(self._fetch(t) for t in self._targets))
-        readings = await self._blocking.run(lambda: self._build(pages))
+        carry = [self._carried(t, now) for t in self._targets]
+        pages = await asyncio.gather(
+            *(self._fetch(t, c is None) for t, c in zip(self._targets, carry, strict=True))
+        )
+        readings = await self._blocking.run(lambda: self._build(pages, carry, now))
         self._log_states(readings)
         return readings
+
+    def follow(self, snap: Snapshot) -> None:
+        """Note which engines the newest Snapshot served from agent counts: their pages are read rarely."""
+        self._agent_counted = frozenset(
+            e.name for e in snap.engines if e.counts_source == "agent" and not e.error
+        )
+
+    def _name_of(self, target: EngineTarget) -> str:
+        return target.name or self._names.get(target.url, "")
+
+    def _carried(self, target: EngineTarget, now: float) -> EngineReading | None:
+        """Return the last page reading to carry this tick instead of a read, or None to read the page.
+
+        Only an HTTP page whose engine an agent counts is carried, while its last read (a good
+        one) is younger than `engine.slow_read_seconds`.
+        """
+        if self._use_files(target) or _is_file(target.url) or not target.url:
+            return None
+        name = self._name_of(target)
+        last = self._pages.get(name) if name in self._agent_counted else None
+        if last is None or now - last[0] >= self.cfg.engine.slow_read_seconds:
+            return None
+        return replace(last[1], page_read=False, page_age_seconds=max(0.0, now - last[0]))
 
     def _log_discovery(self, found: Sequence[EngineTarget]) -> None:
         """Log each engine discovery finds or loses, once."""
@@ -909,10 +953,11 @@ class EngineSource:
                 log.warning("engine_down", engine=r.name, url=r.url or None, error=r.error)
         self._states = states  # an engine no longer read is forgotten (discovery logs it lost)
 
-    async def _fetch(self, target: EngineTarget) -> tuple[bytes | None, str, float]:
+    async def _fetch(self, target: EngineTarget, due: bool = True) -> tuple[bytes | None, str, float]:
         """Return (page bytes or None, error, seconds) for a target read over HTTP; files are read later."""
-        if self._use_files(target) or _is_file(target.url) or not target.url:
+        if not due or self._use_files(target) or _is_file(target.url) or not target.url:
             return None, "", 0.0
+        self.page_reads += 1
         start = time.perf_counter()
         timeout = self.cfg.engine.timeout_seconds
         if self._session is None:
@@ -926,8 +971,16 @@ class EngineSource:
     def _use_files(self, target: EngineTarget) -> bool:
         return self.cfg.engine.read_multiproc_files and multiproc_dir_usable(target.multiproc_dir)
 
-    def _build(self, pages: Sequence[tuple[bytes | None, str, float]]) -> tuple[EngineReading, ...]:
-        """Parse pages or read files, then add API-server CPU and cgroups (runs off the event loop)."""
+    def _build(
+        self,
+        pages: Sequence[tuple[bytes | None, str, float]],
+        carry: Sequence[EngineReading | None],
+        now: float,
+    ) -> tuple[EngineReading, ...]:
+        """Parse pages or read files (or carry a page not due), then add API-server CPU and cgroups.
+
+        Runs off the event loop.
+        """
         cpu = self._cpu.sample(
             info
             for t in self._targets
@@ -935,17 +988,27 @@ class EngineSource:
             if (info := procs.proc_info(self.proc_root, pid))
         )
         out = []
-        for target, (data, error, seconds) in zip(self._targets, pages, strict=True):
+        for target, (data, error, seconds), carried in zip(self._targets, pages, carry, strict=True):
+            if carried is not None:
+                out.append(self._with_processes(target, carried, cpu))
+                continue
             reading = self._read_one(target, data, error, seconds)
-            reading = self._with_processes(target, reading, cpu)
-            out.append(self._with_acceptance(reading))
+            reading = self._with_acceptance(self._with_processes(target, reading, cpu))
+            if reading.error:
+                self._pages.pop(reading.name, None)  # read again next tick
+            elif data is not None:
+                self._pages[reading.name] = (now, reading)
+            out.append(reading)
+        names = {r.name for r in out}
+        for name in [n for n in self._pages if n not in names]:
+            del self._pages[name]
         return tuple(out)
 
     def _with_acceptance(self, reading: EngineReading) -> EngineReading:
         """Fill the spec-decode acceptance over the last SPEC_WINDOW_SECONDS from the counters."""
         if reading.error or reading.spec_acceptance is not None or reading.spec_draft_tokens_total is None:
             return reading
-        now = time.monotonic()
+        now = self._clock()
         hist = self._spec.setdefault(reading.name, deque())
         hist.append((now, reading.spec_accepted_tokens_total, reading.spec_draft_tokens_total))
         while len(hist) > 2 and now - hist[1][0] >= SPEC_WINDOW_SECONDS:
@@ -1034,6 +1097,7 @@ class EngineSource:
             pids=target.engine_pids,
             cuda_visible_devices=target.cuda_visible_devices,
             max_num_seqs=target.max_num_seqs if target.max_num_seqs is not None else reading.max_num_seqs,
+            graph_config=target.graph_config,
             placements=placement.placements(self.proc_root, target.engine_pids),
         )
         return replace(reading, steps=dedup.step_count(reading))

@@ -6,6 +6,7 @@ from exporter.export import activity as export_activity
 from exporter.snapshot import Snapshot
 from exporter.snapshot.agent import AgentReading, AgentState, EngineSteps, GpuActivity
 from exporter.snapshot.gpu import GpuReading
+from exporter.snapshot.totals import EngineMethod, GpuKind, GpuSource, Totals
 
 MS = 1_000_000
 UUID = "GPU-6f5e2c1a-0b7d-4c39-9d0e-2f1a3b4c5d6e"
@@ -45,18 +46,17 @@ def seed_snapshot() -> Snapshot:
 
 def test_accumulate_integrates_busy_observed_gaps_records_and_steps() -> None:
     inc = activity.accumulate(seed_snapshot(), Config())
-    c = inc.counters
-    assert c[("boundwatch_gpu_busy_seconds_total", ("3", "cupti"))] == 2.7
-    assert c[("boundwatch_gpu_observed_seconds_total", ("3", "cupti"))] == 10.0
-    assert c[("boundwatch_gpu_graph_busy_seconds_total", ("3",))] == 1.35
-    assert c[("boundwatch_gpu_activity_records_total", ("3", "kernel"))] == 52_000
-    assert c[("boundwatch_agent_messages_total", ())] == 20
-    assert c[("boundwatch_agent_bad_messages_total", ())] == 1
-    assert c[("boundwatch_engine_steps_total", ("vllm", "agent"))] == 139
-    assert round(c[("boundwatch_engine_step_gpu_seconds_total", ("vllm",))], 3) == 2.641
-    gaps = inc.histograms[("boundwatch_gpu_idle_gap_seconds", ("3",))]
+    assert inc.busy.busy_seconds[GpuSource(3, "cupti")] == 2.7
+    assert inc.busy.observed_seconds[GpuSource(3, "cupti")] == 10.0
+    assert inc.busy.graph_busy_seconds[3] == 1.35
+    assert inc.busy.activity_records[GpuKind(3, "kernel")] == 52_000
+    assert inc.agent.messages == 20
+    assert inc.agent.bad_messages == 1
+    assert inc.engine.steps[EngineMethod("vllm", "agent")] == 139
+    assert round(inc.engine.step_gpu_seconds["vllm"], 3) == 2.641
+    gaps = inc.busy.idle_gaps[3]
     assert gaps.count == 138 and round(gaps.total, 3) == 3.4
-    steps = inc.histograms[("boundwatch_engine_step_seconds", ("vllm",))]
+    steps = inc.engine.step_seconds["vllm"]
     assert steps.counts[5] == 139 and round(steps.total, 3) == 10.008
 
 
@@ -68,13 +68,13 @@ def test_tick_without_new_windows_adds_nothing_but_keeps_the_ratio() -> None:
     )
     snap = Snapshot(seq=2, at=0.5, mono=0.5, interval=0.5, dt=0.5, agent=AgentReading(activity=(idle,)))
     inc = activity.accumulate(snap, Config())
-    assert ("boundwatch_gpu_busy_seconds_total", ("3", "cupti")) not in inc.counters
+    assert GpuSource(3, "cupti") not in inc.busy.busy_seconds
     assert activity.cupti_busy_ratio(snap) == {3: 0.27}
 
 
 def test_no_agent_reading_means_no_increments() -> None:
     snap = Snapshot(seq=1, at=0.0, mono=0.0, interval=0.5, dt=0.5)
-    assert activity.accumulate(snap, Config()).counters == {}
+    assert activity.accumulate(snap, Config()) == Totals()
     assert activity.cupti_busy_ratio(snap) == {}
 
 
@@ -82,7 +82,7 @@ def test_agents_gauge_counts_states_per_nvml_index() -> None:
     snap = seed_snapshot()
     gpus = (GpuReading(index=3, uuid=UUID, name="NVIDIA H200", driver="580.159.04"),)
     snap = Snapshot(seq=1, at=0.0, mono=0.0, interval=0.5, dt=0.5, gpus=gpus, agent=snap.agent)
-    (fam,) = list(export_activity.render(snap))
+    fam = export_activity.agents(snap)
     values = {(s.labels["gpu"], s.labels["state"]): s.value for s in fam.samples}
     assert values[("3", "running")] == 1 and values[("3", "stale")] == 1
     assert values[("3", "preempted")] == 0 and values[("3", "unavailable")] == 0
@@ -93,6 +93,6 @@ def test_steps_timed_where_cupti_saw_no_gpu_work_add_no_step_gpu_seconds() -> No
         "vllm", 139, 139 * 72 * MS, 0, step_hist=(0,) * 5 + (139,) + (0,) * 6, gpu_measured=False
     )
     snap = Snapshot(seq=1, at=0.0, mono=0.0, interval=0.5, dt=0.5, agent=AgentReading(steps=(steps,)))
-    c = activity.accumulate(snap, Config()).counters
-    assert c[("boundwatch_engine_steps_total", ("vllm", "agent"))] == 139
-    assert ("boundwatch_engine_step_gpu_seconds_total", ("vllm",)) not in c
+    inc = activity.accumulate(snap, Config()).engine
+    assert inc.steps[EngineMethod("vllm", "agent")] == 139
+    assert "vllm" not in inc.step_gpu_seconds

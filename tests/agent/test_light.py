@@ -94,6 +94,26 @@ print(json.dumps([a, b, c]))
     assert run(tmp_path, code) == [True, True, False]
 
 
+def test_a_late_start_scans_the_heap_for_live_graphs(tmp_path: Path) -> None:
+    code = """
+import gc, json, sys
+import torch
+torch.cuda.init()                       # CUDA up before any hook: the hooks cannot vouch for the past
+from exporter.agent import hooks
+from exporter.agent.core import graph_trace_safe
+hooks.install()
+a = graph_trace_safe()                  # the late start of issue 9 before any capture: nothing alive
+g = torch.cuda.CUDAGraph()              # made before the hooks could count its capture
+b = graph_trace_safe()
+del g; gc.collect()
+c = graph_trace_safe()                  # gone: it can never be replayed
+sys.modules["cupy"] = object()          # a library with graphs of its own: the scan cannot vouch
+d = graph_trace_safe()
+print(json.dumps([hooks.graphs_so_far(), a, b, c, d]))
+"""
+    assert run(tmp_path, code) == ["unknown", True, False, True, False]
+
+
 def test_light_mode_never_loads_cupti(tmp_path: Path) -> None:
     code = """
 import json, sys

@@ -54,7 +54,7 @@ def test_wrapped_step_returns_the_same_result_and_counts_only_model_steps() -> N
     rec = Recorder()
     agent._agent = rec
     try:
-        wrapped = wrap_step(FakeEngineCore.step, "vllm", lambda core: (128, 64))
+        wrapped = wrap_step(FakeEngineCore.step, "vllm", lambda core, n: (128 * n, 64 * n))
         core = FakeEngineCore()
         results = [wrapped(core) for _ in range(4)]
     finally:
@@ -72,3 +72,60 @@ def test_scheduled_batch_reads_vllm_scheduler_output_or_gives_zero() -> None:
 
     assert scheduled_batch(Out()) == (320, 2)
     assert scheduled_batch(object()) == (0, 0)
+
+
+def test_light_steps_are_counted_every_step_and_handed_over_at_most_every_sample_period() -> None:
+    from exporter import agent
+    from exporter.agent import plugins
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.steps = StepTracker()
+            self.steps.per_step = False  # the light agent
+            self.steps.lag_ns = 0
+
+    class Core:
+        def __init__(self, clock: list[int]) -> None:
+            self.clock = clock
+            self.calls = 0
+
+        def step(self) -> tuple[dict[int, str], bool]:
+            self.calls += 1
+            self.clock[0] += 2 * MS if self.calls % 3 else 0  # every third call: no model step
+            return {0: "out"}, self.calls % 3 != 0
+
+    now = [T0]
+    counts = []
+
+    def counts_of(core: Core) -> tuple[int, int, int, int]:
+        counts.append(core.calls)
+        return 8, 3, 8, 0
+
+    rec = Recorder()
+    agent._agent = rec
+    try:
+        wrapped = wrap_step(
+            Core.step, "vllm", lambda core, n: (8 * n, 8 * n), counts_of, clock=lambda: now[0]
+        )
+        core = Core(now)
+        for _ in range(30):  # 20 model steps of 2 ms, 10 calls that ran no model
+            wrapped(core)
+        handed = len(counts)
+        plugins.flush_pending(rec.steps, 20 * MS, now_ns=now[0] + 5 * MS)  # not idle long enough
+        assert len(counts) == handed
+        plugins.flush_pending(rec.steps, 20 * MS, now_ns=now[0] + 25 * MS)  # the agent's thread, engine idle
+        assert len(counts) == handed + 1
+        first = rec.steps.take(final=True)
+        assert sum(s.n for s in first) == 20 and sum(sum(s.hist) for s in first) == 20
+        assert sum(s.wall for s in first) == 20 * 2 * MS
+        assert sum(s.tokens for s in first) == 20 * 8 and sum(s.seqs for s in first) == 20 * 8
+        now[0] += 500 * MS
+        wrapped(core)
+    finally:
+        agent._agent = None
+    # handed over at the first step, then once >= 10 ms had passed: not after each of the 21 steps
+    assert len(counts) < 9 and counts[0] == 1
+    totals = rec.steps.take(final=True)
+    assert sum(s.n for s in totals) == 1  # the step after the idle gap
+    assert sum(s.wall for s in totals) == 2 * MS and sum(s.tokens for s in totals) == 8
+    assert plugins.STEP_SAMPLE_NS == 10 * MS

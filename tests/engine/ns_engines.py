@@ -123,7 +123,24 @@ def scenario(name: str, args: list[str]) -> list[subprocess.Popen[str]]:
     if name == "batch_limits":
         cwd = args[0]
         procs = [
-            spawn(["python3", "-c", HOLD, "vllm", "serve", "m", "--port", "18001", "--max-num-seqs", "64"]),
+            spawn(
+                [
+                    "python3",
+                    "-c",
+                    HOLD,
+                    "vllm",
+                    "serve",
+                    "m",
+                    "--port",
+                    "18001",
+                    "--max-num-seqs",
+                    "64",
+                    "-O",
+                    '{"max_cudagraph_capture_size": 64}',
+                    "--speculative-config",
+                    '{"num_speculative_tokens": 1}',
+                ]
+            ),
             spawn(
                 ["python3", "-c", HOLD, "vllm", "serve", "m", "--port", "18002", "--config", "cfg.yaml"], cwd
             ),
@@ -140,6 +157,7 @@ def scenario(name: str, args: list[str]) -> list[subprocess.Popen[str]]:
                     "18004",
                     "--max-running-requests",
                     "48",
+                    "--disable-cuda-graph",
                 ]
             ),
         ]
@@ -215,6 +233,7 @@ async def read_like_the_daemon() -> dict[str, object]:
                 "error": e.error,
                 "running": e.running,
                 "max_num_seqs": e.max_num_seqs,
+                "graph_config": dataclasses.asdict(e.graph_config) if e.graph_config else None,
                 "api_server_count": e.api_server_count,
                 "servers": [s for s, _ in e.servers()],
                 "server_cgroups": sorted({p.cgroup or "" for p in e.api_servers}),

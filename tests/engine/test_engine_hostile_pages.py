@@ -14,7 +14,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from exporter import catalogue
 from exporter.config import Config, EngineConfig, HostConfig
+from exporter.export.collectors import counter_series
 from exporter.export.web import make_app
 from exporter.sampling import Sampler
 from exporter.sources.engine import (
@@ -25,7 +27,7 @@ from exporter.sources.engine import (
     reading_from_page,
 )
 
-RUNNING = "boundwatch_engine_running_request_seconds_total"
+RUNNING = catalogue.ENGINE_RUNNING_REQUEST_SECONDS_TOTAL.name
 
 
 def page(running: str = "10", waiting: str = "2", prompt: str = "100", extra: str = "") -> bytes:
@@ -105,8 +107,9 @@ async def test_a_non_utf8_byte_on_one_page_leaves_every_engine_read():
         assert (good.error, good.running, good.page_decode_errors) == ("", 7.0, 0)
         assert (bad.error, bad.running, bad.waiting) == ("", 3.0, 2.0)
         assert bad.page_decode_errors == 1
-    assert snaps[-1].counters[(RUNNING, (good.name,))] == pytest.approx(7.0 * 2 * cfg.tick_seconds)
-    assert snaps[-1].counters[(RUNNING, (bad.name,))] == pytest.approx(3.0 * 2 * cfg.tick_seconds)
+    running = snaps[-1].totals.engine.running_request_seconds
+    assert running[good.name] == pytest.approx(7.0 * 2 * cfg.tick_seconds)
+    assert running[bad.name] == pytest.approx(3.0 * 2 * cfg.tick_seconds)
 
 
 async def test_a_nan_for_one_tick_never_reaches_the_request_seconds_and_the_snapshot_stays_json():
@@ -129,10 +132,10 @@ async def test_a_nan_for_one_tick_never_reaches_the_request_seconds_and_the_snap
         finally:
             await source.aclose()
     name = snap.engines[0].name
-    total = snap.counters[(RUNNING, (name,))]
+    total = snap.totals.engine.running_request_seconds[name]
     # Only the intervals that began on a sound reading count: 10 held for three of the six intervals.
     assert math.isfinite(total) and total == pytest.approx(3 * 10 * cfg.tick_seconds)
-    assert all(math.isfinite(v) and v >= 0 for v in snap.counters.values())
+    assert all(math.isfinite(v) and v >= 0 for v in counter_series(snap).values())
     data = strict_json(api)
     assert isinstance(data, dict) and data["counters"][f"{RUNNING}{{{name}}}"] == pytest.approx(total)
     line = next(x for x in metrics.splitlines() if x.startswith(f'{RUNNING}{{engine="{name}"}}'))

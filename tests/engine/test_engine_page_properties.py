@@ -76,5 +76,5 @@ def test_any_bytes_give_a_reading_or_page_error_and_never_nan_in_what_is_integra
         readings.append(r)
     if len(readings) == 2:
         inc = accumulate(snap(2, readings[1]), Config(), snap(1, readings[0]))
-        for key, value in inc.counters.items():
+        for key, value in inc.series():
             assert math.isfinite(value) and value >= 0, (key, value)

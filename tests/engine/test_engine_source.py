@@ -15,15 +15,15 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from engine_fixtures import HERE, PAGES, PROC
 
+from exporter import catalogue
 from exporter.config import Config, EngineConfig, HostConfig
 from exporter.export.web import make_app
 from exporter.sampling import Sampler
 from exporter.snapshot.engine import demand
+from exporter.snapshot.totals import EngineServer
 from exporter.sources.engine import EngineSource, configured_target, discover, merge_targets
 
-RUNNING = "boundwatch_engine_running_request_seconds_total"
-WAITING = "boundwatch_engine_waiting_request_seconds_total"
-SATURATED = "boundwatch_api_server_saturated_seconds_total"
+RUNNING = catalogue.ENGINE_RUNNING_REQUEST_SECONDS_TOTAL.name
 
 
 def config(**engine: object) -> Config:
@@ -137,16 +137,21 @@ async def test_live_running_and_waiting_integrals_match_the_served_sequence():
     # Left rule, tick by tick: the increment is the value read at the previous tick times dt.
     for before, after in itertools.pairwise(snaps):
         prev = next(e for e in before.engines if e.name == name)
-        for metric, value in ((RUNNING, prev.running), (WAITING, prev.waiting)):
-            inc = after.counters.get((metric, (name,)), 0.0) - before.counters.get((metric, (name,)), 0.0)
-            assert inc == pytest.approx(value * after.dt, rel=1e-9, abs=1e-9)
+        for field, value in (
+            ("running_request_seconds", prev.running),
+            ("waiting_request_seconds", prev.waiting),
+        ):
+            was, now = (getattr(s.totals.engine, field).get(name, 0.0) for s in (before, after))
+            assert now - was == pytest.approx(value * after.dt, rel=1e-9, abs=1e-9)
     # And in total: each served value held for its 0.5 s period.
-    total_run = snaps[-1].counters[(RUNNING, (name,))]
-    total_wait = snaps[-1].counters[(WAITING, (name,))]
+    total_run = snaps[-1].totals.engine.running_request_seconds[name]
+    total_wait = snaps[-1].totals.engine.waiting_request_seconds[name]
     assert total_run == pytest.approx(0.5 * sum(running), rel=0.02)
     assert total_wait == pytest.approx(0.5 * sum(waiting), rel=0.02)
     # The trapezoid would differ by half a step at every change: 40 -> 0 alone moves it by 10 request-seconds.
-    first = snaps[1].counters[(RUNNING, (name,))] - snaps[0].counters.get((RUNNING, (name,)), 0.0)
+    first = snaps[1].totals.engine.running_request_seconds[name] - snaps[
+        0
+    ].totals.engine.running_request_seconds.get(name, 0.0)
     assert first == pytest.approx(running[0] * snaps[1].dt)
     assert abs(first - (running[0] + running[1]) / 2 * snaps[1].dt) > 5
     # The daemon's /metrics serves the same integral.
@@ -202,8 +207,9 @@ async def test_a_saturated_api_server_is_reported_within_two_ticks_and_an_idle_o
     # The spinning server wants a whole core (what it gets depends on the neighbours); the idle one nothing.
     assert (demand(servers["0"]) or 0.0) >= 0.9 and servers["0"].cpu > 0.3
     assert (demand(servers["1"]) or 0.0) < 0.2
-    assert snap.counters[(SATURATED, (name, "0"))] == pytest.approx(snap.dt)
-    assert snap.counters.get((SATURATED, (name, "1")), 0.0) == 0.0
+    saturated = snap.totals.engine.api_server_saturated_seconds
+    assert saturated[EngineServer(name, "0")] == pytest.approx(snap.dt)
+    assert saturated.get(EngineServer(name, "1"), 0.0) == 0.0
     assert engine.running == 23.0  # the page the fake engine serves
     assert proc.poll() is None
 

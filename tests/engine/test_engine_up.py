@@ -3,7 +3,8 @@
 import dataclasses
 
 from exporter.config import Config, EngineConfig
-from exporter.export.engine import render
+from exporter.export import engine as export_engine
+from exporter.export.families import render
 from exporter.snapshot import Snapshot
 from exporter.snapshot.engine import EngineReading
 from exporter.sources.engine import EngineSource
@@ -23,7 +24,7 @@ def test_engine_up_is_zero_and_its_figures_are_dropped_while_its_page_fails():
     ok = EngineReading(name="vllm:8000", kind="vllm", running=160.0, waiting=0.0)
     bad = EngineReading(name="vllm:8001", kind="vllm", running=3.0, error="TimeoutError")
     snap = Snapshot(seq=1, at=0.0, mono=0.0, interval=0.5, dt=0.5, engines=(ok, bad))
-    fams = {f.name: f for f in render(snap)}
+    fams = {f.name: f for f in render(export_engine.FAMILIES, snap)}
     up = {s.labels["engine"]: s.value for s in fams["boundwatch_engine_up"].samples}
     running = {s.labels["engine"]: s.value for s in fams["boundwatch_engine_requests_running"].samples}
     assert up == {"vllm:8000": 1.0, "vllm:8001": 0.0}

@@ -1,0 +1,55 @@
+#!/bin/bash
+# One device call, several GPU benchmarks in a row; everything lands in $OUT (at most 8 files come back).
+# On the lent H200, from the repo root; wheels for structlog, bcrypt and cupti-python in .whl/ (carried).
+#   STEPS="env two light lab:none" bash bench/device_batch.sh
+# Steps:
+#   env        machine, driver, torch, commit                      -> env.txt
+#   two        bench/two_engines_one_gpu.py (two agents, one GPU)  -> two_engines_one_gpu_h200.json
+#   light      bench/light_agent_overhead.py --rounds 2            -> light_overhead_h200.json
+#   lab:MODE   bench/scenarios/lab.py --agent MODE (SCALE, 0.7)    -> scenarios-h200-MODE.{json,jsonl.gz,log}
+#   twolab     bench/two_engines_lab.py (two lab engines, one GPU) -> two_engines_lab_h200.json
+#   truth      bench/agent_graph_truth.py, late starts at b=1 and 8  -> agent_graph_truth_late_h200.json
+set -u
+O=${OUT:-/tmp/batch-out}
+mkdir -p "$O"
+if ls .whl/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site/structlog ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+fi
+export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+SCALE=${SCALE:-0.7}
+for step in ${STEPS:-env}; do
+  t0=$(date +%s)
+  case "$step" in
+    env)
+      {
+        echo "== commit"; git rev-parse HEAD 2>/dev/null; git status --short 2>/dev/null | head -20
+        echo "== gpu"; nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv,noheader
+        echo "== cpus"; nproc; lscpu | grep -E "Model name"
+        echo "== python"; python3 -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__)'
+        python3 -c 'import cupti; print("cupti-python", getattr(cupti, "__version__", "?"))' 2>&1 | tail -1
+      } > "$O/env.txt" 2>&1 ;;
+    two)
+      timeout 200 python3 bench/two_engines_one_gpu.py --out "$O/two_engines_one_gpu_h200.json" \
+        > /tmp/two.log 2>&1; echo "two rc=$?"; tail -25 /tmp/two.log ;;
+    light)
+      timeout 240 python3 bench/light_agent_overhead.py --rounds 2 --seconds "${LIGHT_SECONDS:-2}" \
+        --out "$O/light_overhead_h200.json" > /tmp/light.log 2>&1; echo "light rc=$?"; tail -30 /tmp/light.log ;;
+    twolab)
+      timeout 200 python3 bench/two_engines_lab.py --out "$O/two_engines_lab_h200.json" > /tmp/twolab.log 2>&1
+      echo "twolab rc=$?"; tail -12 /tmp/twolab.log ;;
+    truth)
+      timeout 200 python3 bench/agent_graph_truth.py --batches 1,8 --gaps 0 --seconds 3 \
+        --only early_graphtrace,late_kernels,late_precapture --out "$O/agent_graph_truth_late_h200.json" \
+        > /tmp/truth.log 2>&1; echo "truth rc=$?"; tail -8 /tmp/truth.log ;;
+    lab:*)
+      mode=${step#lab:}
+      timeout "${LAB_T:-330}" python3 bench/scenarios/lab.py --agent "$mode" --scale "$SCALE" \
+        --name "scenarios-h200-$mode" --out "$O" ${LAB_ARGS:-} > "/tmp/lab-$mode.log" 2>&1
+      echo "lab $mode rc=$?"
+      tail -c 40000 "/tmp/lab-$mode.log" > "$O/scenarios-h200-$mode.log"
+      grep -E "API-server cost|Traceback|Error|failed" "/tmp/lab-$mode.log" | cut -c1-600 | head -8
+      grep -E "^\||^agent:" "/tmp/lab-$mode.log" ;;
+    *) echo "unknown step $step" ;;
+  esac
+  echo "== $step took $(( $(date +%s) - t0 )) s"
+done

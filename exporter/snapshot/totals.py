@@ -1,0 +1,215 @@
+"""The integrated counters and histograms, typed per area: what analysis adds up tick by tick.
+
+Analysis (`exporter.analysis`) produces them; only `exporter/export/<area>.py` maps a field to
+its metric name. A series is a mapping entry keyed by its labels (an int GPU index, an engine
+name, or a named tuple of several labels); an entry present at 0 is a series that exists from
+its first tick, so `rate()` sees it start. One tick's increments have the same shape as the
+totals, and `Totals.plus` adds them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, NamedTuple, TypeVar
+
+
+@dataclass(frozen=True)
+class HistogramValue:
+    """A cumulative histogram: counts per upper bound (ascending, +Inf last), sum, count."""
+
+    bounds: tuple[float, ...]
+    counts: tuple[float, ...]  # non-cumulative, len(bounds) + 1 (the last is +Inf)
+    total: float = 0.0
+
+    def add(self, counts: tuple[float, ...], total: float) -> HistogramValue:
+        """Return this histogram with more observations added."""
+        if not self.counts:
+            return HistogramValue(self.bounds, tuple(counts), total)
+        merged = tuple(a + b for a, b in zip(self.counts, counts, strict=True))
+        return HistogramValue(self.bounds, merged, self.total + total)
+
+    @property
+    def count(self) -> float:
+        """Return the number of observations."""
+        return float(sum(self.counts))
+
+
+class GpuSource(NamedTuple):
+    """Labels of a per-GPU figure that has several sources (cupti, gpm, nvml)."""
+
+    gpu: int
+    source: str
+
+
+class GpuKind(NamedTuple):
+    """Labels of a per-GPU count of CUPTI records by kind (kernel, memcpy, memset, graph)."""
+
+    gpu: int
+    kind: str
+
+
+class GpuVerdict(NamedTuple):
+    """Labels of the time a GPU spent in one verdict."""
+
+    gpu: int
+    verdict: str
+
+
+class EngineMethod(NamedTuple):
+    """Labels of an engine's steps and how they were counted."""
+
+    engine: str
+    method: str
+
+
+class EngineServer(NamedTuple):
+    """Labels of one API server of an engine (server: its number, as the page shows it)."""
+
+    engine: str
+    server: str
+
+
+K = TypeVar("K")
+
+
+def _none() -> Mapping[Any, Any]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class BusyTotals:
+    """GPU busy time by source, and what the agents' CUPTI windows add up to."""
+
+    busy_seconds: Mapping[GpuSource, float] = field(default_factory=_none)
+    observed_seconds: Mapping[GpuSource, float] = field(default_factory=_none)
+    graph_busy_seconds: Mapping[int, float] = field(default_factory=_none)
+    activity_records: Mapping[GpuKind, float] = field(default_factory=_none)
+    dropped_records: Mapping[int, float] = field(default_factory=_none)
+    idle_gaps: Mapping[int, HistogramValue] = field(default_factory=_none)
+
+
+@dataclass(frozen=True)
+class AgentTotals:
+    """The agents' messages: received, rejected, and refused by reason (None: no agent source yet)."""
+
+    messages: float | None = None
+    bad_messages: float | None = None
+    refused: Mapping[str, float] = field(default_factory=_none)
+
+
+@dataclass(frozen=True)
+class EngineTotals:
+    """Request-seconds, steps, step times and API-server saturation, per engine."""
+
+    running_request_seconds: Mapping[str, float] = field(default_factory=_none)
+    waiting_request_seconds: Mapping[str, float] = field(default_factory=_none)
+    steps: Mapping[EngineMethod, float] = field(default_factory=_none)
+    step_gpu_seconds: Mapping[str, float] = field(default_factory=_none)
+    step_seconds: Mapping[str, HistogramValue] = field(default_factory=_none)
+    api_server_saturated_seconds: Mapping[EngineServer, float] = field(default_factory=_none)
+
+
+@dataclass(frozen=True)
+class VerdictTotals:
+    """Time in each verdict, and host-bound time, per GPU."""
+
+    bound_seconds: Mapping[GpuVerdict, float] = field(default_factory=_none)
+    host_bound_seconds: Mapping[int, float] = field(default_factory=_none)
+
+
+Area = TypeVar("Area", BusyTotals, AgentTotals, EngineTotals, VerdictTotals)
+
+
+def _add_value(a: Any, b: Any) -> Any:
+    if type(a) is HistogramValue:
+        return a.add(b.counts, b.total)
+    return a + b
+
+
+def _add_field(a: Any, b: Any) -> Any:
+    """Add one field: a mapping of series (an empty one adds nothing), or one number (None adds nothing)."""
+    if b is None or (not b and not isinstance(b, int | float)):
+        return a
+    if a is None or (not a and not isinstance(a, int | float)):
+        return MappingProxyType(b) if isinstance(b, dict) else b  # frozen, as every field is
+    if isinstance(a, int | float):
+        return a + b
+    out = dict(a)
+    for key, value in b.items():
+        out[key] = value if key not in out else _add_value(out[key], value)
+    return MappingProxyType(out)
+
+
+def _names(cls: type) -> tuple[str, ...]:
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def plus(a: Area, b: Area) -> Area:
+    """Return one area's totals with another's (or one tick's increments) added."""
+    names = _names(type(a))
+    if all(not getattr(b, n) and getattr(b, n) != 0 for n in names):
+        return a  # b holds no series (an area this tick's accumulator left empty)
+    return type(a)(*(_add_field(getattr(a, n), getattr(b, n)) for n in names))
+
+
+@dataclass(frozen=True)
+class Totals:
+    """Every integrated counter and histogram, by area."""
+
+    busy: BusyTotals = field(default_factory=BusyTotals)
+    agent: AgentTotals = field(default_factory=AgentTotals)
+    engine: EngineTotals = field(default_factory=EngineTotals)
+    verdict: VerdictTotals = field(default_factory=VerdictTotals)
+
+    def series(self) -> Iterator[tuple[tuple[str, object], float | HistogramValue]]:
+        """Yield every series as (("area.field", key), value); a field without labels has key ()."""
+        for area in dataclasses.fields(self):
+            part = getattr(self, area.name)
+            for f in dataclasses.fields(part):
+                value = getattr(part, f.name)
+                name = f"{area.name}.{f.name}"
+                if isinstance(value, Mapping):
+                    yield from (((name, k), v) for k, v in value.items())
+                elif value is not None:
+                    yield (name, ()), value
+
+    def plus(self, other: Totals) -> Totals:
+        """Return these totals with another's added, area by area."""
+        if other is EMPTY or self is EMPTY:
+            return self if other is EMPTY else other
+        return Totals(
+            plus(self.busy, other.busy),
+            plus(self.agent, other.agent),
+            plus(self.engine, other.engine),
+            plus(self.verdict, other.verdict),
+        )
+
+
+class Tally(dict[K, float]):
+    """One tick's counter increments for one field, built up by `count`."""
+
+    def count(self, key: K, value: float) -> None:
+        """Add value to a series; zero or negative only makes the series exist (a negative one is a bug)."""
+        self[key] = self.get(key, 0.0) + max(0.0, value)
+
+
+class HistogramTally(dict[K, HistogramValue]):
+    """One tick's histogram observations for one field, built up by `observe`."""
+
+    def observe(self, key: K, bounds: tuple[float, ...], counts: tuple[float, ...], total: float) -> None:
+        """Add per-bucket counts (non-cumulative, +Inf last) and their sum to a series."""
+        value = HistogramValue(bounds, tuple(float(c) for c in counts), float(total))
+        prev = self.get(key)
+        self[key] = value if prev is None else prev.add(value.counts, value.total)
+
+
+EMPTY = Totals()

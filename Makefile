@@ -33,14 +33,16 @@ run: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/boundwatch demo $(ARGS)
 
-# Debian's prometheus (promtool, a real server) and alertmanager, for rule tests and scrape tests.
+# Debian's prometheus (promtool, a real server) and alertmanager, for rule tests and scrape tests; chromium
+# (headless) for the status page's browser test.
+SYSTEM_PACKAGES := prometheus prometheus-alertmanager chromium fonts-dejavu-core
 system-deps:
-	@if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1 || ! command -v amtool >/dev/null 2>&1; then \
+	@if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1 || ! command -v amtool >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ]; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(SYSTEM_PACKAGES) >/dev/null; \
 	  elif command -v sudo >/dev/null 2>&1; then \
-	    sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null; \
-	  else echo "warning: promtool/prometheus missing and no root: their tests will be skipped"; fi; \
+	    sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(SYSTEM_PACKAGES) >/dev/null; \
+	  else echo "warning: promtool/prometheus/amtool/chromium missing and no root: their tests will be skipped"; fi; \
 	fi
 
 # Grafana's published dashboard schema and tsc, for tests/test_dashboard_schema.py (skipped without npm).

@@ -336,6 +336,53 @@ def test_every_dashboard_query_returns_data_from_the_demo(prometheus: Any) -> No
     assert not failures, "\n".join(failures)
 
 
+# What a data link reads from the series or table row it is clicked on.
+LINK_LABEL = re.compile(r"\$\{__(?:field\.labels|data\.fields)\.([a-zA-Z_][a-zA-Z0-9_]*)\}")
+
+
+def _link_label(value: str) -> str | None:
+    """Return the label a link value reads from the clicked series or row, or None for anything else."""
+    found = LINK_LABEL.fullmatch(value)
+    return found.group(1) if found else None
+
+
+def _data_links(dashboard: dict[str, Any]) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    for panel in _panels(dashboard):
+        for link in panel.get("fieldConfig", {}).get("defaults", {}).get("links", []):
+            yield panel, link
+
+
+@pytest.mark.prometheus
+@pytest.mark.timeout(240)
+def test_every_data_link_finds_its_labels_in_the_panel_data(prometheus: Any) -> None:
+    """Give every series (or table row) of a panel with data links the labels its links carry, from the demo."""
+    failures = []
+    checked = 0
+    for path in DASHBOARD_FILES:
+        dashboard = _load(path)
+        wanted: dict[int, tuple[dict[str, Any], set[str]]] = {}
+        for panel, link in _data_links(dashboard):
+            labels = set(LINK_LABEL.findall(link["url"])) | set(LINK_LABEL.findall(link["title"]))
+            wanted.setdefault(panel["id"], (panel, set()))[1].update(labels)
+        for panel, labels in wanted.values():
+            for target in panel["targets"]:
+                query = _concrete(target["expr"].replace("$instance", prometheus.demo.replace(".", "\\\\.")))
+                answer = prometheus.query(query)
+                series = answer.get("data", {}).get("result", [])
+                checked += 1
+                if not series:
+                    failures.append(f"{path.name} {panel['title']!r} {target['refId']}: no data")
+                for s in series:
+                    missing = labels - set(s["metric"])
+                    if missing:
+                        failures.append(
+                            f"{path.name} {panel['title']!r} {target['refId']}: no {missing} in {s['metric']}"
+                        )
+                        break
+    assert checked >= 8
+    assert not failures, "\n".join(failures)
+
+
 def test_panels_show_counts_and_units_right() -> None:
     """Render counts as counts (CPUs, probe pass/fail), bandwidth in B/s and age in s; heatmap tooltip.mode."""
     panels = {p["title"]: p for p in _panels(_load(OVERVIEW))}
@@ -362,18 +409,47 @@ def test_panels_show_counts_and_units_right() -> None:
     )
 
 
+def test_data_links_open_vllm_and_dcgm_dashboards_for_the_same_instance() -> None:
+    """Link GPU panels to dcgm-exporter's dashboard and engine panels to vLLM's, by UID, carrying the instance."""
+    uids = {"vllm_dashboard": "vllm-overview", "dcgm_dashboard": "Oxed_c6Wz"}  # the published dashboards
+    for path in DASHBOARD_FILES:
+        dashboard = _load(path)
+        variables = _variables(dashboard)
+        for name, uid in uids.items():
+            assert variables[name]["type"] == "constant" and variables[name]["query"] == uid, (
+                path.name,
+                name,
+            )
+            assert variables[name]["hide"] == 2  # set once in the dashboard's settings, not a drop-down
+        links: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {name: [] for name in uids}
+        for panel, link in _data_links(dashboard):
+            for name in uids:
+                if link["url"].startswith(f"/d/${{{name}}}/?"):
+                    links[name].append((panel, link))
+        for name, found in links.items():
+            assert found, f"{path.name}: no data link to {name}"
+            for panel, link in found:
+                url = link["url"]
+                carried = dict(part.split("=", 1) for part in url.split("?", 1)[1].split("&") if "=" in part)
+                assert _link_label(carried["var-instance"]) == "instance", (panel["title"], url)
+                assert "${datasource:queryparam}" in url and url.endswith("&${__url_time_range}")
+                if "var-gpu" in carried:  # dcgm-exporter's gpu label is the same NVML index as boundwatch's
+                    assert name == "dcgm_dashboard", (panel["title"], url)
+                    assert _link_label(carried["var-gpu"]) == "gpu", (panel["title"], url)
+        gpu_panels = {p["title"] for p, link in links["dcgm_dashboard"] if "var-gpu=" in link["url"]}
+        assert gpu_panels, f"{path.name}: no per-GPU link to dcgm-exporter"
+
+
 def test_fleet_and_drill_down_link_to_each_other_and_use_the_recording_rules() -> None:
     """Link fleet -> drill-down (dashboard link and row data links) and back; build the fleet on recording rules."""
     fleet = _load(ROOT / "dashboards" / "boundwatch-fleet.json")
     drill = _load(OVERVIEW)
     assert any(f"/d/{drill['uid']}/" in link.get("url", "") for link in fleet["links"])
     assert any(f"/d/{fleet['uid']}/" in link.get("url", "") for link in drill["links"])
-    data_links = [
-        link["url"]
-        for p in _panels(fleet)
-        for link in p.get("fieldConfig", {}).get("defaults", {}).get("links", [])
-    ]
-    assert data_links and all(f"/d/{drill['uid']}/" in u and "var-instance=" in u for u in data_links)
+    tables = [p for p in _panels(fleet) if p["type"] == "table"]
+    for table in tables:  # every row opens the drill-down (other links go to vLLM's and dcgm's dashboards)
+        urls = [link["url"] for link in table["fieldConfig"]["defaults"]["links"]]
+        assert any(f"/d/{drill['uid']}/" in u and "var-instance=" in u for u in urls), table["title"]
     for dashboard in (fleet, drill):
         assert {tuple(link.get("tags", [])) for link in dashboard["links"]} >= {("vllm",), ("dcgm",)}
     rules = recording_rule_names()

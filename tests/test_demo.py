@@ -74,6 +74,26 @@ async def test_gpus_cycle_through_the_phases_and_idle_gpus_stay_idle() -> None:
     assert world.phase_name(0, world.start + 8.1) == "host"
 
 
+async def test_an_engine_that_stops_stepping_hands_over_zero_counts_and_reads_idle() -> None:
+    """Hand over one last step with running = waiting = 0 when a GPU goes idle, as the real light agent does."""
+    clock = Clock()
+    world = World(gpus=1, order=("graph", "idle"), phase_seconds=4, stagger=False, clock=clock)
+    sampler = Sampler(Config(), demo_sources(world, Config()), clock=clock)
+    reported: list[tuple[str, int, float | None, float | None]] = []
+    verdicts = []
+    for _ in range(16):  # 4 s of graph phase, 4 s of idle
+        snap = await sampler.tick()
+        assert snap.agent is not None
+        phase = world.phase_name(0, clock.t)
+        reported += [(phase, s.steps, s.running, s.waiting) for s in snap.agent.steps]
+        verdicts.append((phase, snap.verdicts[0].verdict))
+        clock.t += 0.5
+    idle_steps = [r for r in reported if r[0] == "idle"]
+    assert idle_steps == [("idle", 1, 0.0, 0.0)]  # once, with the counts read after the last step
+    assert all(r[2] == 300 for r in reported if r[0] == "graph")
+    assert verdicts[-1] == ("idle", "idle") and verdicts[7] == ("graph", "host")
+
+
 async def test_metrics_say_demo_and_carry_the_pipeline_counters(aiohttp_client) -> None:
     """Serve boundwatch_demo 1 beside the real families; the page says DEMO DATA."""
     clock = Clock()

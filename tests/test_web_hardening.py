@@ -107,6 +107,9 @@ class _Provider:
         snap = self._sampler.latest(max_age)
         return None if snap is None else self._edit(snap)
 
+    def history(self):
+        return tuple(self._edit(snap) for snap in self._sampler.history())
+
     def now(self) -> float:
         return self._sampler.now()
 
@@ -148,8 +151,10 @@ async def test_snapshot_json_has_no_command_line_and_no_bare_nan(aiohttp_client)
     assert data["host"]["cpu_busy"] is None and "pw@" not in text
     assert data["counters"]["boundwatch_gpu_graph_busy_seconds_total{0}"] is None
     assert data["totals"]["busy"]["graph_busy_seconds"] == {"0": None}
-    page = await (await client.get("/")).text()
-    assert SECRET not in page
+    resp = await client.get("/")
+    page = await resp.text()
+    assert resp.status == 200 and "vllm:8000" in page  # the engine is shown, by name only
+    assert SECRET not in page and "--api-key" not in page and "pw@" not in page
 
 
 def test_served_data_drops_credentials_in_urls():

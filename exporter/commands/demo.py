@@ -321,6 +321,30 @@ class DemoAgent(_Reader):
 
     name = "agent"
 
+    def __init__(self, world: World) -> None:
+        super().__init__(world)
+        self.stepped: list[Phase | None] = [None] * world.count  # the phase of each engine's last steps
+
+    def handover(self, i: int, last: Phase) -> EngineSteps:
+        """Return the step the light agent hands over once an engine stops stepping, its counts read then (0, 0).
+
+        The real agent does this from its own thread (`plugins.flush_pending`), so an idle engine's
+        scheduler counts go to 0 instead of staying at those of its last busy step.
+        """
+        return EngineSteps(
+            engine=f"demo-vllm-{i}",
+            steps=1,
+            wall_ns=int(last.step_seconds * 1e9),
+            gpu_busy_ns=0,
+            step_hist=_step_hist(1, last.step_seconds),
+            pid=20000 + i,
+            graph_steps=round(last.graph_share),
+            eager_steps=1 - round(last.graph_share),
+            running=0.0,
+            waiting=0.0,
+            max_num_seqs=256,
+        )
+
     async def read(self) -> AgentReading:
         """Return what the demo agents reported since the last read."""
         now, dt = self.elapsed()
@@ -329,6 +353,9 @@ class DemoAgent(_Reader):
         activity, states, steps, graphs = [], [], [], []
         for i in range(w.count):
             p = w.phase(i, now)
+            last, self.stepped[i] = self.stepped[i], (p if p.step_seconds and ns > 0 else None)
+            if last is not None and self.stepped[i] is None and ns > 0:
+                steps.append(self.handover(i, last))
             states.append(
                 AgentState(
                     pid=20000 + i,
@@ -413,30 +440,15 @@ def demo_sources(world: World, cfg: Any) -> list[Any]:
     return [cls(world) for name, cls in kinds if getattr(cfg, name).enabled]
 
 
-def _banner_middleware() -> Any:
-    import html
-
-    from aiohttp import web
-
-    @web.middleware
-    async def banner(request: web.Request, handler: Any) -> Any:
-        resp = await handler(request)
-        if request.path == "/" and isinstance(resp, web.Response) and resp.text is not None:
-            note = f'<p style="background:#fe8;padding:.5em;font-weight:bold">{html.escape(BANNER)}</p>'
-            resp.text = resp.text.replace("<body>", "<body>" + note, 1)
-        return resp
-
-    return banner
-
-
 def make_demo_app(cfg: Any, sampler: Any) -> Any:
     """Return the real web app for a demo sampler, with the demo gauge and the page banner."""
     from exporter.export.collectors import DemoCollector
+    from exporter.export.web import BANNER as BANNER_KEY
     from exporter.export.web import REGISTRY, make_app
 
     app = make_app(cfg, sampler)
     app[REGISTRY].register(DemoCollector())  # type: ignore[arg-type]
-    app.middlewares.append(_banner_middleware())
+    app[BANNER_KEY] = BANNER
     return app
 
 

@@ -1,4 +1,4 @@
-"""The aiohttp application: /metrics, /healthz, /api/snapshot and a small status page on /."""
+"""The aiohttp application: /metrics, /healthz, /api/snapshot and the status page on / (see statuspage)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import dataclasses
 import gzip
 import hashlib
 import hmac
-import html
 import json
 import math
 import re
@@ -27,10 +26,11 @@ from prometheus_client.metrics_core import Metric
 from exporter import __version__
 from exporter import catalogue as c
 from exporter.config import Config
+from exporter.export import statuspage
 from exporter.export.collectors import SnapshotCollector, counter_series
 from exporter.export.listener import ListenerStats
 from exporter.sampling import Sampler
-from exporter.snapshot import Snapshot, SourceStatus
+from exporter.snapshot import Snapshot
 from exporter.snapshot.codec import encode
 from exporter.snapshot.totals import EMPTY
 
@@ -38,6 +38,9 @@ SAMPLER: web.AppKey[Sampler] = web.AppKey("sampler", Sampler)
 REGISTRY: web.AppKey[CollectorRegistry] = web.AppKey("registry", CollectorRegistry)
 CONFIG: web.AppKey[Config] = web.AppKey("config", Config)
 PAGES: web.AppKey[PageCache] = web.AppKey("pages")
+STATUS_PAGE: web.AppKey[PageCache] = web.AppKey("status_page")
+BANNER: web.AppKey[str] = web.AppKey("banner", str)  # a line the status page shows on top (the demo's)
+STATUS_TYPE = "text/html; charset=utf-8"
 AUTH: web.AppKey[BasicAuth] = web.AppKey("auth")
 LISTENER: web.AppKey[ListenerStats] = web.AppKey("listener", ListenerStats)
 
@@ -254,7 +257,7 @@ class _Page:
 
 
 class PageCache:
-    """Render /metrics at most once per tick and format, and gzip it at most once too.
+    """Render a page (/metrics per format, the status page) at most once per tick, and gzip it at most once too.
 
     A page is kept for the Snapshot it was rendered from and at most one tick (so the Snapshot's
     age and the process figures stay true while ticks stall); any number of scrapes in between
@@ -385,44 +388,28 @@ async def snapshot_json(request: web.Request) -> web.Response:
 
 
 async def index(request: web.Request) -> web.Response:
-    """Serve a small page: the verdict per GPU, source status and links."""
-    snap = request.app[SAMPLER].latest()
-    rows = []
-    if snap is not None:
-        for v in snap.verdicts:
-            reasons = ", ".join(v.reasons) or "-"
-            busy = "-" if v.busy_ratio is None else f"{v.busy_ratio:.0%} ({v.busy_source})"
-            rows.append(
-                f"<tr><td>GPU {v.gpu}</td><td>{v.verdict}</td><td>{html.escape(reasons)}</td><td>{busy}</td></tr>"
-            )
-        sources = " ".join(
-            f"<span class={'up' if s.up else 'down'}>{s.name}: {_state(s, snap)}</span>"
-            + ("" if s.up else f" <small>{html.escape(redact(s.last_error))}</small>")
-            for s in snap.sources
-        )
-    else:
-        sources = "no snapshot yet"
-    body = f"""<!doctype html><html><head><title>boundwatch</title><style>
-body{{font-family:sans-serif;margin:2em}} td,th{{padding:.2em 1em;text-align:left}}
-.up{{color:#070}} .down{{color:#a00}}</style></head><body>
-<h1>boundwatch {__version__}</h1>
-<p>Is each GPU GPU-bound or host-bound, and why.</p>
-<table><tr><th>GPU</th><th>verdict</th><th>reasons</th><th>busy</th></tr>{"".join(rows) or "<tr><td colspan=4>no GPU verdicts</td></tr>"}</table>
-<p>Sources: {sources}</p>
-<p><a href="/metrics">/metrics</a> · <a href="/healthz">/healthz</a> · <a href="/api/snapshot">/api/snapshot</a></p>
-<p><small>generated {time.strftime("%Y-%m-%d %H:%M:%S")}</small></p></body></html>"""
-    return web.Response(text=body, content_type="text/html")
+    """Serve the status page, rendered at most once per tick (and gzipped once when asked)."""
+    gz = accepts_gzip(request.headers.get("Accept-Encoding", ""))
+    body = request.app[STATUS_PAGE].get(STATUS_TYPE, lambda _registry: status_page(request.app), gz)
+    headers = {"Content-Type": STATUS_TYPE, "Vary": "Accept-Encoding"}
+    if gz:
+        headers["Content-Encoding"] = "gzip"
+    return web.Response(body=body, headers=headers)
 
 
-def _state(status: SourceStatus, snap: Snapshot) -> str:
-    """Return how the status page names a source's state ("up" with nothing found is said so)."""
-    if not status.up:
-        return "down"
-    if status.name == "engine" and not snap.engines:
-        return "no engine found"
-    if status.name == "nvml" and not snap.gpus:
-        return "no GPU found"
-    return "up"
+def status_page(app: web.Application) -> bytes:
+    """Render the status page from the sampler's history."""
+    sampler, cfg = app[SAMPLER], app[CONFIG]
+    return statuspage.render(
+        sampler.history(),
+        version=__version__,
+        window=cfg.history_seconds,
+        now=sampler.now(),
+        stale_after=max(5.0, 10 * cfg.tick_seconds),
+        banner=app.get(BANNER, ""),
+        refresh_seconds=max(2, math.ceil(4 * cfg.tick_seconds)),
+        scrub=redact,
+    ).encode()
 
 
 def headers_middleware(headers: tuple[tuple[str, str], ...]) -> Any:
@@ -464,6 +451,7 @@ def make_app(cfg: Config, sampler: Sampler, clock: Callable[[], float] = time.mo
     app[LISTENER] = ListenerStats()
     app[REGISTRY] = make_registry(sampler, cfg, HttpCollector(app[LISTENER], auth))
     app[PAGES] = PageCache(app[REGISTRY], sampler, cfg.tick_seconds)
+    app[STATUS_PAGE] = PageCache(app[REGISTRY], sampler, cfg.tick_seconds)
     if auth is not None:
         app[AUTH] = auth
 

@@ -4,7 +4,8 @@ Per engine and tick it reads the metrics page over HTTP (aiohttp), a page from a
 the engine runs in prometheus multiprocess mode on this host, its PROMETHEUS_MULTIPROC_DIR files
 directly (no request to the serving process, and per-API-server histogram counts); then the CPU
 of each API-server process and its busiest thread, and the cgroups of the engine's processes.
-Discovery scans the process table every `DISCOVER_EVERY_SECONDS`; CPU is sampled every tick.
+Every `DISCOVER_EVERY_SECONDS` discovery lists the pids and reads only the processes that are new,
+re-parented or young; engines are found again only when the table changed. CPU is sampled every tick.
 
 Everything an engine says is bounded where it enters: a read stops at a byte and a line budget
 (the reading is then marked truncated), undecodable bytes are replaced per engine, label values
@@ -591,9 +592,12 @@ class _Engine:
     rooted: bool = True  # the root is the engine's main process (its flags and descendants are the engine's)
 
 
-def discover(proc_root: str) -> list[EngineTarget]:
-    """Find the engines running on this host, their API servers, processes and multiprocess dirs."""
-    table = list(procs.processes(proc_root))
+def discover(proc_root: str, table: Sequence[procs.ProcInfo] | None = None) -> list[EngineTarget]:
+    """Find the engines running on this host, their API servers, processes and multiprocess dirs.
+
+    `table` is the process table when the caller holds one (read now otherwise).
+    """
+    table = list(procs.processes(proc_root)) if table is None else list(table)
     by_pid = {p.pid: p for p in table}
     roots: dict[int, str] = {}
     for p in table:
@@ -836,6 +840,9 @@ class EngineSource:
         self._targets: list[EngineTarget] = list(self._configured)
         self._discovered_at: float | None = None
         self._cpu = procs.CpuTracker(self.proc_root)
+        self._table = procs.ProcessTable(self.proc_root)
+        self._found_targets: list[EngineTarget] | None = None  # what discovery found last
+        self._cgroup_paths: dict[int, str] = {}  # pid -> cgroup path, until the table changes
         self._blocking = BlockingReader("engine", max(1.0, cfg.engine.timeout_seconds * 4))
         self._session: aiohttp.ClientSession | None = None
         self._names: dict[str, str] = {}  # target url -> engine name once its kind is known
@@ -859,9 +866,10 @@ class EngineSource:
         if self.cfg.engine.discover and (
             self._discovered_at is None or now - self._discovered_at >= self._discover_every
         ):
-            found = await self._blocking.run(lambda: discover(self.proc_root))
-            self._log_discovery(found)
-            self._targets = merge_targets(self._configured, found)
+            found = await self._blocking.run(self._rediscover)
+            if found is not None:
+                self._log_discovery(found)
+                self._targets = merge_targets(self._configured, found)
             self._discovered_at = now
         if not self._targets:
             if not self._said_none:
@@ -875,6 +883,22 @@ class EngineSource:
         readings = await self._blocking.run(lambda: self._build(pages))
         self._log_states(readings)
         return readings
+
+    def _rediscover(self) -> list[EngineTarget] | None:
+        """Bring the process table up to date and find the engines again when it changed, else None.
+
+        An engine whose port or API servers are not yet known (it has not opened its socket) is
+        looked for again at every period until they are.
+        """
+        changed = self._table.refresh()
+        self._cgroup_paths.clear()  # a process moved to another cgroup is seen within a period
+        settled = self._found_targets is not None and all(
+            t.port_known and t.api_server_pids for t in self._found_targets
+        )
+        if not changed and settled:
+            return None
+        self._found_targets = discover(self.proc_root, list(self._table.rows.values()))
+        return self._found_targets
 
     def _log_discovery(self, found: Sequence[EngineTarget]) -> None:
         """Log each engine discovery finds or loses, once."""
@@ -928,11 +952,12 @@ class EngineSource:
 
     def _build(self, pages: Sequence[tuple[bytes | None, str, float]]) -> tuple[EngineReading, ...]:
         """Parse pages or read files, then add API-server CPU and cgroups (runs off the event loop)."""
+        rows = self._table.rows
         cpu = self._cpu.sample(
             info
             for t in self._targets
             for pid in t.api_server_pids
-            if (info := procs.proc_info(self.proc_root, pid))
+            if (info := rows.get(pid) or procs.proc_info(self.proc_root, pid))
         )
         out = []
         for target, (data, error, seconds) in zip(self._targets, pages, strict=True):
@@ -1019,12 +1044,12 @@ class EngineSource:
             count, how = 1, "processes"
         cgroups: dict[str, CgroupCpu] = {}
         for pid in dict.fromkeys((*target.engine_pids, *target.api_server_pids)):
-            path = cgroup_path_of(self.proc_root, pid)
+            path = self._cgroup_of(pid)
             if path not in cgroups:
                 cg = read_cgroup_cpu(self.cgroup_root, path)
                 if cg is not None:
                     cgroups[path] = cg
-        servers = tuple(replace(s, cgroup=cgroup_path_of(self.proc_root, s.pid)) for s in servers)
+        servers = tuple(replace(s, cgroup=self._cgroup_of(s.pid)) for s in servers)
         reading = replace(
             reading,
             api_servers=servers,
@@ -1034,9 +1059,16 @@ class EngineSource:
             pids=target.engine_pids,
             cuda_visible_devices=target.cuda_visible_devices,
             max_num_seqs=target.max_num_seqs if target.max_num_seqs is not None else reading.max_num_seqs,
-            placements=placement.placements(self.proc_root, target.engine_pids),
+            placements=placement.placements(self.proc_root, target.engine_pids, self._table.rows),
         )
         return replace(reading, steps=dedup.step_count(reading))
+
+    def _cgroup_of(self, pid: int) -> str:
+        """Return a process's cgroup path, read once per discovery period."""
+        path = self._cgroup_paths.get(pid)
+        if path is None:
+            path = self._cgroup_paths[pid] = cgroup_path_of(self.proc_root, pid)
+        return path
 
     def close(self) -> None:
         """Close the HTTP session and the reader thread."""

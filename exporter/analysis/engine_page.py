@@ -8,6 +8,7 @@ every name they had, the newest first.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -96,8 +97,20 @@ class SampleLike(Protocol):
     def value(self) -> float: ...
 
 
+# The same cut as one regular expression: a line break, then a wanted sample or TYPE line (the
+# leading "\n" lets the engine try only at line starts).
+_NAMES = "|".join(re.escape(n) for n in sorted(WANTED, key=len, reverse=True))
+_KEEP = re.compile(f"\n((?:{_NAMES})[{{ ][^\n]*|# TYPE (?:{_NAMES})(?= |\n)[^\n]*)")
+# Characters other than "\n" that str.splitlines() also ends a line at.
+_OTHER_LINE_ENDS = re.compile("[\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+
+
 def prefilter(text: str) -> str:
     """Return only the sample lines boundwatch reads (and their TYPE lines), so parsing is cheap."""
+    if not _OTHER_LINE_ENDS.search(text):
+        keep = _KEEP.findall(f"\n{text}\n")
+        keep.append("")
+        return "\n".join(keep)
     keep = [
         line
         for line in text.splitlines()

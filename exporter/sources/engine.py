@@ -1113,10 +1113,11 @@ class EngineSource:
         elif count is None and target.api_server_pids == (target.root_pid,):
             count, how = 1, "processes"
         cgroups: dict[str, CgroupCpu] = {}
+        now = time.monotonic()
         for pid in dict.fromkeys((*target.engine_pids, *target.api_server_pids)):
             path = self._cgroup_of(pid)
             if path not in cgroups:
-                cg = read_cgroup_cpu(self.cgroup_root, path)
+                cg = read_cgroup_cpu(self.cgroup_root, path, now=now)
                 if cg is not None:
                     cgroups[path] = cg
         servers = tuple(replace(s, cgroup=self._cgroup_of(s.pid)) for s in servers)

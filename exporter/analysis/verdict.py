@@ -627,7 +627,7 @@ def _gpu_steps(snap: Snapshot, v: Sequence[View], names: set[str], gpu: int) -> 
     engines of that kind run: then whose steps they are cannot be told, and they count nowhere.
     """
     mine = [st for x in v for st in x.steps]
-    if snap.agent is None:
+    if snap.agent is None or not snap.agent.steps:
         return mine
     engines = [e for e in snap.engines if not e.error]
     agent_gpu = {a.pid: a.gpu for a in snap.agent.agents if a.gpu >= 0}

@@ -309,3 +309,17 @@ async def test_compact_older_snapshots_change_no_verdict_and_no_counter(monkeypa
     # the windows' reach (1.5 s) and two ticks to spare stay whole: 4.5 s before the newest is compact
     whole = [s for s in hist if s.gpus and s.gpus[0].power_watts is not None]
     assert 5 <= len(whole) <= 8 and whole[-1] is newest
+
+
+def test_a_snapshot_finds_each_gpu_by_index_the_first_of_a_repeated_index():
+    from exporter.snapshot import GpuReading, Snapshot
+
+    for n in (3, 64):
+        gpus = tuple(
+            GpuReading(i % (n - 1), f"GPU-{i}", "H200", "580") for i in range(n)
+        )  # the last repeats 0
+        snap = Snapshot(seq=1, at=0.0, mono=0.0, interval=0.5, dt=0.5, gpus=gpus)
+        assert [snap.gpu(i).uuid for i in range(n - 1)] == [f"GPU-{i}" for i in range(n - 1)]  # type: ignore[union-attr]
+        assert snap.gpu(n) is None and snap == Snapshot(
+            seq=1, at=0.0, mono=0.0, interval=0.5, dt=0.5, gpus=gpus
+        )

@@ -7,6 +7,7 @@ smallest quota on its path to the root: a pod-level limit binds every container 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from exporter.snapshot.host import CgroupCpu
@@ -123,17 +124,41 @@ _quotas: dict[tuple[str, str], tuple[float, float | None]] = {}  # (root, path) 
 _MAX_QUOTAS = 1024
 
 
-def _v2_quota_cached(cgroup_root: str, rel_path: str, now: float) -> float | None:
-    """Return a cgroup's effective quota, read from its ancestors at most every QUOTA_EVERY_SECONDS."""
+def _quota_cached(
+    cgroup_root: str, rel_path: str, now: float | None, read: Callable[[], float | None]
+) -> float | None:
+    """Return a cgroup's effective quota, read from its ancestors at most every QUOTA_EVERY_SECONDS.
+
+    Without `now` it is read every call.
+    """
+    if now is None:
+        return read()
     key = (cgroup_root, rel_path)
     hit = _quotas.get(key)
     if hit is not None and now - hit[0] < QUOTA_EVERY_SECONDS:
         return hit[1]
     if len(_quotas) >= _MAX_QUOTAS:
         _quotas.clear()
-    quota = _v2_quota(cgroup_root, rel_path)
+    quota = read()
     _quotas[key] = (now, quota)
     return quota
+
+
+_v1_dirs: dict[tuple[str, tuple[str, ...]], tuple[float, Path | None]] = {}
+
+
+def _v1_dir_cached(cgroup_root: str, names: tuple[str, ...], now: float | None) -> Path | None:
+    """Return a v1 hierarchy's directory, looked for at most every QUOTA_EVERY_SECONDS (every call without `now`)."""
+    if now is None:
+        return _v1_dir(cgroup_root, names)
+    hit = _v1_dirs.get((cgroup_root, names))
+    if hit is not None and now - hit[0] < QUOTA_EVERY_SECONDS:
+        return hit[1]
+    if len(_v1_dirs) >= _MAX_QUOTAS:
+        _v1_dirs.clear()
+    found = _v1_dir(cgroup_root, names)
+    _v1_dirs[(cgroup_root, names)] = (now, found)
+    return found
 
 
 def read_cgroup_cpu(
@@ -141,8 +166,8 @@ def read_cgroup_cpu(
 ) -> CgroupCpu | None:
     """Return the CPU quota and throttling counters of one cgroup, or None when it is not there.
 
-    With `now` (monotonic seconds) the cgroup v2 quota comes from a cache younger than
-    QUOTA_EVERY_SECONDS (a quota changes rarely; the counters are read every call).
+    With `now` (monotonic seconds) the quota (and where a v1 hierarchy is) comes from a cache
+    younger than QUOTA_EVERY_SECONDS (they change rarely; the counters are read every call).
     """
     version = version or cgroup_version(cgroup_root)
     rel_path = rel_path or "/"
@@ -154,29 +179,26 @@ def read_cgroup_cpu(
         stat = _stat(stat_text)
         return CgroupCpu(
             path=rel_path,
-            quota_cores=(
-                _v2_quota(cgroup_root, rel_path)
-                if now is None
-                else _v2_quota_cached(cgroup_root, rel_path, now)
-            ),
+            quota_cores=_quota_cached(cgroup_root, rel_path, now, lambda: _v2_quota(cgroup_root, rel_path)),
             usage_seconds=stat["usage_usec"] / 1e6 if "usage_usec" in stat else None,
             throttled_seconds=stat["throttled_usec"] / 1e6 if "throttled_usec" in stat else None,
             throttled_periods=stat.get("nr_throttled"),
             periods=stat.get("nr_periods"),
             version=2,
         )
-    base = _v1_dir(cgroup_root)
+    base = _v1_dir_cached(cgroup_root, V1_CPU_DIRS, now)
     if base is None:
         return None
-    v1_leaf = base / rel_path.lstrip("/")
-    if not v1_leaf.is_dir():
+    v1_leaf = os.path.join(base, rel_path.lstrip("/"))
+    stat_text = _read_str(os.path.join(v1_leaf, "cpu.stat"))
+    if stat_text is None and not os.path.isdir(v1_leaf):
         return None
-    stat = _stat(_read(v1_leaf / "cpu.stat"))
-    acct = _v1_dir(cgroup_root, V1_ACCT_DIRS)
-    usage = _read(acct / rel_path.lstrip("/") / "cpuacct.usage") if acct is not None else None
+    stat = _stat(stat_text)
+    acct = _v1_dir_cached(cgroup_root, V1_ACCT_DIRS, now)
+    usage = _read_str(os.path.join(acct, rel_path.lstrip("/"), "cpuacct.usage")) if acct is not None else None
     return CgroupCpu(
         path=rel_path,
-        quota_cores=_v1_quota(base, rel_path),
+        quota_cores=_quota_cached(cgroup_root, rel_path, now, lambda: _v1_quota(base, rel_path)),
         usage_seconds=int(usage) / 1e9 if usage and usage.isdigit() else None,
         throttled_seconds=stat["throttled_time"] / 1e9 if "throttled_time" in stat else None,
         throttled_periods=stat.get("nr_throttled"),

@@ -102,6 +102,8 @@ def part_engine(port: int) -> None:
             time.sleep(TICK)
 
     class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as vLLM's uvicorn: one connection for every read
+
         def do_GET(self) -> None:
             page = state["page"]
             self.send_response(200)

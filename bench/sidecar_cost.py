@@ -396,6 +396,7 @@ def run_one(gpus: int, seconds: float, scrapes: int, scrape_every: float) -> dic
             "rss_mib_first": round(rss[0] / 2**20, 1) if rss else None,
             "rss_mib_last": round(rss[-1] / 2**20, 1) if rss else None,
             "rss_mib_max": round(max(rss) / 2**20, 1) if rss else None,
+            "rss_mib_each_minute": [round(r / 2**20, 1) for r in rss[::60]],  # ~1 s apart
             "engine_api_servers_seen": api_servers,
             "metrics_series": series,
             "metrics_gzip_bytes": nbytes,

@@ -187,6 +187,7 @@ def main() -> None:
         result["api_server_cpu_sample_one_process"] = cpu_per_call(lambda: tracker.sample([me]), args.calls)
         result["own_threads"] = threading.active_count()
         result["accumulate"] = cpu_per_call(lambda: accumulate(cur, cfg, prev), args.calls)
+        result["page_sizes"] = page_sizes(page, args.calls)
 
         server, url = serve_page_in_subprocess(page.encode())
         try:
@@ -213,6 +214,41 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
+
+
+def page_sizes(page: str, calls: int) -> list[dict[str, Any]]:
+    """Return, per page size, boundwatch's page path against prometheus_client's parser on the same page.
+
+    Pages: the smallest fixture (11 lines, every sample one boundwatch reads), the real-size page,
+    and that page 16 times over (16 models). Ours: `parse_page` (cut, then read the kept lines) and
+    `reading_from_page` (the same plus normalising); theirs: the parser over the whole page.
+    ratio > 1: boundwatch is cheaper.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from exporter.sources.engine import parse_page, reading_from_page
+
+    small = (ROOT / "tests" / "fixtures" / "engine" / "vllm-0.11-multiapi8-kvcache-pid.prom").read_text()
+    big = "".join(page.replace('model_name="', f'model_name="m{k}-') if k else page for k in range(16))
+    rows = []
+    for label, text in (("11-line fixture", small), ("real size", page), ("16x real size", big)):
+        n = max(20, calls // (4 if len(text) > 500_000 else 1))
+        theirs = cpu_per_call(lambda t=text: list(text_string_to_metric_families(t)), n)
+        ours = cpu_per_call(lambda t=text: parse_page(t), n)
+        reading = cpu_per_call(lambda t=text: reading_from_page(t), n)
+        rows.append(
+            {
+                "page": label,
+                "lines": text.count("\n"),
+                "bytes": len(text),
+                "prometheus_client_parser_ms": theirs["cpu_ms_median"],
+                "boundwatch_parse_page_ms": ours["cpu_ms_median"],
+                "boundwatch_reading_from_page_ms": reading["cpu_ms_median"],
+                "ratio_parser_over_parse_page": round(theirs["cpu_ms_median"] / ours["cpu_ms_median"], 2),
+                "ratio_parser_over_reading": round(theirs["cpu_ms_median"] / reading["cpu_ms_median"], 2),
+            }
+        )
+    return rows
 
 
 class MultiprocRead:

@@ -75,6 +75,32 @@ def main() -> int:
     ]
     if fields:
         calls["field_values_batch"] = lambda: n.nvmlDeviceGetFieldValues(h, fields)
+    if hasattr(n, "NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION"):  # energy through the batch call instead
+        energy_field = [n.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION]
+        calls["energy_field_value"] = lambda: n.nvmlDeviceGetFieldValues(h, energy_field)
+    sample2 = n.nvmlGpmSampleAlloc()
+    n.nvmlGpmSampleGet(h, sample)
+    time.sleep(0.2)
+    n.nvmlGpmSampleGet(h, sample2)
+    ids = [n.NVML_GPM_METRIC_GRAPHICS_UTIL, n.NVML_GPM_METRIC_SM_UTIL, n.NVML_GPM_METRIC_SM_OCCUPANCY]
+    ids += [n.NVML_GPM_METRIC_ANY_TENSOR_UTIL, n.NVML_GPM_METRIC_DRAM_BW_UTIL]
+
+    def gpm_request() -> Any:
+        req = n.c_nvmlGpmMetricsGet_t()
+        req.version, req.numMetrics, req.sample1, req.sample2 = (
+            n.NVML_GPM_METRICS_GET_VERSION,
+            len(ids),
+            sample,
+            sample2,
+        )
+        for i, metric_id in enumerate(ids):
+            req.metrics[i].metricId = metric_id
+        return req
+
+    built = gpm_request()
+    calls["gpm_request_build"] = gpm_request
+    calls["gpm_metrics_get_fresh_request"] = lambda: n.nvmlGpmMetricsGet(gpm_request())
+    calls["gpm_metrics_get_built_once"] = lambda: n.nvmlGpmMetricsGet(built)
     out: dict[str, Any] = {"reps": args.reps, "calls": {k: timed(f, args.reps) for k, f in calls.items()}}
     src = NvmlSource(NvmlConfig())
     src.read_blocking()

@@ -24,6 +24,7 @@ import http.client
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -105,6 +106,8 @@ def part_engine(port: int) -> None:
             time.sleep(TICK)
 
     class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as vLLM's uvicorn: one connection for every read
+
         def do_GET(self) -> None:
             page = state["page"]
             self.send_response(200)
@@ -124,6 +127,9 @@ def part_engine(port: int) -> None:
         subprocess.Popen([f"VLLM::APIServer_{i}", "-c", API_SERVER, str(i)], executable=os.environ["BW_PY"])
         for i in range(4)
     ]
+    # SIGTERM (stop_parts) must stop the children too: orphans would stay in the namespace under
+    # pid 1 and the next GPU count's daemon would find them as engines of their own
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         sys.stdin.read()
     finally:
@@ -217,7 +223,19 @@ def part_daemon(port: int, sock_path: str, gpus: int) -> None:
     )
     fake = FakeNvml([FakeGpu(uuid=uuid_of(i)) for i in range(gpus)])
     sources = [NvmlSource(cfg.nvml, nvml=fake) if s.name == "nvml" else s for s in build_sources(cfg)]  # type: ignore[arg-type]
-    asyncio.run(serve(cfg, sources))
+    profile = os.environ.get("BW_COST_PROFILE")  # a path: profile every thread's CPU (yappi, if installed)
+    if not profile:
+        asyncio.run(serve(cfg, sources))
+        return
+    import yappi  # type: ignore[import-not-found]
+
+    yappi.set_clock_type("cpu")
+    yappi.start()
+    try:
+        asyncio.run(serve(cfg, sources))
+    finally:
+        yappi.stop()
+        yappi.get_func_stats().save(f"{profile}.{gpus}", type="pstat")
 
 
 # --- measurement -------------------------------------------------------------------------
@@ -417,6 +435,7 @@ def run_one(gpus: int, seconds: float, scrapes: int, scrape_every: float) -> dic
             "rss_mib_first": round(rss[0] / 2**20, 1) if rss else None,
             "rss_mib_last": round(rss[-1] / 2**20, 1) if rss else None,
             "rss_mib_max": round(max(rss) / 2**20, 1) if rss else None,
+            "rss_mib_each_minute": [round(r / 2**20, 1) for r in rss[::60]],  # ~1 s apart
             "engine_api_servers_seen": api_servers,
             "metrics_series": series,
             "metrics_gzip_bytes": nbytes,

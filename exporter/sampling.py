@@ -1,7 +1,9 @@
 """The sampler: every tick, read all sources concurrently and build one immutable Snapshot.
 
 A source that fails or times out marks itself down in that tick's Snapshot (and logs once per
-change of state); the others carry on. History is a bounded ring of Snapshots.
+change of state); the others carry on. History is a bounded ring of Snapshots: those the
+verdict's windows still read are whole, older ones are compact records (`compact`), so memory
+per GPU stays small and flat however long the history.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import structlog
 from exporter.analysis.pipeline import advance
 from exporter.config import Config
 from exporter.probe.scheduled import ProbeScheduler
-from exporter.snapshot import Snapshot, SourceStatus
+from exporter.snapshot import EngineReading, GpuReading, Snapshot, SourceStatus
 from exporter.snapshot.totals import EMPTY
 from exporter.sources.base import AsyncClosable, Source, SourceUnavailable, Startable
 
@@ -35,6 +37,35 @@ _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 def _shape(message: str) -> str:
     """Return an error text with its numbers blanked, so a failure whose figures vary logs once."""
     return _NUMBER.sub("#", message)
+
+
+def compact(snap: Snapshot) -> Snapshot:
+    """Return what an older Snapshot keeps: what is read of it once the verdict's windows passed it.
+
+    Kept: the tick's times, the source statuses, the picked busy ratios, each GPU's index, UUID,
+    name and utilization, each engine's running and waiting requests (the scheduled probe's idle
+    check), and the verdicts without their evidence (a timeline). Readings, agent windows,
+    counters and evidence are dropped: they are read from the newest Snapshots only.
+    """
+    return Snapshot(
+        seq=snap.seq,
+        at=snap.at,
+        mono=snap.mono,
+        interval=snap.interval,
+        dt=snap.dt,
+        gpus=tuple(
+            GpuReading(g.index, g.uuid, g.name, g.driver, utilization=g.utilization) for g in snap.gpus
+        ),
+        engines=tuple(
+            EngineReading(e.name, e.kind, running=e.running, waiting=e.waiting, error=e.error)
+            for e in snap.engines
+        ),
+        verdicts=tuple(dataclasses.replace(v, evidence=()) if v.evidence else v for v in snap.verdicts),
+        busy=snap.busy,
+        sources=snap.sources,
+        probe=snap.probe,
+        gpu_uuids=snap.gpu_uuids,
+    )
 
 
 class _SourceState:
@@ -71,6 +102,10 @@ class Sampler:
         self._on_tick = on_tick
         self.probes = probes or (ProbeScheduler(cfg) if cfg.probe.enabled else None)
         self._budget = 0.8 * cfg.tick_seconds
+        v = cfg.verdict  # how far back the verdict's windows read, with two ticks to spare
+        self._reach = max(v.window_seconds, v.busy_window_seconds, v.offered_window_seconds)
+        self._reach += 2 * cfg.tick_seconds
+        self._compacted_seq = 0  # Snapshots up to this seq are compact
         self._stale = max(2.0, 4 * cfg.tick_seconds)
         self.tick_cpu_seconds = 0.0
         self._closed = False
@@ -180,10 +215,25 @@ class Sampler:
             follow = getattr(source, "follow", None)
             if follow is not None:
                 follow(snap)
+        self._compact_old()
         self.tick_cpu_seconds += time.process_time() - cpu0
         if self._on_tick is not None:
             self._on_tick(snap)
         return snap
+
+    def _compact_old(self) -> None:
+        """Replace the Snapshots no window reads any more (a newer one is also past its edge) by compact ones."""
+        h = self._history
+        edge = h[-1].mono - self._reach
+        top = len(h) - 2
+        while top >= 0 and h[top + 1].mono > edge:
+            top -= 1
+        if top < 0 or h[top].seq <= self._compacted_seq:
+            return
+        done, self._compacted_seq = self._compacted_seq, h[top].seq
+        while top >= 0 and h[top].seq > done:
+            h[top] = compact(h[top])
+            top -= 1
 
     async def run(self, stop: asyncio.Event) -> None:
         """Tick on a fixed schedule until stop is set; a late tick skips, never bunches."""

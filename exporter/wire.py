@@ -28,6 +28,7 @@ of idle time that filled (the sidecar bounds its union with it).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import tempfile
@@ -270,6 +271,8 @@ def encode(msg: Message) -> bytes:
 
 def _int(d: Mapping[str, Any], key: str, default: int | None = None, lo: int = 0, hi: int = MAX_INT) -> int:
     value = d.get(key, default)
+    if type(value) is int and lo <= value <= hi:  # the common case first: no bool, in range
+        return value
     if value is None:
         raise WireError(f"missing {key}")
     if not isinstance(value, int) or isinstance(value, bool):
@@ -510,11 +513,11 @@ def pack_intervals(
 
 def unpack_intervals(iv: tuple[int, ...], t0: int) -> list[tuple[int, int]]:
     """Return the ns intervals of a packed list (inverse of pack_intervals, to 1 us)."""
-    out: list[tuple[int, int]] = []
-    cursor = 0
-    for i in range(0, len(iv) - 1, 2):
-        start = cursor + iv[i]
-        end = start + iv[i + 1]
-        out.append((t0 + start * 1000, t0 + end * 1000))
-        cursor = end
-    return out
+    edges = list(itertools.accumulate(iv[: len(iv) - len(iv) % 2]))  # us from t0: start, end, start...
+    return [(t0 + s * 1000, t0 + e * 1000) for s, e in zip(edges[0::2], edges[1::2], strict=True)]
+
+
+def intervals_end(iv: tuple[int, ...], t0: int) -> int | None:
+    """Return where the last interval of a packed list ends, ns (None for an empty list)."""
+    whole = len(iv) - len(iv) % 2
+    return t0 + sum(iv[:whole]) * 1000 if whole else None

@@ -135,6 +135,7 @@ class FakeNvml:
         return gpu.power_mw
 
     def nvmlDeviceGetEnforcedPowerLimit(self, h: int) -> int:
+        self._count("power_limit")
         return self._gpu(h).limit_mw
 
     def nvmlDeviceGetClockInfo(self, h: int, kind: int) -> int:

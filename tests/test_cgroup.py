@@ -27,6 +27,45 @@ def test_v2_pod_quota_binds_when_tighter_than_container_and_root_max_is_unlimite
     assert root is not None and root.quota_cores is None
 
 
+def test_a_v2_quota_is_read_again_only_after_its_interval_and_the_counters_every_time(tmp_path):
+    import shutil
+
+    from exporter.sources.cgroup import QUOTA_EVERY_SECONDS
+
+    root = tmp_path / "v2"
+    shutil.copytree(FIX / "v2", root)
+    leaf = root / "kubepods.slice" / "pod1" / "ctr"
+    first = read_cgroup_cpu(str(root), "/kubepods.slice/pod1/ctr", now=50.0)
+    (leaf / "cpu.max").write_text("25000 100000\n")
+    stat = (leaf / "cpu.stat").read_text().replace("nr_throttled 870", "nr_throttled 871")
+    (leaf / "cpu.stat").write_text(stat)
+    soon = read_cgroup_cpu(str(root), "/kubepods.slice/pod1/ctr", now=50.0 + QUOTA_EVERY_SECONDS / 2)
+    later = read_cgroup_cpu(str(root), "/kubepods.slice/pod1/ctr", now=50.0 + QUOTA_EVERY_SECONDS)
+    uncached = read_cgroup_cpu(str(root), "/kubepods.slice/pod1/ctr")
+    assert first is not None and soon is not None and later is not None and uncached is not None
+    assert (first.quota_cores, soon.quota_cores, later.quota_cores) == (0.5, 0.5, 0.25)
+    assert (first.throttled_periods, soon.throttled_periods) == (870, 871)
+    assert uncached.quota_cores == 0.25
+
+
+def test_a_v1_quota_is_read_again_only_after_its_interval(tmp_path):
+    import shutil
+
+    from exporter.sources.cgroup import QUOTA_EVERY_SECONDS
+
+    root = tmp_path / "v1"
+    shutil.copytree(FIX / "v1", root)
+    quota = next(p for p in root.rglob("docker/abc/cpu.cfs_quota_us"))
+    first = read_cgroup_cpu(str(root), "/docker/abc", now=7.0)
+    quota.write_text("50000\n")
+    soon = read_cgroup_cpu(str(root), "/docker/abc", now=7.0 + QUOTA_EVERY_SECONDS / 2)
+    later = read_cgroup_cpu(str(root), "/docker/abc", now=7.0 + QUOTA_EVERY_SECONDS)
+    assert first is not None and soon is not None and later is not None
+    assert (first.quota_cores, soon.quota_cores) == (1.5, 1.5)
+    assert later.quota_cores is not None and later.quota_cores < 1.5
+    assert later.usage_seconds == first.usage_seconds == 7.25
+
+
 def test_v1_split_cpu_and_cpuacct_hierarchies():
     cg = read_cgroup_cpu(str(FIX / "v1"), "/docker/abc")
     assert cg is not None

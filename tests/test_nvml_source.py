@@ -137,3 +137,40 @@ async def test_source_errors_count_every_tick_nvml_is_refused_and_the_log_says_i
     (status,) = snap.sources
     assert (status.up, status.errors_total) == (False, errors)
     assert [e["event"] for e in logs if e["event"].startswith("source_")] == ["source_down"]
+
+
+def test_the_power_limit_is_read_every_static_interval_and_when_the_clock_events_change():
+    gpu = FakeGpu()
+    nvml, clock = FakeNvml([gpu]), Clock()
+    src = NvmlSource(NvmlConfig(), nvml=nvml, clock=clock)  # type: ignore[arg-type]
+
+    def limits(ticks: int) -> list[float | None]:
+        out = []
+        for _ in range(ticks):
+            out.append(src.read_blocking()[0].power_limit_watts)
+            clock.t += 0.5
+        return out
+
+    assert limits(4) == [700.0] * 4 and nvml.calls["power_limit"] == 1
+    gpu.limit_mw, gpu.reasons = 500_000, 0x4 | 0x80  # an administrator lowers the limit: a new mask
+    assert limits(1) == [500.0]  # read at once
+    gpu.limit_mw = 450_000  # the same mask: seen when the interval has passed
+    assert limits(20) == [500.0] * 19 + [450.0]
+    assert nvml.calls["power_limit"] == 3
+
+
+def test_gpm_ratios_follow_each_tick_with_one_request_built_once():
+    gpu = FakeGpu()
+    src = NvmlSource(NvmlConfig(), nvml=FakeNvml([gpu]))  # type: ignore[arg-type]
+    src.read_blocking()
+    first = src.read_blocking()[0].gpm
+    gpu.gpm = {1: 50.0, 2: 40.0}  # tensor and the others: not supported now
+    second = src.read_blocking()[0].gpm
+    assert first is not None and second is not None
+    assert first.tensor == pytest.approx(0.924)
+    assert (second.graphics, second.sm, second.tensor, second.dram) == (
+        pytest.approx(0.5),
+        pytest.approx(0.4),
+        None,
+        None,
+    )

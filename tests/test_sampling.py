@@ -9,7 +9,8 @@ import structlog
 
 from exporter.config import Config, NvmlConfig
 from exporter.sampling import Sampler
-from exporter.snapshot.engine import EngineReading
+from exporter.snapshot.engine import EngineReading, ThreadLoad
+from exporter.snapshot.host import CgroupCpu, ProcessCpu
 from exporter.snapshot.totals import GpuSource, Totals
 from exporter.sources.base import BlockingReader, SourceUnavailable
 from exporter.sources.nvml import NvmlSource
@@ -300,3 +301,100 @@ async def test_the_daemon_leaves_the_sources_lifecycle_to_the_sampler():
     await asyncio.wait_for(daemon.serve(cfg, sources=[src], stop=stop, on_ready=lambda _port: stop.set()), 30)
     assert src.calls[0] == "start" and src.calls[-1] == "aclose"
     assert src.calls.count("start") == 1 and src.calls.count("aclose") == 1 and "close" not in src.calls
+
+
+class ChangingEngine:
+    """An engine stand-in whose queue grows and drains, so verdicts move between ticks."""
+
+    name = "engine"
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    async def read(self):
+        n = self.n = self.n + 1
+        load = (n * 37 % 100) / 100.0
+        server = ProcessCpu(
+            4101, "VLLM::APIServer_0", (), load, ThreadLoad(4101, "asyncio", load, min(1.0, load + 0.1))
+        )
+        throttled = CgroupCpu(
+            "/engine",
+            2.0,
+            usage_seconds=n * 0.9,
+            throttled_seconds=n * (n % 4) * 0.05,
+            throttled_periods=n * (n % 4),
+            periods=n * 5,
+        )
+        return (
+            EngineReading(
+                name="vllm:8000",
+                kind="vllm",
+                running=float(n % 7),
+                waiting=float(n % 3),
+                gpus=(0, 1, 2, 3),
+                api_servers=(server,),
+                api_server_count=1,
+                cgroups=(throttled,),
+                prompt_tokens_total=n * 100.0,
+                generation_tokens_total=n * 40.0,
+            ),
+        )
+
+    def close(self) -> None:
+        pass
+
+
+async def _run(compacting: bool, monkeypatch, ticks: int = 60):
+    import exporter.sampling as sampling
+
+    if not compacting:
+        monkeypatch.setattr(sampling, "compact", lambda snap: snap)
+    clock = Clock()
+    gpus = [FakeGpu(uuid=f"GPU-{i}") for i in range(4)]
+    nvml = NvmlSource(NvmlConfig(), nvml=FakeNvml(gpus))  # type: ignore[arg-type]
+    sampler = Sampler(Config(tick_seconds=0.5, history_seconds=10.0), [nvml, ChangingEngine()], clock=clock)
+    seen = []
+    for k in range(ticks):
+        for i, g in enumerate(gpus):
+            g.util = (k * 13 + i * 29) % 101
+            g.gpm = {1: float((k * 7 + i * 11) % 100), 2: float((k * 5 + i) % 100)}
+            g.reasons = 0x4 if (k + i) % 9 < 3 else 0
+        snap = await sampler.tick()
+        seen.append((snap.verdicts, snap.totals, dict(snap.busy)))
+        clock.t += 0.5
+    monkeypatch.undo()
+    return sampler, seen
+
+
+async def test_compact_older_snapshots_change_no_verdict_and_no_counter(monkeypatch):
+    compacting, with_compact = await _run(True, monkeypatch)
+    _whole, without = await _run(False, monkeypatch)
+    assert with_compact == without
+    hist = compacting.history()
+    assert len(hist) == 21
+    old, newest = hist[0], hist[-1]
+    assert all(v.evidence == () for v in old.verdicts) and any(v.evidence for v in newest.verdicts)
+    assert old.gpus[0].power_watts is None and old.gpus[0].utilization is not None
+    assert old.engines[0].running is not None and old.verdicts[0].verdict in (
+        "idle",
+        "gpu",
+        "host",
+        "unknown",
+    )
+    # the windows' reach (1.5 s) and two ticks to spare stay whole: 4.5 s before the newest is compact
+    whole = [s for s in hist if s.gpus and s.gpus[0].power_watts is not None]
+    assert 5 <= len(whole) <= 8 and whole[-1] is newest
+
+
+def test_a_snapshot_finds_each_gpu_by_index_the_first_of_a_repeated_index():
+    from exporter.snapshot import GpuReading, Snapshot
+
+    for n in (3, 64):
+        gpus = tuple(
+            GpuReading(i % (n - 1), f"GPU-{i}", "H200", "580") for i in range(n)
+        )  # the last repeats 0
+        snap = Snapshot(seq=1, at=0.0, mono=0.0, interval=0.5, dt=0.5, gpus=gpus)
+        assert [snap.gpu(i).uuid for i in range(n - 1)] == [f"GPU-{i}" for i in range(n - 1)]  # type: ignore[union-attr]
+        assert snap.gpu(n) is None and snap == Snapshot(
+            seq=1, at=0.0, mono=0.0, interval=0.5, dt=0.5, gpus=gpus
+        )

@@ -57,6 +57,18 @@ async def test_many_scrapes_in_one_tick_render_the_page_once_per_format(aiohttp_
     assert pages.renders == 3  # a new tick, a new page
 
 
+async def test_ticks_without_scrapes_render_nothing(aiohttp_client):
+    clock = Clock()
+    sampler = await _sampler(clock)
+    client = await aiohttp_client(make_app(Config(), sampler))
+    for _ in range(10):
+        clock.t += 0.5
+        await sampler.tick()
+    assert client.app[web.PAGES].renders == 0  # rendered on a tick's first scrape only
+    await client.get("/metrics", headers={"Accept-Encoding": "identity"})
+    assert client.app[web.PAGES].renders == 1 and client.app[web.PAGES].compressions == 0  # gzip when asked
+
+
 async def test_a_stalled_sampler_page_still_ages(aiohttp_client):
     clock = Clock()
     sampler = await _sampler(clock)

@@ -186,3 +186,23 @@ def test_no_message_sequence_makes_a_counter_decrease_or_nan(ticks: list[list[by
             budget = agent_feed.STEP_BURST_NS + agent_feed.MAX_PAST_NS + agent_feed.MAX_FUTURE_NS
             assert value <= 4 * (budget + elapsed_ns) / agent_feed.MIN_STEP_NS + 4
         history.append(snap)
+
+
+def _reference_unpack(iv: tuple[int, ...], t0: int) -> list[tuple[int, int]]:
+    """The loop unpack_intervals replaced: the oracle."""
+    out, cursor = [], 0
+    for i in range(0, len(iv) - 1, 2):
+        start = cursor + iv[i]
+        end = start + iv[i + 1]
+        out.append((t0 + start * 1000, t0 + end * 1000))
+        cursor = end
+    return out
+
+
+@given(
+    iv=st.lists(st.integers(min_value=0, max_value=2**40), max_size=41).map(tuple), t0=st.integers(0, 2**62)
+)
+def test_unpacked_intervals_and_their_end_are_those_of_the_plain_loop(iv: tuple[int, ...], t0: int) -> None:
+    want = _reference_unpack(iv, t0)
+    assert wire.unpack_intervals(iv, t0) == want
+    assert wire.intervals_end(iv, t0) == (want[-1][1] if want else None)

@@ -8,6 +8,7 @@ every name they had, the newest first.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -96,8 +97,28 @@ class SampleLike(Protocol):
     def value(self) -> float: ...
 
 
+# The same cut as one regular expression: a line break, then a wanted sample or TYPE line (the
+# leading "\n" lets the engine try only at line starts).
+_NAMES = "|".join(re.escape(n) for n in sorted(WANTED, key=len, reverse=True))
+_KEEP = re.compile(f"\n((?:{_NAMES})[{{ ][^\n]*|# TYPE (?:{_NAMES})(?= |\n)[^\n]*)")
+# Characters other than "\n" that str.splitlines() also ends a line at (the ASCII ones, then all).
+_ASCII_LINE_ENDS = ("\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e")
+_OTHER_LINE_ENDS = re.compile("[\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+
+
+def _only_newlines(text: str) -> bool:
+    """Say whether "\n" is the only line end in a text (a few scans in C for an ASCII page)."""
+    if text.isascii():
+        return not any(c in text for c in _ASCII_LINE_ENDS)
+    return not _OTHER_LINE_ENDS.search(text)
+
+
 def prefilter(text: str) -> str:
     """Return only the sample lines boundwatch reads (and their TYPE lines), so parsing is cheap."""
+    if _only_newlines(text):
+        keep = _KEEP.findall(f"\n{text}\n")
+        keep.append("")
+        return "\n".join(keep)
     keep = [
         line
         for line in text.splitlines()

@@ -54,7 +54,7 @@ from exporter.analysis import busy
 from exporter.analysis.activity import lossy
 from exporter.config import Config, RooflineConfig, VerdictConfig
 from exporter.snapshot import Snapshot
-from exporter.snapshot.agent import EngineSteps
+from exporter.snapshot.agent import AgentReading, EngineSteps, GpuActivity
 from exporter.snapshot.engine import EngineReading, demand
 from exporter.snapshot.host import CgroupCpu
 from exporter.snapshot.totals import EMPTY, GpuVerdict, Tally, Totals, VerdictTotals
@@ -155,21 +155,25 @@ class Facts:
 
     def evidence(self) -> Evidence:
         """Return the facts as (name, value) pairs for the Verdict and the report."""
-        skip = {"gpu", "engine", "agent", "span_seconds", "unplaced"}
         out: list[tuple[str, float | str | None]] = []
-        for f in dataclasses.fields(self):
-            if f.name in skip:
-                continue
-            value = getattr(self, f.name)
+        for name in _EVIDENCE_FIELDS:
+            value = getattr(self, name)
             if value is None:
                 continue
-            out.append((f.name, float(value) if isinstance(value, bool | int) else value))
+            out.append((name, float(value) if isinstance(value, bool | int) else value))
         for name in ("step_gpu_share", "power_share", "pending"):
             value = getattr(self, name)
             if value is not None:
                 out.append((name, value))
         out.append(("window_seconds", self.span_seconds))
         return tuple(out)
+
+
+_EVIDENCE_FIELDS = tuple(
+    f.name
+    for f in dataclasses.fields(Facts)
+    if f.name not in {"gpu", "engine", "agent", "span_seconds", "unplaced"}
+)
 
 
 @dataclass(frozen=True)
@@ -603,6 +607,27 @@ def _offered(win: Sequence[Snapshot], vs: Sequence[Sequence[View]], cfg: Verdict
     return {"offered": bool(found), "offered_by": "+".join(s for s in OFFERED_BY if s in found) or None}
 
 
+# AgentReading -> its activity by GPU, for the readings of the last few ticks (each GPU's verdict
+# reads every tick of its window: indexing once per reading keeps that linear in GPUs). The
+# reading is kept with its index, so its id is not reused while it is here.
+_ACTIVITY_INDEX: dict[int, tuple[AgentReading, dict[int, list[GpuActivity]]]] = {}
+_ACTIVITY_INDEX_SIZE = 16
+
+
+def _activity_of(agent: AgentReading) -> dict[int, list[GpuActivity]]:
+    """Return an agent reading's activity records by GPU, in their order."""
+    hit = _ACTIVITY_INDEX.get(id(agent))
+    if hit is not None and hit[0] is agent:
+        return hit[1]
+    index: dict[int, list[GpuActivity]] = {}
+    for a in agent.activity:
+        index.setdefault(a.gpu, []).append(a)
+    while len(_ACTIVITY_INDEX) >= _ACTIVITY_INDEX_SIZE:
+        _ACTIVITY_INDEX.pop(next(iter(_ACTIVITY_INDEX)))
+    _ACTIVITY_INDEX[id(agent)] = (agent, index)
+    return index
+
+
 def _agent_activity(win: Sequence[Snapshot], gpu: int, whole: bool) -> dict[str, object]:
     """Return CUPTI's exact busy, graph share and idle gaps for a GPU.
 
@@ -615,18 +640,17 @@ def _agent_activity(win: Sequence[Snapshot], gpu: int, whole: bool) -> dict[str,
     for s in _inside(win):
         if s.agent is None:
             continue
-        for a in s.agent.activity:
-            if a.gpu == gpu:
-                f["agent"] = True
-                if lossy(a):  # records lost: its busy, graph and gap figures undercount
-                    continue
-                busy_ns += a.busy_ns
-                graph_ns += a.graph_busy_ns
-                observed_ns += a.observed_ns
-                gaps += sum(a.idle_gap_counts)
-                gap_ns += a.idle_gap_sum_ns
-                if a.observed_ns > 0:
-                    newest = (a.busy_ns, a.graph_busy_ns, a.observed_ns)
+        for a in _activity_of(s.agent).get(gpu, ()):
+            f["agent"] = True
+            if lossy(a):  # records lost: its busy, graph and gap figures undercount
+                continue
+            busy_ns += a.busy_ns
+            graph_ns += a.graph_busy_ns
+            observed_ns += a.observed_ns
+            gaps += sum(a.idle_gap_counts)
+            gap_ns += a.idle_gap_sum_ns
+            if a.observed_ns > 0:
+                newest = (a.busy_ns, a.graph_busy_ns, a.observed_ns)
     if f.get("agent") and observed_ns > 0:
         f["idle_gaps"] = gaps
         f["idle_gap_seconds_per_second"] = gap_ns / observed_ns
@@ -646,7 +670,7 @@ def _gpu_steps(snap: Snapshot, v: Sequence[View], names: set[str], gpu: int) -> 
     engines of that kind run: then whose steps they are cannot be told, and they count nowhere.
     """
     mine = [st for x in v for st in x.steps]
-    if snap.agent is None:
+    if snap.agent is None or not snap.agent.steps:
         return mine
     engines = [e for e in snap.engines if not e.error]
     agent_gpu = {a.pid: a.gpu for a in snap.agent.agents if a.gpu >= 0}

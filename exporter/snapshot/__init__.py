@@ -61,11 +61,19 @@ class Snapshot:
         return None
 
     def gpu(self, index: int) -> GpuReading | None:
-        """Return the NVML reading of one GPU."""
-        for reading in self.gpus:
-            if reading.index == index:
-                return reading
-        return None
+        """Return the NVML reading of one GPU (the first with that index)."""
+        if len(self.gpus) < 8:
+            for reading in self.gpus:
+                if reading.index == index:
+                    return reading
+            return None
+        by_index: dict[int, GpuReading] | None = self.__dict__.get("_gpu_by_index")
+        if by_index is None:  # built once per Snapshot (fields are frozen): a look-up per GPU stays O(1)
+            by_index = {}
+            for reading in self.gpus:
+                by_index.setdefault(reading.index, reading)
+            object.__setattr__(self, "_gpu_by_index", by_index)
+        return by_index.get(index)
 
 
 __all__ = [

@@ -18,7 +18,7 @@ CLOCK_EVENT_REASONS: tuple[tuple[int, str], ...] = (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one per GPU per tick in history: no __dict__ each
 class GpmRatios:
     """GPM metrics between two samples, each 0-1; None where the GPU did not report one."""
 
@@ -29,7 +29,7 @@ class GpmRatios:
     dram: float | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one per GPU per tick in history: no __dict__ each
 class GpuReading:
     """One GPU as NVML reported it at one tick; a field is None when NVML could not read it."""
 

@@ -29,7 +29,7 @@ REASONS: tuple[str, ...] = (
 Evidence = tuple[tuple[str, float | str | None], ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one per GPU per tick in history: no __dict__ each
 class Verdict:
     """GPU-bound, host-bound (with reasons), idle, or unknown, with the evidence used.
 

@@ -419,9 +419,9 @@ class AgentFeed:
                     for i, c in enumerate(w.gaps):
                         hist[i] += c
                     gap_sum += w.gap_sum
-                ivs = wire.unpack_intervals(w.iv, t0)
-                if ivs:
-                    gpu.last_end = max(gpu.last_end or 0, ivs[-1][1])
+                end = wire.intervals_end(w.iv, t0)
+                if end is not None:
+                    gpu.last_end = max(gpu.last_end or 0, end)
                 wgraph = w.graph_busy
             else:
                 pw = [

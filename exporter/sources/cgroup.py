@@ -7,6 +7,7 @@ smallest quota on its path to the root: a pod-level limit binds every container 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from exporter.snapshot.host import CgroupCpu
@@ -46,6 +47,20 @@ def _read(path: Path) -> str | None:
         return None
 
 
+def _read_str(path: str) -> str | None:
+    """Return a small file's text, stripped (None when it cannot be read)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 65536).decode(errors="replace").strip()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def _stat(text: str | None) -> dict[str, int]:
     out: dict[str, int] = {}
     for line in (text or "").splitlines():
@@ -66,7 +81,7 @@ def _ancestors(rel_path: str) -> list[str]:
 def _v2_quota(cgroup_root: str, rel_path: str) -> float | None:
     quota: float | None = None
     for path in _ancestors(rel_path):
-        text = _read(Path(cgroup_root, path.lstrip("/"), "cpu.max"))
+        text = _read_str(os.path.join(cgroup_root, path.lstrip("/"), "cpu.max"))
         if not text:
             continue
         fields = text.split()
@@ -104,36 +119,86 @@ def _v1_quota(base: Path, rel_path: str) -> float | None:
     return quota
 
 
-def read_cgroup_cpu(cgroup_root: str, rel_path: str, version: int | None = None) -> CgroupCpu | None:
-    """Return the CPU quota and throttling counters of one cgroup, or None when it is not there."""
+QUOTA_EVERY_SECONDS = 10.0  # a quota (one file per ancestor) is read again this often; counters every call
+_quotas: dict[tuple[str, str], tuple[float, float | None]] = {}  # (root, path) -> (read at, cores)
+_MAX_QUOTAS = 1024
+
+
+def _quota_cached(
+    cgroup_root: str, rel_path: str, now: float | None, read: Callable[[], float | None]
+) -> float | None:
+    """Return a cgroup's effective quota, read from its ancestors at most every QUOTA_EVERY_SECONDS.
+
+    Without `now` it is read every call.
+    """
+    if now is None:
+        return read()
+    key = (cgroup_root, rel_path)
+    hit = _quotas.get(key)
+    if hit is not None and now - hit[0] < QUOTA_EVERY_SECONDS:
+        return hit[1]
+    if len(_quotas) >= _MAX_QUOTAS:
+        _quotas.clear()
+    quota = read()
+    _quotas[key] = (now, quota)
+    return quota
+
+
+_v1_dirs: dict[tuple[str, tuple[str, ...]], tuple[float, Path | None]] = {}
+
+
+def _v1_dir_cached(cgroup_root: str, names: tuple[str, ...], now: float | None) -> Path | None:
+    """Return a v1 hierarchy's directory, looked for at most every QUOTA_EVERY_SECONDS (every call without `now`)."""
+    if now is None:
+        return _v1_dir(cgroup_root, names)
+    hit = _v1_dirs.get((cgroup_root, names))
+    if hit is not None and now - hit[0] < QUOTA_EVERY_SECONDS:
+        return hit[1]
+    if len(_v1_dirs) >= _MAX_QUOTAS:
+        _v1_dirs.clear()
+    found = _v1_dir(cgroup_root, names)
+    _v1_dirs[(cgroup_root, names)] = (now, found)
+    return found
+
+
+def read_cgroup_cpu(
+    cgroup_root: str, rel_path: str, version: int | None = None, now: float | None = None
+) -> CgroupCpu | None:
+    """Return the CPU quota and throttling counters of one cgroup, or None when it is not there.
+
+    With `now` (monotonic seconds) the quota (and where a v1 hierarchy is) comes from a cache
+    younger than QUOTA_EVERY_SECONDS (they change rarely; the counters are read every call).
+    """
     version = version or cgroup_version(cgroup_root)
     rel_path = rel_path or "/"
     if version == 2:
-        leaf = Path(cgroup_root, rel_path.lstrip("/"))
-        if not leaf.is_dir():
+        leaf = os.path.join(cgroup_root, rel_path.lstrip("/"))
+        stat_text = _read_str(os.path.join(leaf, "cpu.stat"))
+        if stat_text is None and not os.path.isdir(leaf):
             return None
-        stat = _stat(_read(leaf / "cpu.stat"))
+        stat = _stat(stat_text)
         return CgroupCpu(
             path=rel_path,
-            quota_cores=_v2_quota(cgroup_root, rel_path),
+            quota_cores=_quota_cached(cgroup_root, rel_path, now, lambda: _v2_quota(cgroup_root, rel_path)),
             usage_seconds=stat["usage_usec"] / 1e6 if "usage_usec" in stat else None,
             throttled_seconds=stat["throttled_usec"] / 1e6 if "throttled_usec" in stat else None,
             throttled_periods=stat.get("nr_throttled"),
             periods=stat.get("nr_periods"),
             version=2,
         )
-    base = _v1_dir(cgroup_root)
+    base = _v1_dir_cached(cgroup_root, V1_CPU_DIRS, now)
     if base is None:
         return None
-    leaf = base / rel_path.lstrip("/")
-    if not leaf.is_dir():
+    v1_leaf = os.path.join(base, rel_path.lstrip("/"))
+    stat_text = _read_str(os.path.join(v1_leaf, "cpu.stat"))
+    if stat_text is None and not os.path.isdir(v1_leaf):
         return None
-    stat = _stat(_read(leaf / "cpu.stat"))
-    acct = _v1_dir(cgroup_root, V1_ACCT_DIRS)
-    usage = _read(acct / rel_path.lstrip("/") / "cpuacct.usage") if acct is not None else None
+    stat = _stat(stat_text)
+    acct = _v1_dir_cached(cgroup_root, V1_ACCT_DIRS, now)
+    usage = _read_str(os.path.join(acct, rel_path.lstrip("/"), "cpuacct.usage")) if acct is not None else None
     return CgroupCpu(
         path=rel_path,
-        quota_cores=_v1_quota(base, rel_path),
+        quota_cores=_quota_cached(cgroup_root, rel_path, now, lambda: _v1_quota(base, rel_path)),
         usage_seconds=int(usage) / 1e9 if usage and usage.isdigit() else None,
         throttled_seconds=stat["throttled_time"] / 1e9 if "throttled_time" in stat else None,
         throttled_periods=stat.get("nr_throttled"),

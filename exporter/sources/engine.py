@@ -4,7 +4,8 @@ Per engine and tick it reads the metrics page over HTTP (aiohttp), a page from a
 the engine runs in prometheus multiprocess mode on this host, its PROMETHEUS_MULTIPROC_DIR files
 directly (no request to the serving process, and per-API-server histogram counts); then the CPU
 of each API-server process and its busiest thread, and the cgroups of the engine's processes.
-Discovery scans the process table every `DISCOVER_EVERY_SECONDS`; CPU is sampled every tick.
+Every `DISCOVER_EVERY_SECONDS` discovery lists the pids and reads only the processes that are new,
+re-parented or young; engines are found again only when the table changed. CPU is sampled every tick.
 
 Each scrape of an API server's /metrics costs that process CPU on the event loop that also
 tokenises and streams (bench/api_server_scrape_cost.py). So while an agent reports an engine's
@@ -209,9 +210,79 @@ def refused_tuple(refused: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
     return tuple((r, int(refused[r])) for r in PAGE_REFUSED_REASONS if refused.get(r, 0) > 0)
 
 
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LABEL_PAIR = r'[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*"'
+# name, {labels} (optional, an optional trailing comma), value, timestamp (optional)
+_PLAIN_SAMPLE = re.compile(
+    rf"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{{((?:{_LABEL_PAIR}(?:,{_LABEL_PAIR})*,?)?)\}})?"
+    r"[ \t]+([^ \t]+)(?:[ \t]+([^ \t]+))?"
+)
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+_ESCAPE = re.compile(r'\\[\\n"]')
+_UNESCAPED = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
+
+
+def _plain_value(token: str) -> float | None:
+    """Return a sample value as prometheus_client's parser reads it, None for a shape left to that parser."""
+    if "_" in token or len(token) > 32:  # "1_0" is an error there; a long integer overflows there
+        return None
+    try:
+        return float(token)
+    except ValueError:
+        return None
+
+
+def plain_samples(body: str) -> list[Sample] | None:
+    """Return the samples of a page whose lines all have the plain shape, else None.
+
+    The plain shape: `name{label="value",...} value [timestamp]` and `# TYPE name type` lines, as
+    engines write them. Read by two regular expressions, which gives the samples that
+    prometheus_client's parser gives, several times cheaper; any other line (odd spacing,
+    quoted names, a counter TYPE without `_total`, a bad value) returns None, and the caller
+    leaves the whole page to prometheus_client's parser, its result and its errors.
+    """
+    out: list[Sample] = []
+    for raw in body.split("\n"):
+        line = raw.strip()
+        if not line:
+            continue
+        if line[0] == "#":
+            parts = line.split(None, 3)
+            if (
+                len(parts) != 4
+                or parts[1] != "TYPE"
+                or '"' in line
+                or not _METRIC_NAME.fullmatch(parts[2])
+                or (parts[3] == "counter" and not parts[2].endswith("_total"))
+            ):
+                return None
+            continue
+        m = _PLAIN_SAMPLE.fullmatch(line)
+        if m is None:
+            return None
+        name, label_text, value_token, stamp = m.groups()
+        value = _plain_value(value_token)
+        if value is None or (stamp is not None and _plain_value(stamp) is None):
+            return None
+        labels: dict[str, str] = {}
+        if label_text:
+            pairs = _LABEL.findall(label_text)
+            for key, v in pairs:
+                if key.startswith("__"):
+                    return None
+                labels[key] = _ESCAPE.sub(lambda e: _UNESCAPED[e.group(0)], v) if "\\" in v else v
+            if len(labels) != len(pairs):  # a label named twice: an error there
+                return None
+        out.append(Sample(name, labels, value))
+    return out
+
+
 def parse_page(text: str, *, prefilter: bool = True) -> list[Sample]:
-    """Parse a metrics page with prometheus_client's parser, cut down to the wanted lines first."""
+    """Parse a metrics page, cut down to the wanted lines first: plain lines by `plain_samples`, else prometheus_client's parser."""
     body = engine_page.prefilter(text) if prefilter else text
+    plain = plain_samples(body)
+    if plain is not None:
+        return plain
     out: list[Sample] = []
     try:
         for fam in text_string_to_metric_families(body):
@@ -652,9 +723,12 @@ class _Engine:
     rooted: bool = True  # the root is the engine's main process (its flags and descendants are the engine's)
 
 
-def discover(proc_root: str) -> list[EngineTarget]:
-    """Find the engines running on this host, their API servers, processes and multiprocess dirs."""
-    table = list(procs.processes(proc_root))
+def discover(proc_root: str, table: Sequence[procs.ProcInfo] | None = None) -> list[EngineTarget]:
+    """Find the engines running on this host, their API servers, processes and multiprocess dirs.
+
+    `table` is the process table when the caller holds one (read now otherwise).
+    """
+    table = list(procs.processes(proc_root)) if table is None else list(table)
     by_pid = {p.pid: p for p in table}
     roots: dict[int, str] = {}
     for p in table:
@@ -900,6 +974,9 @@ class EngineSource:
         self._targets: list[EngineTarget] = list(self._configured)
         self._discovered_at: float | None = None
         self._cpu = procs.CpuTracker(self.proc_root)
+        self._table = procs.ProcessTable(self.proc_root)
+        self._found_targets: list[EngineTarget] | None = None  # what discovery found last
+        self._cgroup_paths: dict[int, str] = {}  # pid -> cgroup path, until the table changes
         self._blocking = BlockingReader("engine", max(1.0, cfg.engine.timeout_seconds * 4))
         self._session: aiohttp.ClientSession | None = None
         self._names: dict[str, str] = {}  # target url -> engine name once its kind is known
@@ -927,9 +1004,10 @@ class EngineSource:
         if self.cfg.engine.discover and (
             self._discovered_at is None or now - self._discovered_at >= self._discover_every
         ):
-            found = await self._blocking.run(lambda: discover(self.proc_root))
-            self._log_discovery(found)
-            self._targets = merge_targets(self._configured, found)
+            found = await self._blocking.run(self._rediscover)
+            if found is not None:
+                self._log_discovery(found)
+                self._targets = merge_targets(self._configured, found)
             self._discovered_at = now
         if not self._targets:
             if not self._said_none:
@@ -969,6 +1047,22 @@ class EngineSource:
         if last is None or now - last[0] >= self.cfg.engine.slow_read_seconds:
             return None
         return replace(last[1], page_read=False, page_age_seconds=max(0.0, now - last[0]))
+
+    def _rediscover(self) -> list[EngineTarget] | None:
+        """Bring the process table up to date and find the engines again when it changed, else None.
+
+        An engine whose port or API servers are not yet known (it has not opened its socket) is
+        looked for again at every period until they are.
+        """
+        changed = self._table.refresh()
+        self._cgroup_paths.clear()  # a process moved to another cgroup is seen within a period
+        settled = self._found_targets is not None and all(
+            t.port_known and t.api_server_pids for t in self._found_targets
+        )
+        if not changed and settled:
+            return None
+        self._found_targets = discover(self.proc_root, list(self._table.rows.values()))
+        return self._found_targets
 
     def _log_discovery(self, found: Sequence[EngineTarget]) -> None:
         """Log each engine discovery finds or loses, once."""
@@ -1031,11 +1125,12 @@ class EngineSource:
 
         Runs off the event loop.
         """
+        rows = self._table.rows
         cpu = self._cpu.sample(
             info
             for t in self._targets
             for pid in t.api_server_pids
-            if (info := procs.proc_info(self.proc_root, pid))
+            if (info := rows.get(pid) or procs.proc_info(self.proc_root, pid))
         )
         out = []
         for target, (data, error, seconds), carried in zip(self._targets, pages, carry, strict=True):
@@ -1134,13 +1229,14 @@ class EngineSource:
         elif count is None and target.api_server_pids == (target.root_pid,):
             count, how = 1, "processes"
         cgroups: dict[str, CgroupCpu] = {}
+        now = time.monotonic()
         for pid in dict.fromkeys((*target.engine_pids, *target.api_server_pids)):
-            path = cgroup_path_of(self.proc_root, pid)
+            path = self._cgroup_of(pid)
             if path not in cgroups:
-                cg = read_cgroup_cpu(self.cgroup_root, path)
+                cg = read_cgroup_cpu(self.cgroup_root, path, now=now)
                 if cg is not None:
                     cgroups[path] = cg
-        servers = tuple(replace(s, cgroup=cgroup_path_of(self.proc_root, s.pid)) for s in servers)
+        servers = tuple(replace(s, cgroup=self._cgroup_of(s.pid)) for s in servers)
         reading = replace(
             reading,
             api_servers=servers,
@@ -1151,9 +1247,16 @@ class EngineSource:
             cuda_visible_devices=target.cuda_visible_devices,
             max_num_seqs=target.max_num_seqs if target.max_num_seqs is not None else reading.max_num_seqs,
             graph_config=target.graph_config,
-            placements=placement.placements(self.proc_root, target.engine_pids),
+            placements=placement.placements(self.proc_root, target.engine_pids, self._table.rows),
         )
         return replace(reading, steps=dedup.step_count(reading))
+
+    def _cgroup_of(self, pid: int) -> str:
+        """Return a process's cgroup path, read once per discovery period."""
+        path = self._cgroup_paths.get(pid)
+        if path is None:
+            path = self._cgroup_paths[pid] = cgroup_path_of(self.proc_root, pid)
+        return path
 
     def close(self) -> None:
         """Close the HTTP session and the reader thread."""

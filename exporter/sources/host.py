@@ -7,6 +7,7 @@ tests feed it fixture files. The process table (API servers, their threads) is i
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from exporter.config import HostConfig
@@ -51,7 +52,9 @@ class HostSource:
             ratio = (busy - self._prev[0]) / (total - self._prev[1])
             ratio = min(max(ratio, 0.0), 1.0)
         self._prev = (busy, total)
-        own = read_cgroup_cpu(self._cfg.cgroup_root, cgroup_path_of(self._cfg.proc_root, "self"))
+        own = read_cgroup_cpu(
+            self._cfg.cgroup_root, cgroup_path_of(self._cfg.proc_root, "self"), now=time.monotonic()
+        )
         return HostReading(cpus=cpus or (os.cpu_count() or 1), cpu_busy=ratio, own_cgroup=own)
 
     def close(self) -> None:

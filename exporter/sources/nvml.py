@@ -1,9 +1,11 @@
 """NVML: power, clocks, clock-event reasons, utilization, memory and GPM per GPU.
 
 Every call runs in the reader's own thread with a timeout (`BlockingReader`). Identity and
-maximum clocks are read once. Energy is read every `energy_every_seconds` only: one read cost
-2.4 ms (p99 24 ms) on the H200, against 1-2 us for power, clocks and utilization. GPM needs two
-samples more than 100 ms apart, so each tick's GPM ratios cover the time since the last tick.
+maximum clocks are read once; the enforced power limit every `STATIC_EVERY_SECONDS` and at
+once when the clock-event reasons change (NVML has no event for a new limit). Energy is read
+every `energy_every_seconds` only: one read cost 2.4 ms (p99 24 ms) on the H200, against 1-2 us
+for power, clocks and utilization. GPM needs two samples more than 100 ms apart, so each tick's
+GPM ratios cover the time since the last tick; its request structure is built once per GPU.
 The `nvml` module is injectable: tests give it a stand-in for the driver.
 """
 
@@ -29,6 +31,10 @@ GPM_METRICS: tuple[tuple[str, str], ...] = (
     ("dram", "NVML_GPM_METRIC_DRAM_BW_UTIL"),
 )
 INIT_RETRY_SECONDS = 30.0
+STATIC_EVERY_SECONDS = (
+    10.0  # the enforced power limit is read again this often (and on a new clock-event mask)
+)
+_NOT_SUPPORTED = 3  # NVML_ERROR_NOT_SUPPORTED
 
 
 def _load_pynvml() -> ModuleType:
@@ -47,8 +53,13 @@ class _Device:
     sm_clock_max_hz: float | None
     gpm_sample: Any = None  # the previous GPM sample, when the GPU supports GPM
     gpm_spare: Any = None
+    gpm_request: Any = None  # the nvmlGpmMetricsGet request, metric ids set once
+    gpm_names: tuple[str, ...] = ()
     energy_joules: float | None = None
     energy_read_at: float = 0.0
+    limit_mw: float | None = None
+    limit_read_at: float | None = None
+    reasons: int | None = None
     errors: set[str] = field(default_factory=set)
 
 
@@ -166,12 +177,20 @@ class NvmlSource:
                 return None
 
         power_mw = get("power", lambda: nvml.nvmlDeviceGetPowerUsage(h))
-        limit_mw = get("power_limit", lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(h))
         sm_mhz = get("sm_clock", lambda: nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM))
         reasons = get("clock_events", lambda: _clock_event_reasons(nvml, h))
         util = get("utilization", lambda: nvml.nvmlDeviceGetUtilizationRates(h))
         mem = get("memory", lambda: nvml.nvmlDeviceGetMemoryInfo(h))
         now = self._clock()
+        if (
+            dev.limit_read_at is None
+            or now - dev.limit_read_at >= STATIC_EVERY_SECONDS
+            or reasons != dev.reasons
+        ):
+            dev.limit_mw = get("power_limit", lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(h))
+            dev.limit_read_at = now
+        dev.reasons = reasons
+        limit_mw = dev.limit_mw
         if dev.energy_joules is None or now - dev.energy_read_at >= self._cfg.energy_every_seconds:
             energy_mj = get("energy", lambda: nvml.nvmlDeviceGetTotalEnergyConsumption(h))
             if energy_mj is not None:
@@ -205,18 +224,25 @@ class NvmlSource:
         current = self._gpm_take(dev.handle, dev.gpm_spare)
         previous = dev.gpm_sample
         dev.gpm_sample, dev.gpm_spare = current, previous
-        ids = [(name, getattr(nvml, const)) for name, const in GPM_METRICS if hasattr(nvml, const)]
-        req = nvml.c_nvmlGpmMetricsGet_t()
-        req.version = nvml.NVML_GPM_METRICS_GET_VERSION
-        req.numMetrics = len(ids)
+        req = dev.gpm_request
+        if req is None:
+            ids = [(name, getattr(nvml, const)) for name, const in GPM_METRICS if hasattr(nvml, const)]
+            req = dev.gpm_request = nvml.c_nvmlGpmMetricsGet_t()
+            req.version = nvml.NVML_GPM_METRICS_GET_VERSION
+            req.numMetrics = len(ids)
+            for i, (_, metric_id) in enumerate(ids):
+                req.metrics[i].metricId = metric_id
+            dev.gpm_names = tuple(name for name, _ in ids)
+        names = dev.gpm_names
+        metrics = req.metrics
+        for i in range(len(names)):  # a metric the driver leaves unwritten reads as not supported
+            metrics[i].nvmlReturn = _NOT_SUPPORTED
         req.sample1 = previous
         req.sample2 = current
-        for i, (_, metric_id) in enumerate(ids):
-            req.metrics[i].metricId = metric_id
         nvml.nvmlGpmMetricsGet(req)
         values: dict[str, float | None] = {}
-        for i, (name, _) in enumerate(ids):
-            m = req.metrics[i]
+        for i, name in enumerate(names):
+            m = metrics[i]
             values[name] = _ratio(m.value) if m.nvmlReturn == 0 else None
         return GpmRatios(**values)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from exporter.snapshot.engine import Placement
 from exporter.sources import procs
@@ -69,9 +69,19 @@ def _ordinal(visible: str | None, dp: int | None, pp: int | None, tp: int | None
     return ordinal if ordinal < count else None
 
 
-def placements(proc_root: str, pids: Sequence[int]) -> tuple[Placement, ...]:
-    """Return where each of an engine's processes runs (bounded; processes gone are skipped)."""
-    infos = [i for pid in pids[:MAX_PLACEMENTS] if (i := procs.proc_info(proc_root, pid)) is not None]
+def placements(
+    proc_root: str, pids: Sequence[int], table: Mapping[int, procs.ProcInfo] | None = None
+) -> tuple[Placement, ...]:
+    """Return where each of an engine's processes runs (bounded; processes gone are skipped).
+
+    `table` holds the processes as last read (a pid not in it is read now).
+    """
+    rows = table or {}
+    infos = [
+        i
+        for pid in pids[:MAX_PLACEMENTS]
+        if (i := rows.get(pid) or procs.proc_info(proc_root, pid)) is not None
+    ]
     by_pid = {i.pid: i for i in infos}
     roles = {i.pid: _role(i) for i in infos}
     tp_size = 1 + max((r[3] for r in roles.values() if r[3] is not None), default=0)

@@ -63,20 +63,25 @@ def parse_stat(text: str) -> Stat | None:
         return None
 
 
-def _read_text(path: Path) -> str | None:
+def _read_text(path: Path | str) -> str | None:
     try:
-        return path.read_text(errors="replace")
+        fd = os.open(path, os.O_RDONLY)
     except OSError:
         return None
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks).decode(errors="replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def read_stat(proc_root: str, pid: int, tid: int | None = None) -> Stat | None:
     """Return the stat of a process, or of one of its threads; None when it is gone."""
-    path = (
-        Path(proc_root, str(pid), "stat")
-        if tid is None
-        else Path(proc_root, str(pid), "task", str(tid), "stat")
-    )
+    path = f"{proc_root}/{pid}/stat" if tid is None else f"{proc_root}/{pid}/task/{tid}/stat"
     text = _read_text(path)
     return parse_stat(text) if text else None
 
@@ -140,6 +145,71 @@ def processes(proc_root: str) -> Iterator[ProcInfo]:
             yield info
 
 
+def uptime_seconds(proc_root: str) -> float | None:
+    """Return the seconds since boot (/proc/uptime), None when it cannot be read."""
+    text = _read_text(f"{proc_root}/uptime")
+    try:
+        return float(text.split()[0]) if text else None
+    except (IndexError, ValueError):
+        return None
+
+
+class ProcessTable:
+    """The process table, kept by change: a process is read when it appears, not at every look.
+
+    `refresh()` lists the pids (one directory read) and reads only the processes that are new,
+    whose parent is gone (re-parented), or that are young (started less than `young_seconds`
+    ago: a process sets its title after start); the whole table is read again every
+    `full_every` seconds. It says whether any row changed, so the work built on the table
+    is redone only then.
+    """
+
+    def __init__(
+        self,
+        proc_root: str = "/proc",
+        young_seconds: float = 60.0,
+        full_every: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.proc_root = proc_root
+        self.rows: dict[int, ProcInfo] = {}
+        self._young = young_seconds
+        self._full_every = full_every
+        self._clock = clock
+        self._full_at: float | None = None
+        self.reads = 0  # processes read, for tests and the bench
+
+    def _read(self, pid: int) -> ProcInfo | None:
+        self.reads += 1
+        return proc_info(self.proc_root, pid)
+
+    def refresh(self) -> bool:
+        """Bring the table up to date; return whether any process appeared, went or changed."""
+        now = self._clock()
+        listed = set(pids(self.proc_root))
+        old = self.rows
+        full = self._full_at is None or now - self._full_at >= self._full_every
+        if full:
+            self._full_at = now
+        gone = old.keys() - listed
+        up = uptime_seconds(self.proc_root)
+        rows: dict[int, ProcInfo] = {}
+        for pid in sorted(listed):
+            info = old.get(pid)
+            if (
+                full
+                or info is None
+                or info.ppid in gone
+                or up is None
+                or up - info.start_ticks / CLK_TCK < self._young
+            ):
+                info = self._read(pid)
+            if info is not None:
+                rows[pid] = info
+        self.rows = rows
+        return rows != old
+
+
 def find(proc_root: str, match: Callable[[ProcInfo], bool]) -> list[ProcInfo]:
     """Return the processes a predicate accepts."""
     return [p for p in processes(proc_root) if match(p)]
@@ -179,12 +249,18 @@ def descendants(table: Iterable[ProcInfo], pid: int) -> list[ProcInfo]:
 
 def read_schedstat(proc_root: str, pid: int, tid: int) -> int | None:
     """Return a thread's time on CPU plus time waiting on a run queue, ns (None without schedstat)."""
-    text = _read_text(Path(proc_root, str(pid), "task", str(tid), "schedstat"))
+    times = _schedstat(f"{proc_root}/{pid}/task/{tid}/schedstat")
+    return None if times is None else times[0] + times[1]
+
+
+def _schedstat(path: str) -> tuple[int, int] | None:
+    """Return (ns on CPU, ns waiting on a run queue) from a schedstat file, None without one."""
+    text = _read_text(path)
     if not text:
         return None
     fields = text.split()
     try:
-        return int(fields[0]) + int(fields[1])
+        return int(fields[0]), int(fields[1])
     except (IndexError, ValueError):
         return None
 
@@ -259,9 +335,29 @@ def socket_inodes(proc_root: str, pid: int) -> set[int]:
 def thread_ids(proc_root: str, pid: int) -> list[int]:
     """Return the thread ids of a process."""
     try:
-        return sorted(int(t) for t in os.listdir(Path(proc_root, str(pid), "task")) if t.isdigit())
+        return sorted(int(t) for t in os.listdir(f"{proc_root}/{pid}/task") if t.isdigit())
     except OSError:
         return []
+
+
+FULL_READ_SECONDS = 30.0  # every thread's stat is read at least this often (names, a missed change)
+
+
+@dataclass
+class _Thread:
+    ticks: int  # utime + stime, clock ticks
+    sched: int | None  # ns on CPU + ns waiting to run (schedstat), None without schedstat
+    run: int | None  # ns on CPU (schedstat)
+    name: str
+
+
+@dataclass
+class _Tracked:
+    at: float
+    start_ticks: int
+    ticks: int
+    threads: dict[int, _Thread]
+    full_at: float
 
 
 class CpuTracker:
@@ -270,13 +366,43 @@ class CpuTracker:
     The first sample of a process only sets its baseline, so a process is reported from its
     second sample on; a reused pid (a new start time) starts a new baseline. Call `sample()` once
     per tick with every process to watch: processes not in a call are forgotten.
+
+    Each tick reads every thread's schedstat (a few bytes, cheap for the kernel to write) and a
+    thread's stat (costly) only when its time on CPU moved: a thread that did not run has the same
+    utime + stime, since the kernel derives both from that time. So the figures are those of
+    reading every stat each tick; each thread's stat is still read every FULL_READ_SECONDS (a
+    thread renamed while idle) and every tick where schedstat is missing.
     """
 
-    def __init__(self, proc_root: str = "/proc", clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        proc_root: str = "/proc",
+        clock: Callable[[], float] = time.monotonic,
+        full_every: float = FULL_READ_SECONDS,
+    ) -> None:
         self.proc_root = proc_root
         self._clock = clock
-        # pid -> (time, start ticks, cpu ticks, tid -> (cpu ticks, run+wait ns))
-        self._last: dict[int, tuple[float, int, int, dict[int, tuple[int, int | None]]]] = {}
+        self._full_every = full_every
+        self._last: dict[int, _Tracked] = {}
+        self.stat_reads = 0  # thread stat files read, for tests and the bench
+
+    def _threads(self, pid: int, before: dict[int, _Thread], full: bool) -> dict[int, _Thread]:
+        """Return each thread's times now, reading its stat only when schedstat says it ran."""
+        root = self.proc_root
+        out: dict[int, _Thread] = {}
+        for tid in thread_ids(root, pid):
+            times = _schedstat(f"{root}/{pid}/task/{tid}/schedstat")
+            old = before.get(tid)
+            if not full and times is not None and old is not None and old.run == times[0]:
+                out[tid] = _Thread(old.ticks, times[0] + times[1], times[0], old.name)
+                continue
+            self.stat_reads += 1
+            tstat = read_stat(root, pid, tid)
+            if tstat is None:
+                continue
+            run, sched = (None, None) if times is None else (times[0], times[0] + times[1])
+            out[tid] = _Thread(tstat.cpu_ticks, sched, run, tstat.comm)
+        return out
 
     def sample(self, procs: Iterable[ProcInfo]) -> dict[int, ProcessCpu]:
         """Return the CPU each process used since its previous sample (absent on its first)."""
@@ -288,34 +414,34 @@ class CpuTracker:
             stat = read_stat(self.proc_root, info.pid)
             if stat is None:
                 continue
-            threads: dict[int, tuple[int, int | None]] = {}
-            names: dict[int, str] = {}
-            for tid in thread_ids(self.proc_root, info.pid):
-                tstat = read_stat(self.proc_root, info.pid, tid)
-                if tstat is not None:
-                    threads[tid] = (tstat.cpu_ticks, read_schedstat(self.proc_root, info.pid, tid))
-                    names[tid] = tstat.comm
+            if stat.start_ticks != info.start_ticks:  # the pid is another process's now
+                info = proc_info(self.proc_root, info.pid) or info
             prev = self._last.get(info.pid)
-            self._last[info.pid] = (now, stat.start_ticks, stat.cpu_ticks, threads)
-            if prev is None or prev[1] != stat.start_ticks or now <= prev[0]:
+            if prev is not None and prev.start_ticks != stat.start_ticks:
+                prev = None  # a reused pid: a new baseline
+            full = prev is None or now - prev.full_at >= self._full_every
+            threads = self._threads(info.pid, prev.threads if prev is not None else {}, full)
+            full_at = now if full or prev is None else prev.full_at
+            self._last[info.pid] = _Tracked(now, stat.start_ticks, stat.cpu_ticks, threads, full_at)
+            if prev is None or now <= prev.at:
                 continue
-            wall = now - prev[0]
+            wall = now - prev.at
             per_thread = tuple(
                 ThreadLoad(
                     tid,
-                    names[tid],
-                    min(1.0, max(0, ticks - prev[3][tid][0]) / CLK_TCK / wall),  # a thread: one core at most
-                    _share(sched, prev[3][tid][1], wall),
+                    t.name,
+                    min(1.0, max(0, t.ticks - prev.threads[tid].ticks) / CLK_TCK / wall),  # one core at most
+                    _share(t.sched, prev.threads[tid].sched, wall),
                 )
-                for tid, (ticks, sched) in threads.items()
-                if tid in prev[3]
+                for tid, t in threads.items()
+                if tid in prev.threads
             )
             busiest = max(per_thread, key=lambda t: t.cpu, default=None)
             out[info.pid] = ProcessCpu(
                 pid=info.pid,
                 name=info.title,
                 cmdline=info.cmdline,
-                cpu=max(0, stat.cpu_ticks - prev[2]) / CLK_TCK / wall,
+                cpu=max(0, stat.cpu_ticks - prev.ticks) / CLK_TCK / wall,
                 busiest_thread=busiest,
                 threads=per_thread,
             )

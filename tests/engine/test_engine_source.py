@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import shutil
 import socket
 import subprocess
 import sys
@@ -53,6 +54,31 @@ def test_discovery_finds_every_engine_with_its_api_servers_and_multiprocess_dir(
     # vLLM 0.10 sets no titles: its API servers are the children holding the listening socket.
     assert targets["vllm:8004"].api_server_pids == (4701, 4702)
     assert targets["vllm:8004"].api_server_count_cmdline == 2
+
+
+async def test_discovery_runs_again_only_when_the_process_table_changed(tmp_path, monkeypatch):
+    import exporter.sources.engine as engine_module
+
+    root = tmp_path / "proc"
+    shutil.copytree(PROC, root, symlinks=True)
+    (root / "uptime").write_text("100000.00 1.00\n")
+    walks = []
+    real = engine_module.discover
+    monkeypatch.setattr(engine_module, "discover", lambda *a: walks.append(1) or real(*a))
+    cfg = dataclasses.replace(config(discover=True), host=HostConfig(proc_root=str(root)))
+    source = EngineSource(cfg, proc_root=str(root), discover_every=0.0)
+    try:
+        await source.read()
+        names = sorted(t.name for t in source.targets)
+        await source.read()
+        await source.read()
+        assert len(walks) == 1 and sorted(t.name for t in source.targets) == names
+        shutil.rmtree(root / "4500")  # vllm:8002 exits
+        await source.read()
+        assert len(walks) == 2 and "vllm:8002" not in {t.name for t in source.targets}
+        assert {t.name for t in source.targets} == {t.name for t in discover(str(root))}
+    finally:
+        await source.aclose()
 
 
 def test_a_configured_url_on_a_discovered_port_joins_that_engine():

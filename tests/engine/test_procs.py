@@ -108,6 +108,92 @@ def test_a_reused_pid_starts_a_new_baseline(tmp_path):
     assert tracker.sample([info]) == {}
 
 
+def test_skipping_the_stat_of_threads_that_did_not_run_gives_the_figures_of_a_full_read(tmp_path):
+    root = tmp_path / "proc"
+    shutil.copytree(PROC, root, symlinks=True)
+    task = root / "4101" / "task"
+    for tid in (4101, 4111):
+        (task / str(tid) / "schedstat").write_text("1000000000 500000000 10\n")
+    now = [0.0]
+    cheap = procs.CpuTracker(str(root), clock=lambda: now[0])
+    full = procs.CpuTracker(str(root), clock=lambda: now[0], full_every=0.0)  # every stat, every tick
+    info = procs.proc_info(str(root), 4101)
+    assert cheap.sample([info]) == full.sample([info]) == {}
+    hz = procs.CLK_TCK
+    for k in range(1, 6):  # asyncio (0) runs 0.3 s of each 0.5 s tick and waits 0.1 s; the main thread sleeps
+        (task / "4111" / "stat").write_text(
+            stat_line(4111, "asyncio (0)", 4100, 900 + k * int(0.3 * hz), 50, 54101)
+        )
+        (task / "4111" / "schedstat").write_text(
+            f"{1_000_000_000 + k * 300_000_000} {500_000_000 + k * 100_000_000} 10\n"
+        )
+        (task / "4101" / "schedstat").write_text(
+            f"1000000000 {500_000_000 + k * 50_000_000} 10\n"
+        )  # waited, never ran
+        now[0] += 0.5
+        a, b = cheap.sample([info]), full.sample([info])
+        assert a == b
+        busiest = a[4101].busiest_thread
+        assert busiest is not None and (busiest.name, busiest.cpu) == ("asyncio (0)", pytest.approx(0.6))
+        assert demand(a[4101]) == pytest.approx(0.8)
+    assert full.stat_reads == 12  # 2 threads x 6 samples
+    assert cheap.stat_reads == 2 + 5  # both at the baseline, then only the thread that ran
+
+
+def test_a_thread_renamed_while_idle_is_seen_at_the_next_full_read(tmp_path):
+    root = tmp_path / "proc"
+    shutil.copytree(PROC, root, symlinks=True)
+    sched = root / "4101" / "task" / "4111" / "schedstat"
+    sched.write_text("1000000000 500000000 10\n")
+    now = [0.0]
+    tracker = procs.CpuTracker(str(root), clock=lambda: now[0], full_every=2.0)
+    info = procs.proc_info(str(root), 4101)
+    tracker.sample([info])
+    (root / "4101" / "task" / "4111" / "stat").write_text(stat_line(4111, "renamed", 4100, 900, 50, 54101))
+    names = []
+    for _ in range(5):
+        now[0] += 0.5
+        names.append(next(t.name for t in tracker.sample([info])[4101].threads if t.tid == 4111))
+    assert names == ["asyncio (0)"] * 3 + ["renamed"] * 2
+
+
+def test_a_reused_pid_is_named_by_its_new_title(tmp_path):
+    root = tmp_path / "proc"
+    shutil.copytree(PROC, root, symlinks=True)
+    now = [0.0]
+    tracker = procs.CpuTracker(str(root), clock=lambda: now[0])
+    old = procs.proc_info(str(root), 4102)
+    assert old is not None
+    (root / "4102" / "stat").write_text(stat_line(4102, "other", 1, 5, 5, 999_999))
+    (root / "4102" / "cmdline").write_bytes(b"other\0--flag\0")
+    tracker.sample([old])
+    now[0] += 0.5
+    cpu = tracker.sample([old])[4102]
+    assert (cpu.name, cpu.cmdline) == ("other", ("other", "--flag"))
+
+
+def test_the_table_reads_only_new_reparented_and_young_processes(tmp_path):
+    root = tmp_path / "proc"
+    shutil.copytree(PROC, root, symlinks=True)
+    (root / "uptime").write_text("100000.00 1.00\n")  # every fixture process started long ago
+    table = procs.ProcessTable(str(root))
+    assert table.refresh() is True
+    first = table.reads
+    assert first == len(list(procs.processes(str(root)))) == len(table.rows)
+    assert table.refresh() is False and table.reads == first  # nothing changed: nothing read
+    shutil.copytree(root / "4102", root / "4900")  # a new process
+    (root / "4900" / "stat").write_text(stat_line(4900, "new", 4100, 1, 1, 100000 * procs.CLK_TCK - 50))
+    assert table.refresh() is True and table.reads == first + 1
+    assert table.rows[4900].comm == "new"
+    assert table.refresh() is False and table.reads == first + 2  # young (0.5 s old): read again
+    shutil.rmtree(root / "4103")  # 4105's parent exits; the kernel re-parents 4105 to init
+    (root / "4105" / "stat").write_text(stat_line(4105, "orphan", 1, 1, 1, 54105))
+    assert table.refresh() is True
+    assert 4103 not in table.rows and table.rows[4105].ppid == 1
+    assert table.reads == first + 2 + 2  # the orphan and the young one
+    assert [p.pid for p in procs.processes(str(root))] == sorted(table.rows)
+
+
 SPIN = """
 import ctypes, threading, time
 libc = ctypes.CDLL(None)

@@ -8,6 +8,8 @@
 #   light      bench/light_agent_overhead.py --rounds 2            -> light_overhead_h200.json
 #   lab:MODE   bench/scenarios/lab.py --agent MODE (SCALE, 0.7)    -> scenarios-h200-MODE.{json,jsonl.gz,log}
 #   twolab     bench/two_engines_lab.py (two lab engines, one GPU) -> two_engines_lab_h200.json
+#   side       bench/sidecar_beside_engine.py (real NVML, 15 s scrapes) -> sidecar_beside_engine_h200.json
+#   nvml       bench/nvml_calls.py (NVML per call and per tick)     -> nvml_calls_h200.json
 #   truth      bench/agent_graph_truth.py, late starts at b=1 and 8  -> agent_graph_truth_late_h200.json
 set -u
 O=${OUT:-/tmp/batch-out}
@@ -37,6 +39,12 @@ for step in ${STEPS:-env}; do
     twolab)
       timeout 200 python3 bench/two_engines_lab.py --out "$O/two_engines_lab_h200.json" > /tmp/twolab.log 2>&1
       echo "twolab rc=$?"; tail -12 /tmp/twolab.log ;;
+    side)
+      timeout 200 python3 bench/sidecar_beside_engine.py --out "$O/sidecar_beside_engine_h200.json" \
+        > /tmp/side.log 2>&1; echo "side rc=$?"; tail -3 /tmp/side.log ;;
+    nvml)
+      timeout 120 python3 bench/nvml_calls.py --out "$O/nvml_calls_h200.json" > /tmp/nvml.log 2>&1
+      echo "nvml rc=$?"; tail -25 /tmp/nvml.log ;;
     truth)
       timeout 200 python3 bench/agent_graph_truth.py --batches 1,8 --gaps 0 --seconds 3 \
         --only early_graphtrace,late_kernels,late_precapture --out "$O/agent_graph_truth_late_h200.json" \

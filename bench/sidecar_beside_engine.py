@@ -1,0 +1,126 @@
+"""The daemon's own CPU and memory beside a serving engine, with real NVML, scraped every 15 s.
+
+One lab engine (bench/scenarios: a `VLLM::EngineCore` with CUDA graphs, 4 `VLLM::APIServer_<i>`
+processes, 32 clients, a full batch) serves while the real daemon runs beside it with its defaults
+(discovery, NVML, /proc, cgroups, the engine's page, the agent socket). After a warm-up, the
+daemon's utime + stime and RSS are read from /proc over `--seconds`, while /metrics is scraped
+every `--scrape-every` seconds as Prometheus would (gzip). Also reported: the daemon's NVML read
+time per tick (`boundwatch_source_duration_seconds{source="nvml"}`).
+
+    python3 bench/sidecar_beside_engine.py --out bench/results/sidecar_beside_engine_h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.scenarios import lab  # noqa: E402
+from exporter.commands._live import daemon_answers  # noqa: E402
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """Return a process's utime + stime in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def rss_mib(pid: int) -> float:
+    """Return a process's resident set in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def scrape(url: str) -> tuple[int, float]:
+    """Scrape /metrics with gzip; return the bytes on the wire and the NVML read time it reports."""
+    req = urllib.request.Request(url + "/metrics", headers={"Accept-Encoding": "gzip"})
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        body = resp.read()
+    import gzip
+
+    text = gzip.decompress(body).decode() if body[:2] == b"\x1f\x8b" else body.decode()
+    nvml = 0.0
+    for line in text.splitlines():
+        if line.startswith('boundwatch_source_duration_seconds{source="nvml"}'):
+            nvml = float(line.rsplit(" ", 1)[1])
+    return len(body), nvml
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the engine and the daemon, measure the daemon, write JSON."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    p.add_argument("--seconds", type=float, default=60.0)
+    p.add_argument("--warmup", type=float, default=15.0)
+    p.add_argument("--scrape-every", type=float, default=15.0)
+    p.add_argument("--out", default=str(ROOT / "bench/results/sidecar_beside_engine.json"))
+    args = p.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="bwside-"))
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env.update(PYTHONUNBUFFERED="1", BOUNDWATCH_AGENT_SOCKET=str(work / "agent.sock"))
+    stack_args = argparse.Namespace(device=args.device, agent="light", us_per_token=2.5, engine_json="")
+    url = f"http://127.0.0.1:{(port := lab.free_port())}"
+    result: dict[str, Any] = {
+        "bench": "sidecar_beside_engine",
+        **lab.gpu_info(),
+        "scrape_every": args.scrape_every,
+    }
+    stack = daemon = None
+    try:
+        stack = lab.Stack(stack_args, lab.free_port(), work, env)
+        stack.send("servers 4")
+        stack.send("load short 32 -")
+        daemon = lab.start_daemon(args, port, env, work)
+        lab.wait_for("the daemon", lambda: daemon_answers(url), 60)
+        time.sleep(args.warmup)
+        c0, r0, t0 = cpu_seconds(daemon.pid), rss_mib(daemon.pid), time.monotonic()
+        sizes, nvml = [], []
+        while time.monotonic() - t0 < args.seconds:
+            size, n = scrape(url)
+            sizes.append(size)
+            nvml.append(n)
+            time.sleep(max(0.0, min(args.scrape_every, args.seconds - (time.monotonic() - t0))))
+        c1, r1, t1 = cpu_seconds(daemon.pid), rss_mib(daemon.pid), time.monotonic()
+        snap = lab.latest(url)
+        result.update(
+            seconds=round(t1 - t0, 2),
+            daemon_cpu_share=round((c1 - c0) / (t1 - t0), 5),
+            rss_mib=[round(r0, 1), round(r1, 1)],
+            scrapes=len(sizes),
+            gzip_bytes=sizes[-1] if sizes else None,
+            nvml_read_seconds=nvml,
+            engines=[(e.name, len(e.api_servers)) for e in snap.engines] if snap else [],
+            sources={s.name: s.up for s in snap.sources} if snap else {},
+        )
+    except Exception as exc:
+        import traceback
+
+        result["error"] = "".join(traceback.format_exception(exc))[-3000:]
+    finally:
+        if stack is not None:
+            stack.stop()
+        if daemon is not None and daemon.poll() is None:
+            daemon.terminate()
+            daemon.wait(10)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1, default=str) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "error"}), result.get("error", "")[-1500:])
+    return 0 if "error" not in result else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

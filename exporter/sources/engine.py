@@ -1230,6 +1230,12 @@ class EngineSource:
             count, how = 1, "processes"
         cgroups: dict[str, CgroupCpu] = {}
         now = time.monotonic()
+        # The API servers' and the main process's cgroups are read every tick: a quota applied by
+        # moving them shows at once (issue 9's lab: 4-5 s of ticks without cpu_quota_throttled when
+        # they were read once per discovery period); the other processes' once per period.
+        fresh = {*target.api_server_pids, target.root_pid}
+        for pid in fresh:
+            self._cgroup_paths.pop(pid, None)
         for pid in dict.fromkeys((*target.engine_pids, *target.api_server_pids)):
             path = self._cgroup_of(pid)
             if path not in cgroups:
@@ -1252,7 +1258,7 @@ class EngineSource:
         return replace(reading, steps=dedup.step_count(reading))
 
     def _cgroup_of(self, pid: int) -> str:
-        """Return a process's cgroup path, read once per discovery period."""
+        """Return a process's cgroup path, read once per discovery period (or per tick, once dropped)."""
         path = self._cgroup_paths.get(pid)
         if path is None:
             path = self._cgroup_paths[pid] = cgroup_path_of(self.proc_root, pid)

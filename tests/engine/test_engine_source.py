@@ -277,6 +277,34 @@ async def test_a_local_multiprocess_engine_is_read_from_its_files_with_processes
     assert readings["sglang:30001"].error and readings["vllm:8002"].error
 
 
+async def test_api_servers_moved_into_a_throttled_cgroup_show_it_at_the_next_read(tmp_path):
+    import shutil
+
+    proc_root = tmp_path / "proc"
+    shutil.copytree(PROC, proc_root, symlinks=True)
+    cgroup_root = tmp_path / "cgroup"
+    shutil.copytree(HERE.parent / "fixtures" / "cgroup" / "v2", cgroup_root)
+    for pid in (4100, 4101, 4102, 4103, 4104, 4105):
+        (proc_root / str(pid) / "cgroup").write_text("0::/kubepods.slice/pod1\n")
+    source = EngineSource(config(), proc_root=str(proc_root), cgroup_root=str(cgroup_root))
+    try:
+        await source.read()  # CPU figures need a first sample
+        before = {r.name: r for r in await source.read()}["vllm:8001"]
+        for pid in (
+            4101,
+            4102,
+        ):  # what a quota on the API servers alone does: move them (the lab, an operator)
+            (proc_root / str(pid) / "cgroup").write_text("0::/kubepods.slice/pod1/ctr\n")
+        after = {r.name: r for r in await source.read()}["vllm:8001"]
+    finally:
+        await source.aclose()
+    assert {p.cgroup for p in before.api_servers} == {"/kubepods.slice/pod1"}
+    assert {p.cgroup for p in after.api_servers} == {
+        "/kubepods.slice/pod1/ctr"
+    }  # not a discovery period later
+    assert ("/kubepods.slice/pod1/ctr", 0.5) in [(c.path, c.quota_cores) for c in after.cgroups]
+
+
 async def test_spec_decode_acceptance_is_taken_over_the_recent_window(tmp_path):
     page = tmp_path / "spec.prom"
 

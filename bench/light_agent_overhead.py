@@ -153,6 +153,36 @@ def pause_probe(seconds: float) -> dict[str, Any]:
             "top5_us": [g / 1e3 for g in gaps[-5:]]}  # fmt: skip
 
 
+def captured_steps(torch: Any, body: Any) -> tuple[Any, Any]:
+    """Capture body() in a CUDA graph; return (step, raw step): replay and copy the tokens back (a sync).
+
+    The raw step replays through torch's own CUDAGraph.replay, around the light agent's hook.
+    """
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            body()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        tokens = body()
+    host = torch.empty_like(tokens, device="cpu").pin_memory()
+    original = getattr(type(g).replay, "__wrapped__", None) or type(g).replay
+
+    def step() -> Any:
+        g.replay()
+        host.copy_(tokens)  # the step's tokens back to the host: a sync, as in an engine
+        return host
+
+    def raw_step() -> Any:
+        original(g)
+        host.copy_(tokens)
+        return host
+
+    return step, raw_step
+
+
 def gpu_workloads(light: bool, seconds: float) -> dict[str, Any]:
     try:
         import torch
@@ -174,32 +204,10 @@ def gpu_workloads(light: bool, seconds: float) -> dict[str, Any]:
                 x = x + y
             return x.argmax(-1)
 
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                body()
-        torch.cuda.current_stream().wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            tokens = body()
-        host = torch.empty_like(tokens, device="cpu").pin_memory()
-
-        def decode_step(g: Any = g, tokens: Any = tokens, host: Any = host) -> Any:
-            g.replay()
-            host.copy_(tokens)  # the step's tokens back to the host: a sync, as in an engine
-            return host
-
+        decode_step, raw_step = captured_steps(torch, body)
         engine = cls(batch, decode_step)
         out[f"decode_b{batch}"] = timed_loop(engine.step, seconds)
         if light:  # the same step without the wrapper and the replay hook, side by side in this process
-            original = getattr(type(g).replay, "__wrapped__", None)
-
-            def raw_step(g: Any = g, tokens: Any = tokens, host: Any = host, original: Any = original) -> Any:
-                (original or type(g).replay)(g)
-                host.copy_(tokens)
-                return host
-
             bare = Engine(batch, raw_step)
             out[f"decode_b{batch}_same_process"] = interleaved(bare.step, engine.step, seconds)
             # Which part costs: the replay hook alone (no step wrapper), the step wrapper alone (replay unhooked).
@@ -245,32 +253,10 @@ def big_decode(torch: Any, cls: Any, light: bool, seconds: float) -> dict[str, A
             x = x + (torch.nn.functional.silu(g) * u) @ down * 0.01
         return x.argmax(-1)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            body()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        tokens = body()
-    host = torch.empty_like(tokens, device="cpu").pin_memory()
-
-    def step(g: Any = g) -> Any:
-        g.replay()
-        host.copy_(tokens)
-        return host
-
+    step, raw_step = captured_steps(torch, body)
     engine = cls(1, step)
     out["decode_8b"] = timed_loop(engine.step, seconds)
     if light:
-        original = getattr(type(g).replay, "__wrapped__", None)
-
-        def raw_step(g: Any = g) -> Any:
-            (original or type(g).replay)(g)
-            host.copy_(tokens)
-            return host
-
         out["decode_8b_same_process"] = interleaved(Engine(1, raw_step).step, engine.step, seconds, block=10)
     ws.clear()  # free the 14 GB of weights before the next workload
     torch.cuda.empty_cache()

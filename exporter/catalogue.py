@@ -367,6 +367,14 @@ ENGINE_PAGE_REFUSED_TOTAL = _m(
     ["engine", "reason"],
     "engine",
 )
+ENGINE_FLAGS_REFUSED = _m(
+    "boundwatch_engine_flags_refused",
+    "gauge",
+    "Values of the engine's CUDA-graph flags on its command line that could not be read (bad JSON, a bad "
+    "number) and were ignored; 0 when every one was read.",
+    ["engine"],
+    "engine",
+)
 ENGINE_SCRAPE_DURATION_SECONDS = _m(
     "boundwatch_engine_scrape_duration_seconds",
     "gauge",

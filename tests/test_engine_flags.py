@@ -27,8 +27,10 @@ SERVE = ["vllm", "serve", "deepseek-ai/DeepSeek-V4-Flash", "--max-num-seqs", "64
         (["--cuda-graph-sizes", "8", "16", "32", "--port", "8001"],
          GraphConfig(capture_limit=32, source="--cuda-graph-sizes")),
         # malformed or hostile values are ignored, never raised
-        (["-O", "{not json", "--cuda-graph-sizes", "-5"], None),
-        (["--max-cudagraph-capture-size", "9" * 5000], None),
+        (["-O", "{not json", "--cuda-graph-sizes", "-5"], GraphConfig(refused=1)),
+        (["--max-cudagraph-capture-size", "9" * 5000], GraphConfig(refused=1)),
+        (["-O", "[64]", "--cuda-graph-sizes", "8", "x", "32"],
+         GraphConfig(capture_limit=32, source="--cuda-graph-sizes", refused=2)),
     ],
 )  # fmt: skip
 def test_vllm_flags(extra: list[str], want: GraphConfig | None) -> None:

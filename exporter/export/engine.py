@@ -104,6 +104,9 @@ FAMILIES: tuple[Family, ...] = (
     Family(c.API_SERVER_PROCESS_CPU_RATIO, process_cpu),
     _per_engine(c.ENGINE_SCRAPE_DURATION_SECONDS, lambda e: e.scrape_seconds, fresh=False),
     Family(c.ENGINE_COUNTS_SOURCE, counts_source),
+    _per_engine(
+        c.ENGINE_FLAGS_REFUSED, lambda e: e.graph_config.refused if e.graph_config else 0.0, fresh=False
+    ),
     _per_engine(c.ENGINE_PAGE_AGE_SECONDS, lambda e: e.page_age_seconds),
     _per_engine(c.ENGINE_PROMPT_TOKENS_TOTAL, lambda e: e.prompt_tokens_total),
     _per_engine(c.ENGINE_GENERATION_TOKENS_TOTAL, lambda e: e.generation_tokens_total),

@@ -117,6 +117,7 @@ class GraphConfig:
     limit_in_tokens: bool = True
     spec_tokens: int = 0
     source: str = ""  # the flag or key that said it
+    refused: int = 0  # values given to these flags that could not be read (bad JSON, a bad number): ignored
 
     def eager_at(self, running: float) -> bool:
         """Say whether a decode step with this many running sequences runs without a CUDA graph."""

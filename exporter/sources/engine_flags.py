@@ -13,11 +13,13 @@ sequences; anything above falls back to eager mode. Read from the flags as each 
   `--speculative-num-draft-tokens`.
 
 Nothing is guessed: a default that depends on the version (vLLM's capture size) stays unknown.
-Values are bounded; a malformed one is ignored.
+Values are bounded; a malformed one is ignored and counted (`GraphConfig.refused`, exported as
+boundwatch_engine_flags_refused).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 
@@ -54,26 +56,53 @@ def _int(text: object) -> int | None:
     return value if 0 < value <= MAX_CAPTURE else None
 
 
-def _json(text: str) -> dict[str, object]:
-    try:
-        got = json.loads(text)
-    except ValueError:
-        return {}
-    return got if isinstance(got, dict) else {}
+class _Reader:
+    """Read one command line's flags, counting the values given that could not be read (bad JSON, a bad number)."""
 
+    def __init__(self, cmdline: Sequence[str]) -> None:
+        self.cmdline = cmdline
+        self.refused = 0
 
-def _max_of(values: Sequence[object]) -> int | None:
-    got = [v for v in (_int(x) for x in values) if v is not None]
-    return max(got) if got else None
+    def values(self, *names: str) -> list[str]:
+        return _values(self.cmdline, *names)
+
+    def number(self, value: object) -> int | None:
+        got = _int(value)
+        if got is None and value is not None:
+            self.refused += 1
+        return got
+
+    def max_of(self, values: Sequence[object]) -> int | None:
+        got = [v for v in (self.number(x) for x in values) if v is not None]
+        return max(got) if got else None
+
+    def json(self, text: str) -> dict[str, object]:
+        try:
+            got = json.loads(text)
+        except ValueError:
+            got = None
+        if not isinstance(got, dict):
+            self.refused += 1
+            return {}
+        return got
 
 
 def graph_config(kind: str, cmdline: Sequence[str]) -> GraphConfig | None:
-    """Return what the command line says about CUDA graphs, or None when it says nothing."""
+    """Return what the command line says about CUDA graphs (with the values it refused), or None when it says nothing."""
+    r = _Reader(cmdline)
+    got = _graph_config(kind, r)
+    if got is None:
+        return GraphConfig(refused=r.refused) if r.refused else None
+    return dataclasses.replace(got, refused=r.refused)
+
+
+def _graph_config(kind: str, r: _Reader) -> GraphConfig | None:
+    cmdline = r.cmdline
     if kind == "sglang":
         if "--disable-cuda-graph" in cmdline:
             return GraphConfig(off=True, source="--disable-cuda-graph")
-        bs = _max_of(_values(cmdline, "--cuda-graph-max-bs")) or _max_of(_values(cmdline, "--cuda-graph-bs"))
-        drafts = _int(next(iter(_values(cmdline, "--speculative-num-draft-tokens")), None))
+        bs = r.max_of(r.values("--cuda-graph-max-bs")) or r.max_of(r.values("--cuda-graph-bs"))
+        drafts = r.number(next(iter(r.values("--speculative-num-draft-tokens")), None))
         if bs is None:
             return None
         # SGLang captures per batch of sequences (each with its draft tokens)
@@ -86,8 +115,8 @@ def graph_config(kind: str, cmdline: Sequence[str]) -> GraphConfig | None:
     limit: int | None = None
     source = ""
     compilation: dict[str, object] = {}
-    for text in _values(cmdline, "-O", "--compilation-config"):
-        compilation.update(_json(text))
+    for text in r.values("-O", "--compilation-config"):
+        compilation.update(r.json(text))
     for arg in cmdline:  # dotted form: -O.key=value, --compilation-config.key=value
         for prefix in ("-O.", "--compilation-config."):
             if arg.startswith(prefix) and "=" in arg:
@@ -96,18 +125,18 @@ def graph_config(kind: str, cmdline: Sequence[str]) -> GraphConfig | None:
     mode = str(compilation.get("cudagraph_mode", "")).upper()
     if mode in ("NONE", "0"):
         return GraphConfig(off=True, source="cudagraph_mode=NONE")
-    if (v := _int(compilation.get("max_cudagraph_capture_size"))) is not None:
+    if (v := r.number(compilation.get("max_cudagraph_capture_size"))) is not None:
         limit, source = v, "max_cudagraph_capture_size"
     sizes = compilation.get("cudagraph_capture_sizes")
-    if limit is None and isinstance(sizes, list) and (v := _max_of(sizes)) is not None:
+    if limit is None and isinstance(sizes, list) and (v := r.max_of(sizes)) is not None:
         limit, source = v, "cudagraph_capture_sizes"
-    if limit is None and (v := _max_of(_values(cmdline, "--max-cudagraph-capture-size"))) is not None:
+    if limit is None and (v := r.max_of(r.values("--max-cudagraph-capture-size"))) is not None:
         limit, source = v, "--max-cudagraph-capture-size"
-    if limit is None and (v := _max_of(_values(cmdline, "--cuda-graph-sizes"))) is not None:
+    if limit is None and (v := r.max_of(r.values("--cuda-graph-sizes"))) is not None:
         limit, source = v, "--cuda-graph-sizes"
     spec = 0
-    for text in _values(cmdline, "--speculative-config", "--speculative_config"):
-        spec = _int(_json(text).get("num_speculative_tokens")) or spec
+    for text in r.values("--speculative-config", "--speculative_config"):
+        spec = r.number(r.json(text).get("num_speculative_tokens")) or spec
     if limit is None:
         return None
     return GraphConfig(capture_limit=limit, limit_in_tokens=True, spec_tokens=spec, source=source)

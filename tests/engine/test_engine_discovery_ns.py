@@ -84,7 +84,7 @@ def test_the_batch_limit_comes_from_the_engine_command_line_or_its_config_file(t
     assert {e["name"]: e["max_num_seqs"] for e in got["engines"]} == limits  # in every reading, page or not
     graphs = {e["name"]: e["graph_config"] for e in got["engines"]}
     assert graphs["vllm:18001"] == {"off": False, "capture_limit": 64, "limit_in_tokens": True, "spec_tokens": 1,
-                                    "source": "max_cudagraph_capture_size"}  # fmt: skip
+                                    "source": "max_cudagraph_capture_size", "refused": 0}  # fmt: skip
     assert graphs["sglang:18004"]["off"] is True and graphs["vllm:18003"] is None
 
 

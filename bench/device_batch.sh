@@ -11,6 +11,7 @@
 #   side       bench/sidecar_beside_engine.py (real NVML, 15 s scrapes) -> sidecar_beside_engine_h200.json
 #   nvml       bench/nvml_calls.py (NVML per call and per tick)     -> nvml_calls_h200.json
 #   truth      bench/agent_graph_truth.py, late starts at b=1 and 8  -> agent_graph_truth_late_h200.json
+#   parts      bench/light_step_parts.py (the light step's parts, paired) -> light_step_parts_h200.json
 set -u
 O=${OUT:-/tmp/batch-out}
 mkdir -p "$O"
@@ -49,6 +50,9 @@ for step in ${STEPS:-env}; do
       timeout 200 python3 bench/agent_graph_truth.py --batches 1,8 --gaps 0 --seconds 3 \
         --only early_graphtrace,late_kernels,late_precapture --out "$O/agent_graph_truth_late_h200.json" \
         > /tmp/truth.log 2>&1; echo "truth rc=$?"; tail -8 /tmp/truth.log ;;
+    parts)
+      timeout 300 python3 bench/light_step_parts.py --seconds "${PARTS_SECONDS:-4}" \
+        --out "$O/light_step_parts_h200.json" > /tmp/parts.log 2>&1; echo "parts rc=$?"; grep -E '^\||clocksource|Error|Traceback' /tmp/parts.log | tail -40 ;;
     lab:*)
       mode=${step#lab:}
       timeout "${LAB_T:-330}" python3 bench/scenarios/lab.py --agent "$mode" --scale "$SCALE" \

@@ -160,7 +160,14 @@ def _vllm_limits(core: Any) -> tuple[int, int]:
     return limit, dp
 
 
-def wrap_step(step: Any, engine: str, batch_of: Any, counts_of: Any = None, clock: Any = time.time_ns) -> Any:
+def wrap_step(
+    step: Any,
+    engine: str,
+    batch_of: Any,
+    counts_of: Any = None,
+    clock: Any = time.time_ns,
+    sample_ns: int = 0,
+) -> Any:
     """Return step wrapped to time each call that ran the model, with the same arguments and result.
 
     batch_of(core, n) returns the scheduled tokens and sequences of the n steps being handed over.
@@ -169,10 +176,11 @@ def wrap_step(step: Any, engine: str, batch_of: Any, counts_of: Any = None, cloc
     counts and the hand-over to the tracker happen once per STEP_SAMPLE_NS for the steps since (the
     light agent), or after every step where CUPTI attaches GPU time to each (per_step). Steps still
     pending when the engine stops stepping are handed over by the agent's thread (`flush_pending`).
+    sample_ns, where set, replaces STEP_SAMPLE_NS for this wrapper (benchmarks compare periods).
     """
     # steps, their wall ns, the last hand-over's end, steps and wall handed over, sampling period,
-    # the newest step's end
-    acc = [0, 0, 0, 0, 0, 0, 0]
+    # the newest step's end, this wrapper's own period (0: STEP_SAMPLE_NS)
+    acc = [0, 0, 0, 0, 0, 0, 0, max(0, int(sample_ns))]
     core_ref: list[Any] = [None]
     if len(_wrappers) < MAX_CACHE:
         _wrappers.append((acc, engine, batch_of, counts_of, core_ref))
@@ -227,7 +235,7 @@ def _record_step(
         if n <= 0:
             return
         acc[2], acc[3], acc[4] = t1, steps, walls
-        acc[5] = 0 if tracker.per_step else STEP_SAMPLE_NS
+        acc[5] = 0 if tracker.per_step else (acc[7] or STEP_SAMPLE_NS)
         if core_ref[0] is None:
             try:
                 core_ref[0] = weakref.ref(core)

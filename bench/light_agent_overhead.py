@@ -104,7 +104,7 @@ def timed_loop(fn: Any, seconds: float) -> dict[str, Any]:
     }
 
 
-def interleaved(raw: Any, hooked: Any, seconds: float, block: int = 50) -> dict[str, Any]:
+def interleaved(raw: Any, hooked: Any, seconds: float, block: int = 10) -> dict[str, Any]:
     """Alternate blocks of `block` calls of raw() and hooked() in this process; return the per-call cost.
 
     Fresh processes differ by several percent in throughput on this machine (same code, same GPU), so a
@@ -257,7 +257,7 @@ def big_decode(torch: Any, cls: Any, light: bool, seconds: float) -> dict[str, A
     engine = cls(1, step)
     out["decode_8b"] = timed_loop(engine.step, seconds)
     if light:
-        out["decode_8b_same_process"] = interleaved(Engine(1, raw_step).step, engine.step, seconds, block=10)
+        out["decode_8b_same_process"] = interleaved(Engine(1, raw_step).step, engine.step, seconds, block=4)
     ws.clear()  # free the 14 GB of weights before the next workload
     torch.cuda.empty_cache()
     return out

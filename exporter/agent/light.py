@@ -1,8 +1,10 @@
 """The light agent: engine steps and CUDA-graph counts from Python hooks, sent every flush_s, no CUPTI.
 
-The agent's thread wakes every `flush_s`, takes the step totals and the graph counters (a few
-reads and one small JSON datagram: tens of microseconds with the GIL) and sends them, dropping
-rather than blocking. It never loads libcupti nor imports a CUPTI module.
+The agent's thread wakes every `plugins.HANDOVER_S` to take the steps the engine's thread counted
+(with the batch and the scheduler's counts of that moment), and every `flush_s` takes the step
+totals and the graph counters (a few reads and one small JSON datagram: tens of microseconds with
+the GIL) and sends them, dropping rather than blocking. It never loads libcupti nor imports a
+CUPTI module.
 """
 
 from __future__ import annotations
@@ -54,17 +56,24 @@ class LightAgent:
         return self.state
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.settings.flush_s):
+        flush_s = self.settings.flush_s
+        period = min(flush_s, plugins.HANDOVER_S)
+        next_send = time.monotonic() + flush_s
+        while not self._stop.wait(period):
             t = time.perf_counter_ns()
             try:
-                self.tick()
+                if time.monotonic() >= next_send:
+                    next_send = max(next_send + flush_s, time.monotonic() + period)
+                    self.tick()
+                else:
+                    plugins.flush_pending(self.steps, 0)  # the engines' steps since, off their thread
             except Exception as exc:  # never let the thread die silently
                 self.detail = f"agent loop: {type(exc).__name__}: {exc}"[:400]
             self.tick_ns_max = max(self.tick_ns_max, time.perf_counter_ns() - t)
 
     def tick(self, force: bool = False, final: bool = False) -> None:
         """Send what the hooks counted since the last tick (a heartbeat once a second when nothing)."""
-        plugins.flush_pending(self.steps, 0 if final else 2 * plugins.STEP_SAMPLE_NS)  # an idle engine's
+        plugins.flush_pending(self.steps, 0)  # every engine's steps since the last hand-over
         time.sleep(0)  # hand the GIL back between phases: the engine's thread never waits on a whole tick
         steps = self.steps.take(final=True)
         now = time.monotonic_ns()

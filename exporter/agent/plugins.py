@@ -25,9 +25,16 @@ _patched: set[str] = set()
 _steps_started: list[bool] = []
 _cache: dict[int, tuple[Any, ...]] = {}  # id(engine or runner) -> what its config says (read once)
 MAX_CACHE = 64
-# The light agent hands an engine's steps to its tracker at most this often (the steps in between are
-# counted and timed with two clock reads): the batch and scheduler counts are sampled at 100 Hz.
-STEP_SAMPLE_NS = 10_000_000
+# The light agent's own thread hands an engine's steps to its tracker every HANDOVER_S (the batch and
+# the scheduler's counts are sampled then, at 10 Hz), so the engine's thread only counts and times
+# each step (two clock reads, three stores): work done between two steps delays the next launch,
+# while the agent's thread runs as the engine's thread waits on the GPU with the GIL released.
+# Measured on the H200 (bench/light_step_parts.py): handing over on the engine's thread every 10 ms
+# cost 5-15 us a step on 1.4-4.2 ms decode steps, against 1.5-2.9 us for counting alone. The
+# engine's thread still hands over once per STEP_SAMPLE_NS itself, a backstop should the agent's
+# thread not run.
+HANDOVER_S = 0.1
+STEP_SAMPLE_NS = 2_000_000_000
 _wrappers: list[tuple[list[int], str, Any, Any, list[Any]]] = []  # every wrap_step's counters (flush_pending)
 _handover = threading.Lock()
 
@@ -172,11 +179,12 @@ def wrap_step(
 
     batch_of(core, n) returns the scheduled tokens and sequences of the n steps being handed over.
 
-    Every model step is counted and timed (two clock reads, three stores); the batch, the scheduler's
-    counts and the hand-over to the tracker happen once per STEP_SAMPLE_NS for the steps since (the
-    light agent), or after every step where CUPTI attaches GPU time to each (per_step). Steps still
-    pending when the engine stops stepping are handed over by the agent's thread (`flush_pending`).
-    sample_ns, where set, replaces STEP_SAMPLE_NS for this wrapper (benchmarks compare periods).
+    Every model step is counted and timed on the engine's thread (two clock reads, three stores).
+    The light agent's thread hands the steps since over to the tracker every HANDOVER_S, with the
+    batch and the scheduler's counts of that moment (`flush_pending`); the engine's thread does so
+    itself only at its first step and then at most once per STEP_SAMPLE_NS (or sample_ns, where
+    set), or after every step where CUPTI attaches GPU time to each (per_step). A hand-over that
+    falls between a step's count and its wall time gives that wall time to the next hand-over.
     """
     # steps, their wall ns, the last hand-over's end, steps and wall handed over, sampling period,
     # the newest step's end, this wrapper's own period (0: STEP_SAMPLE_NS)
@@ -247,7 +255,7 @@ def _record_step(
 
 
 def flush_pending(tracker: Any, idle_ns: int, now_ns: int | None = None) -> None:
-    """Hand over to tracker the steps that wait for a next step that has not come for idle_ns (agent's thread; at stop, 0)."""
+    """Hand over to tracker the steps counted since the last hand-over whose newest ended idle_ns ago or more (agent's thread)."""
     now = time.time_ns() if now_ns is None else now_ns
     for acc, engine, batch_of, counts_of, core_ref in list(_wrappers):
         if acc[0] > acc[3] and now - acc[6] >= idle_ns and core_ref[0] is not None:
@@ -263,10 +271,16 @@ def _patch_vllm_engine_core(core_mod: Any) -> None:
     engine_core = getattr(core_mod, "EngineCore", None)
     if engine_core is None or "vllm_engine" in _patched:
         return
-    last: dict[int, tuple[int, int]] = {}
+    # scheduled tokens and sequences: totals written by the engine's thread (the schedule wrapper),
+    # and what the hand-overs took so far (under _handover, on either thread): no update is lost
+    last = [0, 0]
+    taken = [0, 0]
 
     def batch_of(core: Any, n: int) -> tuple[int, int]:
-        return last.pop(0, (0, 0))
+        tokens, seqs = last[0], last[1]
+        got = (tokens - taken[0], seqs - taken[1])
+        taken[0], taken[1] = tokens, seqs
+        return got
 
     def step_wrapper(fn: Any) -> Any:
         counted = wrap_step(fn, "vllm", batch_of, vllm_counts)
@@ -295,7 +309,7 @@ def _patch_vllm_engine_core(core_mod: Any) -> None:
         _patched.add("vllm_engine")  # the light agent starts at the first step (EngineCore only)
 
 
-def _patch_schedule(sched_cls: Any, last: dict[int, tuple[int, int]]) -> None:
+def _patch_schedule(sched_cls: Any, last: list[int]) -> None:
     schedule = getattr(sched_cls, "schedule", None)
     if sched_cls is None or schedule is None or getattr(schedule, "__boundwatch__", False):
         return
@@ -305,8 +319,8 @@ def _patch_schedule(sched_cls: Any, last: dict[int, tuple[int, int]]) -> None:
         output = schedule(self, *args, **kwargs)
         try:
             tokens, seqs = scheduled_batch(output)
-            before = last.get(0)  # summed until the step wrapper hands the steps over
-            last[0] = (tokens, seqs) if before is None else (before[0] + tokens, before[1] + seqs)
+            last[0] += tokens  # totals, only ever added to here; a hand-over takes the difference
+            last[1] += seqs
         except Exception:
             pass
         return output

@@ -74,7 +74,7 @@ def test_scheduled_batch_reads_vllm_scheduler_output_or_gives_zero() -> None:
     assert scheduled_batch(object()) == (0, 0)
 
 
-def test_light_steps_are_counted_every_step_and_handed_over_at_most_every_sample_period() -> None:
+def test_light_steps_are_counted_on_the_engine_thread_and_handed_over_by_the_agent() -> None:
     from exporter import agent
     from exporter.agent import plugins
 
@@ -103,6 +103,7 @@ def test_light_steps_are_counted_every_step_and_handed_over_at_most_every_sample
 
     rec = Recorder()
     agent._agent = rec
+    plugins._wrappers.clear()
     try:
         wrapped = wrap_step(
             Core.step, "vllm", lambda core, n: (8 * n, 8 * n), counts_of, clock=lambda: now[0]
@@ -110,22 +111,84 @@ def test_light_steps_are_counted_every_step_and_handed_over_at_most_every_sample
         core = Core(now)
         for _ in range(30):  # 20 model steps of 2 ms, 10 calls that ran no model
             wrapped(core)
-        handed = len(counts)
-        plugins.flush_pending(rec.steps, 20 * MS, now_ns=now[0] + 5 * MS)  # not idle long enough
-        assert len(counts) == handed
-        plugins.flush_pending(rec.steps, 20 * MS, now_ns=now[0] + 25 * MS)  # the agent's thread, engine idle
-        assert len(counts) == handed + 1
+        assert counts == [1]  # the engine's thread handed over its first step only
+        plugins.flush_pending(rec.steps, 0, now_ns=now[0])  # the agent's thread, every HANDOVER_S
+        assert counts == [1, 30]
+        plugins.flush_pending(rec.steps, 0, now_ns=now[0])  # nothing new: nothing handed over
+        assert counts == [1, 30]
         first = rec.steps.take(final=True)
         assert sum(s.n for s in first) == 20 and sum(sum(s.hist) for s in first) == 20
         assert sum(s.wall for s in first) == 20 * 2 * MS
         assert sum(s.tokens for s in first) == 20 * 8 and sum(s.seqs for s in first) == 20 * 8
-        now[0] += 500 * MS
+        now[0] += 3_000 * MS  # past STEP_SAMPLE_NS: the engine's own backstop hands over
         wrapped(core)
+        assert counts == [1, 30, 31]
     finally:
         agent._agent = None
-    # handed over at the first step, then once >= 10 ms had passed: not after each of the 21 steps
-    assert len(counts) < 9 and counts[0] == 1
+        plugins._wrappers.clear()
     totals = rec.steps.take(final=True)
-    assert sum(s.n for s in totals) == 1  # the step after the idle gap
+    assert sum(s.n for s in totals) == 1  # the step after the gap
     assert sum(s.wall for s in totals) == 2 * MS and sum(s.tokens for s in totals) == 8
-    assert plugins.STEP_SAMPLE_NS == 10 * MS
+    assert plugins.STEP_SAMPLE_NS >= 1_000_000_000 and plugins.HANDOVER_S <= 0.1
+
+
+def test_vllm_steps_handed_over_between_schedule_and_step_lose_no_scheduled_token() -> None:
+    """The patched EngineCore: hand-overs by the agent's thread between any two calls keep totals exact."""
+    import types
+
+    from exporter import agent
+    from exporter.agent import plugins
+
+    class Out:
+        def __init__(self, tokens: int, seqs: int) -> None:
+            self.total_num_scheduled_tokens = tokens
+            self.num_scheduled_tokens = {f"r{i}": 1 for i in range(seqs)}
+
+    class Scheduler:
+        def __init__(self) -> None:
+            self.batches = [(320, 2), (8, 8), (512, 1), (16, 16)]
+
+        def schedule(self) -> Out:
+            return Out(*self.batches.pop(0))
+
+        def get_request_counts(self) -> tuple[int, int]:
+            return 2, 0
+
+    class EngineCore:
+        def __init__(self) -> None:
+            self.scheduler = Scheduler()
+
+        def step(self) -> tuple[dict[int, str], bool]:
+            self.scheduler.schedule()
+            return {0: "out"}, True
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.steps = StepTracker()
+            self.steps.per_step = False
+            self.steps.lag_ns = 0
+
+    saved = set(plugins._patched)
+    plugins._patched.discard("vllm_engine")
+    plugins._wrappers.clear()
+    rec = Recorder()
+    agent._agent = rec
+    try:
+        plugins._patch_vllm_engine_core(types.SimpleNamespace(EngineCore=EngineCore))
+        core = EngineCore()
+        core.step()  # the first step: handed over by the engine's thread
+        plugins.flush_pending(rec.steps, 0)  # nothing new
+        core.step()
+        core.step()
+        plugins.flush_pending(rec.steps, 0)  # the agent's thread: two steps
+        core.step()
+        plugins.flush_pending(rec.steps, 0)
+        totals = rec.steps.take(final=True)
+    finally:
+        agent._agent = None
+        plugins._wrappers.clear()
+        plugins._patched.clear()
+        plugins._patched.update(saved)
+    assert sum(s.n for s in totals) == 4
+    assert sum(s.tokens for s in totals) == 320 + 8 + 512 + 16
+    assert sum(s.seqs for s in totals) == 2 + 8 + 1 + 16

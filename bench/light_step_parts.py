@@ -12,7 +12,7 @@ light agent running (its thread, its tracker), each variant against the bare ste
   alone; the agent's thread hands over);
 - wrap_10ms / wrap_100ms: wrap_step with the engine's thread handing over every 10 ms (session 4's
   shipped behaviour) / 100 ms;
-- wrap_shipped: wrap_step as shipped now (the agent's thread hands over every HANDOVER_S);
+- wrap_shipped: wrap_step as shipped now (the agent's thread hands over at its tick, every 0.5 s);
 - hook: the bare step replaying through the light CUDAGraph hook;
 - light: wrap_step as shipped with the hooked replay (what an engine runs).
 

@@ -25,15 +25,14 @@ _patched: set[str] = set()
 _steps_started: list[bool] = []
 _cache: dict[int, tuple[Any, ...]] = {}  # id(engine or runner) -> what its config says (read once)
 MAX_CACHE = 64
-# The light agent's own thread hands an engine's steps to its tracker every HANDOVER_S (the batch and
-# the scheduler's counts are sampled then, at 10 Hz), so the engine's thread only counts and times
-# each step (two clock reads, three stores): work done between two steps delays the next launch,
-# while the agent's thread runs as the engine's thread waits on the GPU with the GIL released.
-# Measured on the H200 (bench/light_step_parts.py): handing over on the engine's thread every 10 ms
-# cost 5-15 us a step on 1.4-4.2 ms decode steps, against 1.5-2.9 us for counting alone. The
-# engine's thread still hands over once per STEP_SAMPLE_NS itself, a backstop should the agent's
-# thread not run.
-HANDOVER_S = 0.1
+# The light agent's own thread hands an engine's steps to its tracker at each of its ticks (every
+# flush_s, 0.5 s: the batch and the scheduler's counts are sampled then, as a page read each tick
+# would), so the engine's thread only counts and times each step (two clock reads, three stores):
+# work done between two steps delays the next launch, while the agent's thread runs as the
+# engine's thread waits on the GPU with the GIL released. Measured on the H200
+# (bench/light_step_parts.py): handing over on the engine's thread every 10 ms cost 9-17 us a step
+# on 1.4-4.2 ms decode steps, the agent's thread doing it 6-7 us. The engine's thread still hands
+# over once per STEP_SAMPLE_NS itself, a backstop should the agent's thread not run.
 STEP_SAMPLE_NS = 2_000_000_000
 _wrappers: list[tuple[list[int], str, Any, Any, list[Any]]] = []  # every wrap_step's counters (flush_pending)
 _handover = threading.Lock()
@@ -180,7 +179,7 @@ def wrap_step(
     batch_of(core, n) returns the scheduled tokens and sequences of the n steps being handed over.
 
     Every model step is counted and timed on the engine's thread (two clock reads, three stores).
-    The light agent's thread hands the steps since over to the tracker every HANDOVER_S, with the
+    The light agent's thread hands the steps since over to the tracker at each tick, with the
     batch and the scheduler's counts of that moment (`flush_pending`); the engine's thread does so
     itself only at its first step and then at most once per STEP_SAMPLE_NS (or sample_ns, where
     set), or after every step where CUPTI attaches GPU time to each (per_step). A hand-over that

@@ -216,6 +216,63 @@ def test_light_agent_sends_steps_and_graph_counts_on_the_wire(tmp_path: Path) ->
     assert agent.tick_ns_max < 50 * MS
 
 
+def test_the_agents_thread_hands_over_steps_of_an_engine_that_never_pauses(tmp_path: Path) -> None:
+    """The engine's thread only counts (its own hand-over is a 2 s backstop): the agent's tick takes them."""
+    import threading
+
+    from exporter import agent as agent_pkg
+    from exporter.agent import plugins
+
+    path = str(tmp_path / "agent.sock")
+    rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    rx.bind(path)
+    rx.settimeout(0.05)
+    light = LightAgent(Settings(socket=path, role="vllm_engine", flush_s=0.05))
+
+    class Core:
+        def step(self) -> tuple[dict[int, str], bool]:
+            time.sleep(0.001)
+            return {0: "out"}, True
+
+    wrapped = plugins.wrap_step(Core.step, "vllm", lambda core, n: (4 * n, 4 * n))
+    core, done, count = Core(), threading.Event(), [0]
+
+    def engine() -> None:
+        while not done.is_set():
+            wrapped(core)
+            count[0] += 1
+
+    saved, agent_pkg._agent = agent_pkg._agent, light
+    light.start()
+    t = threading.Thread(target=engine)
+    t.start()
+    during: list[wire.Message] = []
+    deadline = time.monotonic() + 0.6
+    try:
+        while time.monotonic() < deadline:
+            try:
+                during.append(wire.decode(rx.recv(wire.MAX_DATAGRAM_BYTES)))
+            except TimeoutError:
+                pass
+        done.set()
+        t.join()
+        light.stop()
+        after = []
+        try:
+            while True:
+                after.append(wire.decode(rx.recv(wire.MAX_DATAGRAM_BYTES)))
+        except TimeoutError:
+            pass
+    finally:
+        done.set()
+        agent_pkg._agent = saved
+        plugins._wrappers.clear()
+        rx.close()
+    while_stepping = sum(s.n for m in during for s in m.steps)
+    assert while_stepping > count[0] // 3  # the agent's ticks took them while the engine kept stepping
+    assert while_stepping + sum(s.n for m in after for s in m.steps) == count[0]  # none lost, none twice
+
+
 def test_asking_for_cupti_later_upgrades_the_light_agent_in_place(tmp_path: Path) -> None:
     code = """
 import json

@@ -112,7 +112,7 @@ def test_light_steps_are_counted_on_the_engine_thread_and_handed_over_by_the_age
         for _ in range(30):  # 20 model steps of 2 ms, 10 calls that ran no model
             wrapped(core)
         assert counts == [1]  # the engine's thread handed over its first step only
-        plugins.flush_pending(rec.steps, 0, now_ns=now[0])  # the agent's thread, every HANDOVER_S
+        plugins.flush_pending(rec.steps, 0, now_ns=now[0])  # the agent's thread, at its tick
         assert counts == [1, 30]
         plugins.flush_pending(rec.steps, 0, now_ns=now[0])  # nothing new: nothing handed over
         assert counts == [1, 30]
@@ -129,7 +129,7 @@ def test_light_steps_are_counted_on_the_engine_thread_and_handed_over_by_the_age
     totals = rec.steps.take(final=True)
     assert sum(s.n for s in totals) == 1  # the step after the gap
     assert sum(s.wall for s in totals) == 2 * MS and sum(s.tokens for s in totals) == 8
-    assert plugins.STEP_SAMPLE_NS >= 1_000_000_000 and plugins.HANDOVER_S <= 0.1
+    assert plugins.STEP_SAMPLE_NS >= 1_000_000_000
 
 
 def test_vllm_steps_handed_over_between_schedule_and_step_lose_no_scheduled_token() -> None:

@@ -7,6 +7,7 @@ light agent running (its thread, its tracker), each variant against the bare ste
 
 - aa: the bare step against another bare step (the resolution of the measure);
 - frame: a plain Python pass-through wrapper (one more frame, *args / **kwargs);
+- frame_self: the same taking only self (the signature wrap_step now gives vLLM's step);
 - frame_time_ns: the same with two time.time_ns() reads;
 - wrap_fast: the plugin's wrap_step with the engine's thread never handing over (the per-step path
   alone; the agent's thread hands over);
@@ -14,7 +15,9 @@ light agent running (its thread, its tracker), each variant against the bare ste
   shipped behaviour) / 100 ms;
 - wrap_shipped: wrap_step as shipped now (the agent's thread hands over at its tick, every 0.5 s);
 - hook: the bare step replaying through the light CUDAGraph hook;
-- light: wrap_step as shipped with the hooked replay (what an engine runs).
+- light: wrap_step as shipped with the hooked replay;
+- vllm_light: the vLLM plugin's own EngineCore patch (scheduler patched at the first step, no
+  frame of its own) with the hooked replay: what a vLLM engine core runs.
 
 Pairs of blocks (bare, variant) alternate their order; the result per variant is the median of the
 paired per-step differences with a distribution-free 95% interval of that median (order statistics),
@@ -122,10 +125,22 @@ def variants(cls_engine: Any, raw_step: Any, hooked_step: Any, batch: int) -> di
         )
         return cls(batch, body).step
 
-    def frame(clock: Any = None) -> Any:
+    def vllm_patched(body: Any) -> Any:
+        import types
+
+        cls = type("EngineCore", (lao.Engine,), {"step": lao.Engine.step})
+        plugins._patched.discard("vllm_engine")  # once per process otherwise; one class per workload here
+        plugins._patch_vllm_engine_core(types.SimpleNamespace(EngineCore=cls))
+        return cls(batch, body).step
+
+    def frame(clock: Any = None, only_self: bool = False) -> Any:
         inner = lao.Engine.step
 
-        if clock is None:
+        if only_self:
+
+            def w(self: Any) -> Any:
+                return inner(self)
+        elif clock is None:
 
             @functools.wraps(inner)
             def w(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -147,6 +162,7 @@ def variants(cls_engine: Any, raw_step: Any, hooked_step: Any, batch: int) -> di
     return {
         "aa": lao.Engine(batch, raw_step).step,
         "frame": frame(),
+        "frame_self": frame(only_self=True),
         "frame_time_ns": frame(time.time_ns),
         "wrap_fast": wrap(10**15, raw_step),
         "wrap_10ms": wrap(10_000_000, raw_step),
@@ -154,6 +170,7 @@ def variants(cls_engine: Any, raw_step: Any, hooked_step: Any, batch: int) -> di
         "wrap_shipped": wrap(0, raw_step),
         "hook": lao.Engine(batch, hooked_step).step,
         "light": wrap(0, hooked_step),
+        "vllm_light": vllm_patched(hooked_step),
     }
 
 

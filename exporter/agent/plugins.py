@@ -34,7 +34,9 @@ MAX_CACHE = 64
 # on 1.4-4.2 ms decode steps, the agent's thread doing it 6-7 us. The engine's thread still hands
 # over once per STEP_SAMPLE_NS itself, a backstop should the agent's thread not run.
 STEP_SAMPLE_NS = 2_000_000_000
-_wrappers: list[tuple[list[int], str, Any, Any, list[Any]]] = []  # every wrap_step's counters (flush_pending)
+_wrappers: list[
+    tuple[list[int], str, Any, Any, list[Any], Any]
+] = []  # every wrap_step's counters (flush_pending)
 _handover = threading.Lock()
 
 
@@ -173,10 +175,13 @@ def wrap_step(
     counts_of: Any = None,
     clock: Any = time.time_ns,
     sample_ns: int = 0,
+    prepare: Any = None,
 ) -> Any:
     """Return step wrapped to time each call that ran the model, with the same arguments and result.
 
-    batch_of(core, n) returns the scheduled tokens and sequences of the n steps being handed over.
+    batch_of(core, n) returns the scheduled tokens and sequences of the n steps being handed over;
+    prepare(core), where given, runs before the first step and at every hand-over (vLLM's patches
+    its scheduler class there, not in a frame of its own around every step).
 
     Every model step is counted and timed on the engine's thread (two clock reads, three stores).
     The light agent's thread hands the steps since over to the tracker at each tick, with the
@@ -184,37 +189,74 @@ def wrap_step(
     itself only at its first step and then at most once per STEP_SAMPLE_NS (or sample_ns, where
     set), or after every step where CUPTI attaches GPU time to each (per_step). A hand-over that
     falls between a step's count and its wall time gives that wall time to the next hand-over.
+    A step that takes only self (vLLM's EngineCore.step) gets a wrapper of that signature: on the
+    H200 each frame on a GPU step's path costs microseconds (bench/light_step_parts.py).
     """
     # steps, their wall ns, the last hand-over's end, steps and wall handed over, sampling period,
     # the newest step's end, this wrapper's own period (0: STEP_SAMPLE_NS)
     acc = [0, 0, 0, 0, 0, 0, 0, max(0, int(sample_ns))]
     core_ref: list[Any] = [None]
     if len(_wrappers) < MAX_CACHE:
-        _wrappers.append((acc, engine, batch_of, counts_of, core_ref))
+        _wrappers.append((acc, engine, batch_of, counts_of, core_ref, prepare))
 
-    @functools.wraps(step)
-    def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not acc[2]:  # until the first hand-over: mode counts made inside the step are this engine's
-            tracker = _tracker()
-            if tracker is not None:
-                tracker.engine_here = True
-        t0 = clock()
-        result = step(self, *args, **kwargs)
-        t1 = clock()
-        if isinstance(result, tuple) and len(result) == 2 and result[1] is False:
-            return result  # no model step ran (EngineCore.step's model_executed)
-        acc[0] += 1
-        acc[1] += t1 - t0
-        acc[6] = t1
-        if t1 - acc[2] < acc[5]:
-            return result
+    def first(core: Any) -> None:
+        tracker = _tracker()  # until the first hand-over: mode counts made inside the step are this engine's
+        if tracker is not None:
+            tracker.engine_here = True
+        if prepare is not None:
+            try:
+                prepare(core)
+            except Exception:
+                pass
+
+    def handover(core: Any) -> None:
         try:
-            _record_step(self, engine, batch_of, counts_of, acc, core_ref)
+            _record_step(core, engine, batch_of, counts_of, acc, core_ref, prepare=prepare)
         except Exception:
             pass
-        return result
 
+    wrapped = _timed(step, acc, clock, first, handover)
+    functools.update_wrapper(wrapped, step)
     wrapped.__boundwatch__ = True  # type: ignore[attr-defined]
+    return wrapped
+
+
+def _timed(step: Any, acc: list[int], clock: Any, first: Any, handover: Any) -> Any:
+    """Return the per-step wrapper of wrap_step: count and time each model step, hand over when due."""
+    # The two bodies below are the same but for the call's signature (a frame costs; see above).
+    if hooks._takes_only_self(step):
+
+        def wrapped(self: Any) -> Any:
+            if not acc[2]:
+                first(self)
+            t0 = clock()
+            result = step(self)
+            t1 = clock()
+            if isinstance(result, tuple) and len(result) == 2 and result[1] is False:
+                return result  # no model step ran (EngineCore.step's model_executed)
+            acc[0] += 1
+            acc[1] += t1 - t0
+            acc[6] = t1
+            if t1 - acc[2] >= acc[5]:
+                handover(self)
+            return result
+    else:
+
+        def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[misc]
+            if not acc[2]:
+                first(self)
+            t0 = clock()
+            result = step(self, *args, **kwargs)
+            t1 = clock()
+            if isinstance(result, tuple) and len(result) == 2 and result[1] is False:
+                return result
+            acc[0] += 1
+            acc[1] += t1 - t0
+            acc[6] = t1
+            if t1 - acc[2] >= acc[5]:
+                handover(self)
+            return result
+
     return wrapped
 
 
@@ -226,6 +268,7 @@ def _record_step(
     acc: list[int],
     core_ref: list[Any],
     tracker: Any = None,
+    prepare: Any = None,
 ) -> None:
     """Hand the steps counted since the last hand-over to the tracker, with the newest batch and counts."""
     tracker = tracker or _tracker()
@@ -248,6 +291,11 @@ def _record_step(
                 core_ref[0] = weakref.ref(core)
             except TypeError:
                 core_ref[0] = lambda: None
+        if prepare is not None:
+            try:
+                prepare(core)
+            except Exception:
+                pass
         tokens, seqs = batch_of(core, n)
         counts = counts_of(core) if counts_of is not None else ()
         tracker.record(engine, t1 - wall, t1, tokens, seqs, *counts, n=n)
@@ -256,12 +304,12 @@ def _record_step(
 def flush_pending(tracker: Any, idle_ns: int, now_ns: int | None = None) -> None:
     """Hand over to tracker the steps counted since the last hand-over whose newest ended idle_ns ago or more (agent's thread)."""
     now = time.time_ns() if now_ns is None else now_ns
-    for acc, engine, batch_of, counts_of, core_ref in list(_wrappers):
+    for acc, engine, batch_of, counts_of, core_ref, prepare in list(_wrappers):
         if acc[0] > acc[3] and now - acc[6] >= idle_ns and core_ref[0] is not None:
             core = core_ref[0]()
             if core is not None:
                 try:
-                    _record_step(core, engine, batch_of, counts_of, acc, core_ref, tracker)
+                    _record_step(core, engine, batch_of, counts_of, acc, core_ref, tracker, prepare)
                 except Exception:
                     pass
 
@@ -281,22 +329,17 @@ def _patch_vllm_engine_core(core_mod: Any) -> None:
         taken[0], taken[1] = tokens, seqs
         return got
 
+    seen: set[type] = set()
+
+    def patch_scheduler(core: Any) -> None:
+        sched_cls = type(getattr(core, "scheduler", None))
+        if sched_cls not in seen:  # once per scheduler class
+            if len(seen) < MAX_CACHE:
+                seen.add(sched_cls)
+            _patch_schedule(sched_cls, last)
+
     def step_wrapper(fn: Any) -> Any:
-        counted = wrap_step(fn, "vllm", batch_of, vllm_counts)
-
-        seen: set[type] = set()
-
-        @functools.wraps(fn)
-        def first_patch_scheduler(self: Any, *args: Any, **kwargs: Any) -> Any:
-            sched_cls = type(getattr(self, "scheduler", None))
-            if sched_cls not in seen:  # once per scheduler class, then one set lookup a step
-                if len(seen) < MAX_CACHE:
-                    seen.add(sched_cls)
-                _patch_schedule(sched_cls, last)
-            return counted(self, *args, **kwargs)
-
-        first_patch_scheduler.__boundwatch__ = True  # type: ignore[attr-defined]
-        return first_patch_scheduler
+        return wrap_step(fn, "vllm", batch_of, vllm_counts, prepare=patch_scheduler)
 
     patched_any = False
     for name in ("step", "step_with_batch_queue"):

@@ -231,9 +231,9 @@ def gpu_workloads(light: bool, seconds: float) -> dict[str, Any]:
     return out
 
 
-def big_decode(torch: Any, cls: Any, light: bool, seconds: float) -> dict[str, Any]:
-    """Time a decode step of a Llama-3-8B-shaped model at batch 1 (32 layers, 7.0 B bf16 weights: 14 GB read a step)."""
-    out: dict[str, Any] = {}
+def llama8b_step(torch: Any) -> tuple[Any, Any, list[Any]]:
+    """Capture a decode step of a Llama-3-8B-shaped model at batch 1 (32 layers, 7.0 B bf16 weights:
+    14 GB read a step); return (step, raw step, the weights: clear them to free the memory)."""
     hidden, ffn, layers, kv = 4096, 14336, 32, 1024
 
     def w(rows: int, cols: int) -> Any:
@@ -254,6 +254,13 @@ def big_decode(torch: Any, cls: Any, light: bool, seconds: float) -> dict[str, A
         return x.argmax(-1)
 
     step, raw_step = captured_steps(torch, body)
+    return step, raw_step, ws
+
+
+def big_decode(torch: Any, cls: Any, light: bool, seconds: float) -> dict[str, Any]:
+    """Time a decode step of a Llama-3-8B-shaped model at batch 1 (llama8b_step)."""
+    out: dict[str, Any] = {}
+    step, raw_step, ws = llama8b_step(torch)
     engine = cls(1, step)
     out["decode_8b"] = timed_loop(engine.step, seconds)
     if light:

@@ -210,7 +210,7 @@ def run(seconds: float, only: set[str]) -> dict[str, Any]:
         hooked, raw = lao.captured_steps(torch, body)
         loads["decode_b1"] = (hooked, raw, 1, 8)
     if "8b" in only:
-        hooked, raw = big_step(torch, lao)
+        hooked, raw, _weights = lao.llama8b_step(torch)
         loads["decode_8b"] = (hooked, raw, 1, 4)
     for name, (hooked, raw, batch, block) in loads.items():
         res[name] = measure(hooked, raw, batch, block, seconds, name)
@@ -230,30 +230,6 @@ def measure(hooked: Any, raw: Any, batch: int, block: int, seconds: float, name:
         rows[vname] = paired(bare, fn, seconds, block)
         print(name, vname, json.dumps(rows[vname]), flush=True)
     return rows
-
-
-def big_step(torch: Any, lao: Any) -> tuple[Any, Any]:
-    """A Llama-3-8B-shaped decode step at batch 1 in a CUDA graph (as light_agent_overhead.big_decode)."""
-    hidden, ffn, layers, kv = 4096, 14336, 32, 1024
-
-    def w(rows: int, cols: int) -> Any:
-        return torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16) * 0.01
-
-    ws = [
-        (w(hidden, hidden + 2 * kv), w(hidden, hidden), w(hidden, 2 * ffn), w(ffn, hidden))
-        for _ in range(layers)
-    ]
-    x = torch.randn(1, hidden, device="cuda", dtype=torch.bfloat16)
-
-    def body(x: Any = x) -> Any:
-        for qkv, o, gate_up, down in ws:
-            q = (x @ qkv)[:, :hidden]
-            x = x + (q @ o) * 0.01
-            g, u = (x @ gate_up).chunk(2, dim=-1)
-            x = x + (torch.nn.functional.silu(g) * u) @ down * 0.01
-        return x.argmax(-1)
-
-    return lao.captured_steps(torch, body)
 
 
 def main() -> int:

@@ -11,7 +11,7 @@ import pytest
 
 from exporter.analysis import verdict as v
 from exporter.config import Config
-from exporter.export import web
+from exporter.serve import web
 from exporter.snapshot import HistogramValue, codec
 from exporter.snapshot.totals import (
     AgentTotals,

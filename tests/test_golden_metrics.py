@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from exporter.config import Config, NvmlConfig
-from exporter.export.web import make_app
 from exporter.sampling import Sampler
+from exporter.serve.web import make_app
 from exporter.snapshot.agent import AgentReading, AgentState, GpuActivity
 from exporter.snapshot.engine import ThreadLoad
 from exporter.snapshot.host import CgroupCpu, HostReading, ProcessCpu

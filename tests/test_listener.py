@@ -5,7 +5,7 @@ import configparser
 
 import structlog
 
-from exporter.export.listener import RateLimitedLoopErrors, connection_cap
+from exporter.serve.listener import RateLimitedLoopErrors, connection_cap
 from tests.promserver import ROOT
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.export.statuspage import REASON_TEXT
+from exporter.serve.statuspage import REASON_TEXT
 from tests.pagedom import Node, parse
 from tests.promserver import http_get, running_demo
 

@@ -9,9 +9,9 @@ import re
 
 from exporter.commands.demo import World, demo_sources, make_demo_app
 from exporter.config import Config
-from exporter.export import statuspage, web
-from exporter.export.statuspage import BUSY_H, BUSY_TOP, MAX_COLUMNS, WIDTH
 from exporter.sampling import Sampler
+from exporter.serve import statuspage, web
+from exporter.serve.statuspage import BUSY_H, BUSY_TOP, MAX_COLUMNS, WIDTH
 from exporter.snapshot import Snapshot, SourceStatus
 from exporter.snapshot.engine import EngineReading
 from exporter.snapshot.host import ProcessCpu

@@ -6,8 +6,8 @@ import hashlib
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.config import Config, NvmlConfig, WebConfig
-from exporter.export.web import make_app
 from exporter.sampling import Sampler
+from exporter.serve.web import make_app
 from exporter.sources.nvml import NvmlSource
 from tests.nvml_standin import FakeNvml
 
@@ -128,7 +128,7 @@ async def test_bcrypt_basic_auth_as_htpasswd_writes_it(aiohttp_client, tmp_path)
 def test_basic_auth_file_names_the_formats_it_takes(tmp_path):
     import pytest
 
-    from exporter.export.web import load_basic_auth
+    from exporter.serve.auth import load_basic_auth
 
     bad = tmp_path / "users"
     bad.write_text("prom:plaintext-password\n")

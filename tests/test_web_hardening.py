@@ -11,9 +11,9 @@ import time
 import pytest
 
 from exporter.config import Config, NvmlConfig, WebConfig
-from exporter.export import web
-from exporter.export.web import make_app
 from exporter.sampling import Sampler
+from exporter.serve import web
+from exporter.serve.web import make_app
 from exporter.snapshot.engine import EngineReading
 from exporter.snapshot.host import HostReading, ProcessCpu
 from exporter.sources.nvml import NvmlSource

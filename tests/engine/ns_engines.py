@@ -20,8 +20,8 @@ import sys
 import time
 
 from exporter.config import Config, EngineConfig, HostConfig
-from exporter.export.web import make_app
 from exporter.sampling import Sampler
+from exporter.serve.web import make_app
 from exporter.sources.engine import EngineSource, discover
 
 HOLD = "import sys; sys.stdin.read()"  # a process that waits until its parent goes

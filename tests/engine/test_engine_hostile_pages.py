@@ -17,8 +17,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from exporter import catalogue
 from exporter.config import Config, EngineConfig, HostConfig
 from exporter.export.collectors import counter_series
-from exporter.export.web import make_app
 from exporter.sampling import Sampler
+from exporter.serve.web import make_app
 from exporter.sources.engine import (
     DEFAULT_LIMITS,
     EngineSource,

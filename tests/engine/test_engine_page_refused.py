@@ -19,8 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.catalogue import METRICS
 from exporter.config import Config, EngineConfig, HostConfig
-from exporter.export.web import make_app
 from exporter.sampling import Sampler
+from exporter.serve.web import make_app
 from exporter.snapshot.engine import PAGE_REFUSED_REASONS
 from exporter.sources.engine import EngineSource, MultiprocReader, reading_from_multiproc
 

@@ -18,8 +18,8 @@ from engine_fixtures import HERE, PAGES, PROC
 
 from exporter import catalogue
 from exporter.config import Config, EngineConfig, HostConfig
-from exporter.export.web import make_app
 from exporter.sampling import Sampler
+from exporter.serve.web import make_app
 from exporter.snapshot.engine import demand
 from exporter.snapshot.totals import EngineServer
 from exporter.sources.engine import EngineSource, configured_target, discover, merge_targets

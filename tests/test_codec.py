@@ -12,7 +12,7 @@ import pytest
 from exporter.analysis import verdict as v
 from exporter.config import Config
 from exporter.serve import web
-from exporter.snapshot import HistogramValue, codec
+from exporter.snapshot import HistogramValue, ProbeSummary, codec
 from exporter.snapshot.totals import (
     AgentTotals,
     BusyTotals,
@@ -43,7 +43,11 @@ def seed_snapshots() -> list:
         verdict=VerdictTotals(bound_seconds=MappingProxyType({GpuVerdict(0, "host"): 1.5})),
     )
     out[-1] = dataclasses.replace(
-        last, totals=totals, probe=MappingProxyType({"hbm_bandwidth_bytes_per_second": 4.2e12})
+        last,
+        totals=totals,
+        probe=MappingProxyType(
+            {"0": ProbeSummary("pass", True, 1.8e9, 4.2e12, 0.875, MappingProxyType({"cupti": -0.0005}))}
+        ),
     )
     return out
 
@@ -96,6 +100,25 @@ def test_reads_pages_and_recordings_written_before_the_totals_were_typed() -> No
     data["histograms"] = []  # an older recording line
     back = codec.from_json(json.loads(json.dumps(data)))
     assert back.totals == Totals() and back.engines == seed_snapshots()[-1].engines
+
+
+def test_reads_a_probe_written_as_the_untyped_summary_mapping() -> None:
+    # What the daemon's record() kept and recordings carried before ProbeSummary: {"0": {...}}.
+    data = codec.to_json(seed_snapshots()[0], totals=False)
+    data["probe"] = {
+        "0": {
+            "status": "fail",
+            "success": False,
+            "timestamp": 1800000000,
+            "hbm_bandwidth_bytes_per_second": None,
+            "hbm_bandwidth_ratio": None,
+            "duty_errors": {"gpm": 0.06},
+            "message": "GPM reads 6 points high",
+        }
+    }
+    back = codec.from_json(json.loads(json.dumps(data))).probe["0"]
+    assert back == ProbeSummary("fail", False, 1.8e9, None, None, {"gpm": 0.06}, "GPM reads 6 points high")
+    assert isinstance(back.timestamp, float)
 
 
 def test_rejects_a_file_that_is_not_a_recording() -> None:

@@ -209,12 +209,12 @@ def test_summarize_keeps_the_worst_error_per_source() -> None:
     result = _result()
     result["duty"]["phases"].append(logic.evaluate_duty_phase(0.9, 0.9, {"cupti": 0.893, "gpm": 0.9}))
     summary = logic.summarize(logic.finish(result))
-    assert summary["success"] is True
-    assert summary["timestamp"] == 1.0e9
-    assert summary["duty_errors"]["cupti"] == pytest.approx(-0.007)
-    assert summary["duty_errors"]["gpm"] == pytest.approx(0.0)
-    assert summary["hbm_bandwidth_ratio"] == pytest.approx(4.27 / 4.8)
-    assert logic.summarize(logic.unavailable("no GPU"))["success"] is None
+    assert summary.status == "pass" and summary.success is True
+    assert summary.timestamp == 1.0e9
+    assert summary.duty_errors["cupti"] == pytest.approx(-0.007)
+    assert summary.duty_errors["gpm"] == pytest.approx(0.0)
+    assert summary.hbm_bandwidth_ratio == pytest.approx(4.27 / 4.8)
+    assert logic.summarize(logic.unavailable("no GPU")).success is None
 
 
 def test_pure_modules_import_no_gpu_library() -> None:

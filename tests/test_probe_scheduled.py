@@ -8,7 +8,6 @@ import os
 import stat
 import sys
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 
@@ -19,6 +18,7 @@ from exporter.probe import logic, scheduled
 from exporter.snapshot import Snapshot
 from exporter.snapshot.engine import EngineReading
 from exporter.snapshot.gpu import GpuReading
+from exporter.snapshot.probe import ProbeSummary
 
 ON = ProbeConfig(enabled=True, interval_seconds=600.0, idle_seconds=10.0, idle_busy_max=0.02)
 HAS_TORCH = importlib.util.find_spec("torch") is not None
@@ -96,9 +96,9 @@ def test_no_engine_at_all_is_idle_when_the_gpu_is() -> None:
 
 def test_interval_since_the_last_run() -> None:
     now_at = _history()[-1].at
-    recent = {"0": {"timestamp": now_at - 100.0, "success": True}}
+    recent = {"0": ProbeSummary("pass", True, timestamp=now_at - 100.0)}
     assert scheduled.should_run_probe(_history(probe=recent), ON) is False
-    old = {"0": {"timestamp": now_at - 700.0, "success": True}}
+    old = {"0": ProbeSummary("pass", True, timestamp=now_at - 700.0)}
     assert scheduled.should_run_probe(_history(probe=old), ON) is True
     assert scheduled.should_run_probe(_history(), ON, last_run=now_at - 5.0) is False
 
@@ -160,9 +160,8 @@ def test_parse_output_takes_the_json_line_or_reports_why_not() -> None:
 def test_record_replaces_one_gpu_entry() -> None:
     state = scheduled.record({}, "0", logic.unavailable("no GPU", finished_at=10.0))
     state = scheduled.record(state, "1", {"status": "pass", "finished_at": 20.0})
-    entries = {k: dict(v) for k, v in state.items() if isinstance(v, Mapping)}
-    assert entries["0"]["success"] is None
-    assert entries["1"]["success"] is True
+    assert state["0"].success is None and state["0"].status == "error"
+    assert state["1"].success is True and state["1"].timestamp == 20.0
     assert scheduled.last_run_at(_snap(0, probe=dict(state))) == 20.0
 
 
@@ -172,7 +171,7 @@ def test_run_probe_subprocess_reports_it_cannot_run_without_torch() -> None:
     assert result["status"] == "error"
     assert result["exit_code"] == logic.EXIT_UNAVAILABLE
     assert "torch" in result["message"]
-    assert logic.summarize(result)["success"] is None
+    assert logic.summarize(result).success is None
 
 
 @pytest.fixture
@@ -254,7 +253,7 @@ async def test_scheduler_runs_once_when_idle_and_records_each_gpu() -> None:
     assert not probes.running
     state = probes.tick(history)
     entry = state["0"]
-    assert isinstance(entry, Mapping) and entry["success"] is True
+    assert entry.status == "pass" and entry.success is True
     assert probes.runs == 1  # the interval holds it back now
     await probes.close()
 
@@ -270,7 +269,7 @@ async def test_scheduler_cancels_when_an_engine_gets_work() -> None:
     assert runner.cancelled == 1
     assert not probes.running
     entry = probes.state["0"]
-    assert isinstance(entry, Mapping) and entry["success"] is None and "cancelled" in entry["message"]
+    assert entry.success is None and "cancelled" in entry.message
 
 
 async def test_scheduler_stays_off_unless_enabled() -> None:

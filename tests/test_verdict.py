@@ -10,7 +10,7 @@ import pytest
 
 from exporter.analysis import verdict as v
 from exporter.config import Config, RooflineConfig, VerdictConfig
-from exporter.snapshot import Snapshot
+from exporter.snapshot import ProbeSummary, Snapshot
 from exporter.snapshot.engine import GraphConfig
 from exporter.snapshot.totals import GpuVerdict
 from tests.verdict_scenes import SEED, Recorder, Scene, series
@@ -436,7 +436,8 @@ def test_roofline_floor_and_achieved_ratio() -> None:
 
 def test_roofline_uses_the_probe_bandwidth() -> None:
     snaps = series(Scene(busy=0.97, running=64, step_ms=25, step_gpu_ms=24), 2.0)
-    probe = {"0": {"hbm_bandwidth_bytes_per_second": 4.2e12, "success": 1.0}}  # the probe's Snapshot.probe
+    # the probe's Snapshot.probe
+    probe = {"0": ProbeSummary("pass", True, hbm_bandwidth_bytes_per_second=4.2e12)}
     snaps = [dataclasses.replace(s, probe=probe) for s in snaps]
     cfg = Config(roofline=RooflineConfig(weight_bytes_per_step=84e9))
     got = last_verdict(snaps, cfg)

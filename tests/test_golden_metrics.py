@@ -25,7 +25,7 @@ from exporter.snapshot.engine import ThreadLoad
 from exporter.snapshot.host import CgroupCpu, HostReading, ProcessCpu
 from exporter.sources.engine import reading_from_page
 from exporter.sources.nvml import NvmlSource
-from tests.nvml_standin import FakeGpu, FakeNvml
+from tests.fakes.nvml_standin import FakeGpu, FakeNvml
 
 HERE = Path(__file__).parent
 GOLDEN = HERE / "fixtures" / "golden" / "metrics.txt"

@@ -14,7 +14,7 @@ from exporter.snapshot.host import CgroupCpu, ProcessCpu
 from exporter.snapshot.totals import GpuSource, Totals
 from exporter.sources.base import BlockingReader, SourceUnavailable
 from exporter.sources.nvml import NvmlSource
-from tests.nvml_standin import FakeGpu, FakeNvml
+from tests.fakes.nvml_standin import FakeGpu, FakeNvml
 
 
 class Clock:

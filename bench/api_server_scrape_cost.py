@@ -4,7 +4,7 @@
 
 An API-server-shaped process: an aiohttp server whose event loop does CPU-bound "tokenising" for
 every request (a fixed amount of pure-Python work per request, calibrated to `--tokenise-ms` at
-start) and records vLLM's metric families on each (the 0.33 definitions of tests/engine/vllm_sim.py,
+start) and records vLLM's metric families on each (the 0.33 definitions of tests/fakes/engine/vllm_sim.py,
 via prometheus_client, plus the HTTP families vLLM's instrumentator adds); /metrics renders them
 on the same loop, as vLLM's does. A load generator keeps `--concurrency` requests in flight, so
 the server runs at its limit, while a scraper reads /metrics every 0.5 s (boundwatch reading the
@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests" / "engine"))
+sys.path.insert(0, str(ROOT / "tests" / "fakes" / "engine"))
 
 import vllm_sim  # noqa: E402  (vLLM's metric definitions, as the tests use them)
 
@@ -391,7 +391,7 @@ def main() -> None:
             "segment_seconds": args.segment,
             "concurrency": args.concurrency,
             "tokenise_ms": args.tokenise_ms,
-            "naming": "vLLM 0.33 families (tests/engine/vllm_sim.py) + HTTP instrumentator families",
+            "naming": "vLLM 0.33 families (tests/fakes/engine/vllm_sim.py) + HTTP instrumentator families",
             "multiprocess_writers": 2,
         },
         "modes": {},

@@ -1,6 +1,6 @@
 """Scrape flood: N concurrent scrapers against the real daemon with an 8-GPU page; do ticks stay at 2/s?
 
-The daemon runs in its own process (`python -m tests.standin_daemon 8 run ...`: the NVML stand-in
+The daemon runs in its own process (`python -m tests.fakes.standin_daemon 8 run ...`: the NVML stand-in
 with 8 GPUs, plus the vLLM fixture page as an engine), on a free loopback port. The scrapers are
 asyncio tasks in this process, each on its own kept-alive connection, back to back as fast as
 the daemon answers; they ask as Prometheus does (gzip; half of them OpenMetrics). An observer
@@ -34,7 +34,7 @@ import aiohttp
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.promserver import ENGINE_FIXTURE, _stop, _wait_http, free_port  # noqa: E402
+from tests.fakes.promserver import ENGINE_FIXTURE, _stop, _wait_http, free_port  # noqa: E402
 
 OPENMETRICS = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
 
@@ -148,7 +148,15 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="scrape-flood-"))
     port = free_port()
     log = workdir / "boundwatch.log"
-    cmd = [sys.executable, "-m", "tests.standin_daemon", str(args.gpus), "run", "--address", "127.0.0.1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tests.fakes.standin_daemon",
+        str(args.gpus),
+        "run",
+        "--address",
+        "127.0.0.1",
+    ]
     cmd += ["--port", str(port), "--agent-socket", str(workdir / "agent.sock"), "--log-format", "json"]
     cmd += ["--engine-url", str(ENGINE_FIXTURE)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("BOUNDWATCH_")}

@@ -215,7 +215,7 @@ def part_daemon(port: int, sock_path: str, gpus: int) -> None:
     from exporter.daemon import build_sources, serve
     from exporter.logs import configure
     from exporter.sources.nvml import NvmlSource
-    from tests.nvml_standin import FakeGpu, FakeNvml
+    from tests.fakes.nvml_standin import FakeGpu, FakeNvml
 
     configure("warning", "json")
     cfg = load(

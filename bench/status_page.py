@@ -34,9 +34,9 @@ from prometheus_client import generate_latest
 
 from exporter.commands.demo import World, demo_sources
 from exporter.config import Config
-from exporter.export import statuspage
-from exporter.export.web import PageCache, make_registry
 from exporter.sampling import Sampler
+from exporter.serve import statuspage
+from exporter.serve.web import PageCache, make_registry
 from exporter.snapshot import Snapshot
 
 

@@ -14,19 +14,18 @@ import ssl
 from collections.abc import Callable
 
 import structlog
-from aiohttp import web
 
 from exporter import __version__
 from exporter.config import Config
-from exporter.export.listener import (
+from exporter.sampling import Sampler
+from exporter.serve.listener import (
     BACKLOG,
     ConnectionGuard,
     RateLimitedLoopErrors,
     connection_cap,
     raise_descriptor_limit,
 )
-from exporter.export.web import LISTENER, make_app
-from exporter.sampling import Sampler
+from exporter.serve.web import LISTENER, make_app, make_runner
 from exporter.sources.base import Source
 from exporter.sources.host import HostSource
 from exporter.sources.nvml import NvmlSource
@@ -128,14 +127,7 @@ async def serve(
     await sampler.tick()  # serve a first Snapshot from the start
     app = make_app(cfg, sampler)
     w = cfg.web
-    runner = web.AppRunner(
-        app,
-        access_log=None,
-        keepalive_timeout=w.idle_timeout_seconds,
-        lingering_time=w.body_timeout_seconds,
-        max_line_size=8190,
-        max_field_size=8190,
-    )
+    runner = make_runner(app, w)
     await runner.setup()
     if runner.server is None:  # setup() sets it
         raise RuntimeError("the web runner has no server after setup()")

@@ -1,10 +1,18 @@
-"""Shared fixtures."""
+"""Shared fixtures; the shared fakes live in tests/fakes/."""
 
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+
+# The engine stand-ins (engine_fixtures, vllm_sim, make_fixtures) are imported by name, also by the
+# processes the multiprocess simulations spawn.
+ENGINE_FAKES = str(Path(__file__).resolve().parent / "fakes" / "engine")
+if ENGINE_FAKES not in sys.path:
+    sys.path.insert(0, ENGINE_FAKES)
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import yaml
 
 from exporter.snapshot.gpu import CLOCK_EVENT_REASONS
 from exporter.snapshot.verdict import REASONS
-from tests.promql import (
+from tests.fakes.promql import (
     ALL_LABELS,
     ROOT,
     RULE_FILES,

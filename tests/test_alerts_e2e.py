@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from tests.promql import gen_alerts
-from tests.promserver import (
+from tests.fakes.promql import gen_alerts
+from tests.fakes.promserver import (
     PROMETHEUS,
     _stop,
     _wait_http,

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.promserver import http_get, running_daemon
+from tests.fakes.promserver import http_get, running_daemon
 
 pytestmark = pytest.mark.timeout(60)
 

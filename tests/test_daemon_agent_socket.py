@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from exporter import wire
-from tests.promserver import ROOT, Daemon, free_port, http_get, running_daemon
+from tests.fakes.promserver import ROOT, Daemon, free_port, http_get, running_daemon
 
 pytestmark = pytest.mark.timeout(180)
 NOBODY = 65534

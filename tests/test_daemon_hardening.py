@@ -1,6 +1,6 @@
 """The real daemon against hostile clients: SIGHUP, slow and idle connections, a connection cap, a flood, secrets.
 
-Each test runs `python -m tests.standin_daemon N run ...` (the daemon with the NVML stand-in for N
+Each test runs `python -m tests.fakes.standin_daemon N run ...` (the daemon with the NVML stand-in for N
 GPUs) on a free loopback port and talks to it over real sockets.
 """
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.promserver import ENGINE_FIXTURE, ROOT, Daemon, _stop, _wait_http, free_port, http_get
+from tests.fakes.promserver import ENGINE_FIXTURE, ROOT, Daemon, _stop, _wait_http, free_port, http_get
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -41,7 +41,7 @@ def standin_daemon(
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     log = workdir / "boundwatch.log"
-    cmd = [sys.executable, "-m", "tests.standin_daemon", str(gpus), "run", "--address", "127.0.0.1"]
+    cmd = [sys.executable, "-m", "tests.fakes.standin_daemon", str(gpus), "run", "--address", "127.0.0.1"]
     cmd += ["--port", str(port), "--agent-socket", str(workdir / "agent.sock"), "--log-format", "json"]
     cmd += list(args)
     environ = {k: v for k, v in os.environ.items() if not k.startswith("BOUNDWATCH_")}

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.promql import ROOT
+from tests.fakes.promql import ROOT
 
 MODULES = (
     Path(os.environ.get("BOUNDWATCH_GRAFANA_SCHEMA", ROOT / ".cache" / "grafana-schema")) / "node_modules"

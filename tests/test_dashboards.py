@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from exporter.catalogue import BY_NAME
-from tests.promql import (
+from tests.fakes.promql import (
     ROOT,
     exposed_names,
     gen_alerts,
@@ -24,7 +24,13 @@ from tests.promql import (
     recording_rule_names,
     selectors,
 )
-from tests.promserver import PROMETHEUS, running_daemon, running_demo, running_prometheus, serving_full_page
+from tests.fakes.promserver import (
+    PROMETHEUS,
+    running_daemon,
+    running_demo,
+    running_prometheus,
+    serving_full_page,
+)
 
 DASHBOARD_FILES = sorted((ROOT / "dashboards").glob("*.json"))
 OVERVIEW = ROOT / "dashboards" / "boundwatch-overview.json"

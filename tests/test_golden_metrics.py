@@ -18,14 +18,14 @@ from pathlib import Path
 import pytest
 
 from exporter.config import Config, NvmlConfig
-from exporter.export.web import make_app
 from exporter.sampling import Sampler
+from exporter.serve.web import make_app
 from exporter.snapshot.agent import AgentReading, AgentState, GpuActivity
 from exporter.snapshot.engine import ThreadLoad
 from exporter.snapshot.host import CgroupCpu, HostReading, ProcessCpu
 from exporter.sources.engine import reading_from_page
 from exporter.sources.nvml import NvmlSource
-from tests.nvml_standin import FakeGpu, FakeNvml
+from tests.fakes.nvml_standin import FakeGpu, FakeNvml
 
 HERE = Path(__file__).parent
 GOLDEN = HERE / "fixtures" / "golden" / "metrics.txt"

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.promql import ROOT, gen_alerts
+from tests.fakes.promql import ROOT, gen_alerts
 
 K8S = ROOT / "deploy" / "kubernetes"
 KUBECTL = shutil.which("kubectl")

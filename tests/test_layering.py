@@ -6,7 +6,11 @@ Rules (docs/architecture.md, STYLE.md 1 and 13):
   Prometheus library;
 - the agent, inside someone's inference process, imports of the sidecar only the wire and the interval
   maths, and no Prometheus, HTTP, NVML or logging library;
-- sources never import export, commands, the daemon or the sampler;
+- sources never import export, the web side, commands, the daemon or the sampler;
+- export (`exporter/export/`) renders metric families from memory: of the sidecar it imports only the
+  Snapshot, analysis and the catalogue, and no HTTP, socket, NVML or subprocess library (aiohttp none);
+- the web side (`exporter/serve/`) is the only one that serves HTTP (aiohttp's server, `http.server`,
+  `socketserver`, `wsgiref`), and it never imports sources, commands, the daemon or the agent;
 - sub-commands never import the command line (`exporter.cli` hands them what they need).
 """
 
@@ -35,6 +39,12 @@ IO_LIBRARIES = {
 }
 
 
+# What rendering may not touch: sockets, HTTP (client or server), NVML, subprocesses.
+EXPORT_FORBIDDEN_LIBRARIES = (IO_LIBRARIES - {"prometheus_client", "structlog", "logging"}) | {"ssl"}
+# HTTP serving: aiohttp's server side and the standard library's servers (aiohttp's client is a source's).
+SERVING = {"aiohttp.web", "http.server", "socketserver", "wsgiref"}
+
+
 def imports_of(source: str, module: str) -> set[str]:
     """Return the absolute names a module's source imports (relative imports resolved against module)."""
     found: set[str] = set()
@@ -48,11 +58,18 @@ def imports_of(source: str, module: str) -> set[str]:
                 base = ".".join([*parts, base]) if base else ".".join(parts)
             found.add(base)
             found.update(f"{base}.{alias.name}" for alias in node.names)  # `from exporter import wire`
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            if node.value.id == "aiohttp" and node.attr.startswith("web"):
+                found.add(f"aiohttp.{node.attr}")  # `import aiohttp` then `aiohttp.web.AppRunner`
     return found
 
 
 def _under(name: str, prefixes: set[str]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def _serving(name: str) -> bool:
+    return _under(name, SERVING) or name.startswith("aiohttp.web_")
 
 
 def violations(module: str, names: set[str]) -> list[str]:
@@ -66,6 +83,7 @@ def violations(module: str, names: set[str]) -> list[str]:
         forbidden = {
             "exporter.sources",
             "exporter.export",
+            "exporter.serve",
             "exporter.agent",
             "exporter.daemon",
             "exporter.sampling",
@@ -82,8 +100,29 @@ def violations(module: str, names: set[str]) -> list[str]:
     if module.startswith("exporter.commands"):
         bad += [n for n in own if _under(n, {"exporter.cli"})]
     if module.startswith("exporter.sources"):
-        forbidden = {"exporter.export", "exporter.commands", "exporter.daemon", "exporter.sampling"}
+        forbidden = {
+            "exporter.export",
+            "exporter.serve",
+            "exporter.commands",
+            "exporter.daemon",
+            "exporter.sampling",
+        }
         bad += [n for n in own if _under(n, forbidden)]
+    if module.startswith("exporter.export"):
+        allowed = {"exporter.export", "exporter.snapshot", "exporter.analysis", "exporter.catalogue"}
+        bad += [n for n in own if n not in {"exporter", "exporter.__version__"} and not _under(n, allowed)]
+        bad += [n for n in names if _under(n, EXPORT_FORBIDDEN_LIBRARIES)]
+    if _under(module, {"exporter.serve"}):
+        forbidden = {
+            "exporter.sources",
+            "exporter.commands",
+            "exporter.cli",
+            "exporter.daemon",
+            "exporter.agent",
+        }
+        bad += [n for n in own if _under(n, forbidden)]
+    else:
+        bad += [n for n in names if _serving(n)]
     return sorted(set(bad))
 
 
@@ -125,3 +164,30 @@ def test_the_check_catches_a_sub_command_importing_the_command_line() -> None:
         "exporter.cli",
         "exporter.cli.add_config_flags",
     ]
+
+
+def test_the_check_catches_export_importing_aiohttp_or_the_web_side() -> None:
+    src = "from aiohttp import web\nimport socket\nfrom exporter.serve import listener\nfrom exporter.snapshot import Snapshot\n"
+    names = imports_of(src, "exporter.export.gpu")
+    assert violations("exporter.export.gpu", names) == [
+        "aiohttp",
+        "aiohttp.web",
+        "exporter.serve",
+        "exporter.serve.listener",
+        "socket",
+    ]
+
+
+def test_the_check_catches_http_serving_outside_the_web_side() -> None:
+    daemon = "import aiohttp\nrunner = aiohttp.web.AppRunner(app)\n"
+    assert violations("exporter.daemon", imports_of(daemon, "exporter.daemon")) == ["aiohttp.web"]
+    demo = "import http.server\nfrom aiohttp.web_runner import TCPSite\n"
+    assert violations("exporter.commands.demo", imports_of(demo, "exporter.commands.demo")) == [
+        "aiohttp.web_runner",
+        "aiohttp.web_runner.TCPSite",
+        "http.server",
+    ]
+    client = "import aiohttp\nsession = aiohttp.ClientSession()\n"  # a source's HTTP client is no server
+    assert violations("exporter.sources.engine", imports_of(client, "exporter.sources.engine")) == []
+    served = "from aiohttp import web\n"
+    assert violations("exporter.serve.web", imports_of(served, "exporter.serve.web")) == []

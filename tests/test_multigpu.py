@@ -1,7 +1,7 @@
 """Eight GPUs: every GPU's verdict, reasons and figures from its own engine, through the real pipeline and /metrics.
 
 Each shape's engines are real, titled processes in a PID namespace of their own
-(tests/multigpu_tree.py), with CUDA_VISIBLE_DEVICES set per process as vLLM and SGLang set it;
+(tests/fakes/multigpu_tree.py), with CUDA_VISIBLE_DEVICES set per process as vLLM and SGLang set it;
 discovery and placement read that process table. The NVML stand-in plays eight H200s, with
 process lists filled (bare metal) or empty (a container), and the daemon's sampler, pipeline and
 collectors do the rest.
@@ -33,10 +33,10 @@ from exporter.snapshot.gpu import GpuReading
 from exporter.snapshot.host import ProcessCpu
 from exporter.snapshot.totals import GpuSource
 from exporter.sources.nvml import NvmlSource
-from tests.nvml_standin import FakeGpu, FakeNvml
+from tests.fakes.nvml_standin import FakeGpu, FakeNvml
 
 HERE = Path(__file__).parent
-TREE = HERE / "multigpu_tree.py"
+TREE = HERE / "fakes" / "multigpu_tree.py"
 UUIDS = [f"GPU-{i:08x}-1111-2222-3333-444455556666" for i in range(8)]
 TICK_NS = 500_000_000
 

@@ -17,6 +17,7 @@ from exporter.export.families import render
 from exporter.probe import check, logic
 from exporter.snapshot import Snapshot
 from exporter.snapshot.gpu import GpuReading
+from exporter.snapshot.probe import ProbeSummary
 from exporter.snapshot.totals import BusyTotals, GpuSource, Totals
 
 UUID0 = "GPU-caae7614-31f3-a614-966f-97619c318eb5"
@@ -150,7 +151,7 @@ def test_no_probe_no_probe_families() -> None:
     assert "boundwatch_probe_" not in text
     assert all(
         not fam.samples
-        for fam in render(export_probe.FAMILIES, _snapshot(BusyTotals(), {"0": "not a mapping"}))
+        for fam in render(export_probe.FAMILIES, _snapshot(BusyTotals(), {"0": ProbeSummary()}))
     )
 
 

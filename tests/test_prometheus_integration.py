@@ -3,7 +3,7 @@
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.promserver import PROMETHEUS, http_get, running_daemon, running_prometheus
+from tests.fakes.promserver import PROMETHEUS, http_get, running_daemon, running_prometheus
 
 pytestmark = [
     pytest.mark.prometheus,

@@ -14,7 +14,7 @@ from exporter.snapshot.host import CgroupCpu, ProcessCpu
 from exporter.snapshot.totals import GpuSource, Totals
 from exporter.sources.base import BlockingReader, SourceUnavailable
 from exporter.sources.nvml import NvmlSource
-from tests.nvml_standin import FakeGpu, FakeNvml
+from tests.fakes.nvml_standin import FakeGpu, FakeNvml
 
 
 class Clock:
@@ -224,7 +224,7 @@ async def test_scheduled_probe_runs_while_idle_and_its_result_reaches_the_snapsh
         wall.t += 0.5
         await asyncio.sleep(0)
     assert calls == [idle.uuid]  # once: the interval holds the next run back
-    assert snap.probe["0"]["success"] is True
+    assert snap.probe["0"].success is True
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(sampler.latest, 0.5, 5.0, clock=clock))  # type: ignore[arg-type]
     assert 'boundwatch_probe_success{gpu="0"} 1.0' in generate_latest(registry).decode()

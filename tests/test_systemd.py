@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from exporter import config, wire
-from tests.promserver import running_daemon
+from tests.fakes.promserver import running_daemon
 
 ROOT = Path(__file__).resolve().parent.parent
 UNIT = ROOT / "systemd" / "boundwatch.service"

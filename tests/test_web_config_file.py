@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from exporter import webconfig
-from tests.promserver import ROOT, http_get, running_daemon
+from tests.fakes.promserver import ROOT, http_get, running_daemon
 
 bcrypt = pytest.importorskip("bcrypt")
 trustme = pytest.importorskip("trustme")

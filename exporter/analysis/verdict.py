@@ -46,7 +46,7 @@ Engines without an agent, agents without an engine: see `decide`. The integrated
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -395,20 +395,14 @@ def busy_of(snap: Snapshot, gpu: int, prefer: str = "fresh") -> tuple[float, str
 
 
 def _probe_bandwidth(snap: Snapshot, gpu: int) -> float | None:
-    """Return the probe's HBM bandwidth for a GPU (Snapshot.probe: {"0": {"hbm_bandwidth_bytes_per_second": ...}}).
+    """Return the HBM bandwidth the probe measured on a GPU (its `ProbeSummary` in Snapshot.probe), or None.
 
     The probe measures a copy (bytes read plus written per second), which is also what a stream
     of weight reads reaches.
     """
-    if not snap.probe:
-        return None
-    entry = snap.probe.get(str(gpu), snap.probe.get(gpu))  # type: ignore[call-overload]
-    value = entry.get("hbm_bandwidth_bytes_per_second") if isinstance(entry, Mapping) else None
-    if value is None:
-        value = snap.probe.get("hbm_bandwidth_bytes_per_second")
-        if isinstance(value, Mapping):
-            value = value.get(str(gpu), value.get(gpu))
-    return float(value) if isinstance(value, int | float) and value > 0 else None
+    entry = snap.probe.get(str(gpu))
+    value = entry.hbm_bandwidth_bytes_per_second if entry is not None else None
+    return value if value is not None and value > 0 else None
 
 
 def gather(

@@ -443,8 +443,8 @@ def demo_sources(world: World, cfg: Any) -> list[Any]:
 def make_demo_app(cfg: Any, sampler: Any) -> Any:
     """Return the real web app for a demo sampler, with the demo gauge and the page banner."""
     from exporter.export.collectors import DemoCollector
-    from exporter.export.web import BANNER as BANNER_KEY
-    from exporter.export.web import REGISTRY, make_app
+    from exporter.serve.web import BANNER as BANNER_KEY
+    from exporter.serve.web import REGISTRY, make_app
 
     app = make_app(cfg, sampler)
     app[REGISTRY].register(DemoCollector())  # type: ignore[arg-type]
@@ -456,9 +456,8 @@ async def serve(
     cfg: Any, world: World, seconds: float | None = None, say: Callable[[str], None] = print
 ) -> None:
     """Tick the demo sources through the real Sampler and serve the real app until stopped."""
-    from aiohttp import web
-
     from exporter.sampling import Sampler
+    from exporter.serve.web import serve_tcp
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -469,10 +468,7 @@ async def serve(
         loop.call_later(seconds, stop.set)
     sampler = Sampler(cfg, demo_sources(world, cfg), clock=world.clock)
     await sampler.tick()
-    runner = web.AppRunner(make_demo_app(cfg, sampler), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, cfg.web.address, cfg.web.port)
-    await site.start()
+    runner = await serve_tcp(make_demo_app(cfg, sampler), cfg.web.address, cfg.web.port)
     say(
         f"{BANNER}\nserving http://{cfg.web.address}:{cfg.web.port}/metrics; GPUs cycle "
         f"{' -> '.join(world.order)} every {world.phase_seconds:g} s (Ctrl-C stops)"

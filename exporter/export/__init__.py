@@ -1,1 +1,1 @@
-"""Render the latest Snapshot as Prometheus metric families, and serve them over HTTP."""
+"""Render the latest Snapshot as Prometheus metric families (serving them is exporter.serve's)."""

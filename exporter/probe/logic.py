@@ -28,7 +28,10 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
+
+from exporter.snapshot.probe import ProbeSummary
 
 SCHEMA = 1
 EXIT_PASS, EXIT_FAIL, EXIT_UNAVAILABLE = 0, 1, 2
@@ -410,8 +413,12 @@ def unavailable(message: str, **extra: Any) -> dict[str, Any]:
 # --- the summary the daemon keeps in Snapshot.probe -------------------------------------------
 
 
-def summarize(result: Mapping[str, Any]) -> dict[str, Any]:
-    """Reduce a probe result to the flat entry `exporter.export.probe.render` reads (see there)."""
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def summarize(result: Mapping[str, Any]) -> ProbeSummary:
+    """Reduce a probe result to the typed entry the daemon keeps in Snapshot.probe (exporter.snapshot.probe)."""
     bw = result.get("bandwidth") or {}
     errors: dict[str, float] = {}
     for phase in (result.get("duty") or {}).get("phases", []):
@@ -422,12 +429,12 @@ def summarize(result: Mapping[str, Any]) -> dict[str, Any]:
             if source not in errors or abs(err) > abs(errors[source]):
                 errors[source] = float(err)
     status = result.get("status")
-    return {
-        "status": status,
-        "success": None if status == "error" else status == "pass",
-        "timestamp": result.get("finished_at"),
-        "hbm_bandwidth_bytes_per_second": bw.get("bytes_per_second"),
-        "hbm_bandwidth_ratio": bw.get("ratio_to_nominal"),
-        "duty_errors": errors,
-        "message": result.get("message", ""),
-    }
+    return ProbeSummary(
+        status=str(status) if status is not None else "",
+        success=None if status == "error" else status == "pass",
+        timestamp=_number(result.get("finished_at")),
+        hbm_bandwidth_bytes_per_second=_number(bw.get("bytes_per_second")),
+        hbm_bandwidth_ratio=_number(bw.get("ratio_to_nominal")),
+        duty_errors=MappingProxyType(errors),
+        message=str(result.get("message", "")),
+    )

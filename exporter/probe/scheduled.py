@@ -3,12 +3,13 @@
 The sidecar never imports torch, Triton or CUDA: the probe runs as `python -m exporter probe --json`
 in its own process, pinned to one GPU by UUID, and its JSON result comes back here.
 
-Wiring, in the daemon (one scheduler for the process; it holds what goes in Snapshot.probe):
+Wiring, in the Sampler (`exporter/sampling.py`: one scheduler for the process when `probe.enabled`;
+it holds what goes in Snapshot.probe, a `ProbeSummary` per GPU label):
 
     probes = ProbeScheduler(cfg)
-    # every tick, after the new Snapshot is appended to history:
-    snap = dataclasses.replace(snap, probe=probes.tick(history))
-    # at shutdown:
+    # every tick, with the new Snapshot at the end of the history:
+    snap = dataclasses.replace(snap, probe=probes.tick((*history, snap)))
+    # at shutdown (Sampler.aclose):
     await probes.close()
 
 Underneath: `should_run_probe(history, cfg)` decides, `run_probe_async(uuid, cfg, self_check_url(cfg))`
@@ -33,6 +34,7 @@ from typing import Any
 from exporter.config import Config, ProbeConfig
 from exporter.probe import logic
 from exporter.snapshot import Snapshot
+from exporter.snapshot.probe import NO_PROBE, ProbeSummary
 
 
 def engine_has_work(snap: Snapshot) -> bool | None:
@@ -57,11 +59,7 @@ def gpu_busy(snap: Snapshot, index: int) -> float | None:
 
 def last_run_at(snap: Snapshot) -> float | None:
     """Return the unix time of the latest probe recorded in a Snapshot, or None."""
-    stamps = [
-        float(e["timestamp"])
-        for e in snap.probe.values()
-        if isinstance(e, Mapping) and isinstance(e.get("timestamp"), int | float)
-    ]
+    stamps = [e.timestamp for e in snap.probe.values() if e.timestamp is not None]
     return max(stamps) if stamps else None
 
 
@@ -225,10 +223,12 @@ def _kill(proc: asyncio.subprocess.Process) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
-def record(state: Mapping[str, object], gpu: str, result: Mapping[str, Any]) -> Mapping[str, object]:
+def record(
+    state: Mapping[str, ProbeSummary], gpu: str, result: Mapping[str, Any]
+) -> Mapping[str, ProbeSummary]:
     """Return Snapshot.probe with one GPU's entry replaced by the summary of its latest result."""
     new = dict(state)
-    new[gpu] = MappingProxyType(logic.summarize(result))
+    new[gpu] = logic.summarize(result)
     return MappingProxyType(new)
 
 
@@ -246,7 +246,7 @@ class ProbeScheduler:
 
     def __init__(self, cfg: Config, runner: Runner | None = None) -> None:
         self.cfg = cfg
-        self.state: Mapping[str, object] = MappingProxyType({})
+        self.state: Mapping[str, ProbeSummary] = NO_PROBE
         self.started_at: float | None = None
         self.runs = 0
         self._runner: Runner = runner or run_probe_async
@@ -257,7 +257,7 @@ class ProbeScheduler:
         """Return whether a probe is in flight."""
         return self._task is not None and not self._task.done()
 
-    def tick(self, history: Sequence[Snapshot]) -> Mapping[str, object]:
+    def tick(self, history: Sequence[Snapshot]) -> Mapping[str, ProbeSummary]:
         """Start, watch or cancel the probe for this tick; return the mapping for Snapshot.probe."""
         if not history:
             return self.state

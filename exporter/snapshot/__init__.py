@@ -15,6 +15,7 @@ from exporter.snapshot.agent import AgentReading
 from exporter.snapshot.engine import EngineReading
 from exporter.snapshot.gpu import GpuReading
 from exporter.snapshot.host import HostReading
+from exporter.snapshot.probe import ProbeSummary
 from exporter.snapshot.totals import HistogramValue, Totals
 from exporter.snapshot.verdict import Verdict
 
@@ -48,7 +49,7 @@ class Snapshot:
     busy: Mapping[int, tuple[float, str]] = field(default_factory=lambda: MappingProxyType({}))
     totals: Totals = field(default_factory=Totals)  # the newest Snapshot's only (see sampling)
     sources: tuple[SourceStatus, ...] = field(default=())
-    probe: Mapping[str, object] = field(default_factory=lambda: MappingProxyType({}))
+    probe: Mapping[str, ProbeSummary] = field(default_factory=lambda: MappingProxyType({}))  # by GPU label
     gpu_uuids: tuple[str, ...] = field(
         default=()
     )  # UUIDs outside NVML, first seen first (their index: see pipeline)
@@ -82,6 +83,7 @@ __all__ = [
     "GpuReading",
     "HistogramValue",
     "HostReading",
+    "ProbeSummary",
     "Snapshot",
     "SourceStatus",
     "Totals",

@@ -1,7 +1,7 @@
 """An NVML stand-in for the lab's CPU path: GPU 0's busy share is the lab engine's "GPU" time.
 
 The lab puts this folder first on the daemon's PYTHONPATH when it runs without a GPU
-(`lab.py --device cpu`). It is tests/nvml_standin.py's FakeNvml, except that GPM GRAPHICS_UTIL
+(`lab.py --device cpu`). It is tests/fakes/nvml_standin.py's FakeNvml, except that GPM GRAPHICS_UTIL
 and utilization.gpu come from the cumulative busy seconds the CPU engine publishes in a small
 shared file (LAB_NVML_STANDIN; engine.py `Truth`), measured between two samples as GPM is.
 """
@@ -13,8 +13,8 @@ import struct
 import time
 from typing import Any
 
-from tests import nvml_standin as _base
-from tests.nvml_standin import (  # noqa: F401  (the names pynvml has)
+from tests.fakes import nvml_standin as _base
+from tests.fakes.nvml_standin import (  # noqa: F401  (the names pynvml has)
     NVMLError,
     NVMLError_GpuIsLost,
     NVMLError_LibraryNotFound,

@@ -1,0 +1,59 @@
+"""Render the HTTP side's own counts: connections open, and what the listener and basic auth refused.
+
+The counts live on the daemon's side (`exporter.serve.listener.ListenerStats`, `exporter.serve.auth.BasicAuth`);
+this module only names them, so export imports nothing of the web side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol
+
+from prometheus_client.metrics_core import Metric
+
+from exporter import catalogue as c
+
+
+class ListenerCounts(Protocol):
+    """What the listener counts (ListenerStats)."""
+
+    @property
+    def open(self) -> int: ...
+    @property
+    def refused_total(self) -> int: ...
+    @property
+    def timed_out_total(self) -> int: ...
+
+
+class AuthCounts(Protocol):
+    """What basic auth counts (BasicAuth)."""
+
+    @property
+    def failures(self) -> int: ...
+    @property
+    def refused(self) -> int: ...
+
+
+# The families this module renders (HttpCollector).
+SELF_FAMILIES: tuple[c.MetricSpec, ...] = (c.HTTP_CONNECTIONS, c.HTTP_REFUSED_TOTAL)
+
+
+class HttpCollector:
+    """Render the listener's and basic auth's counts: connections open, and what was refused."""
+
+    def __init__(self, listener: ListenerCounts, auth: AuthCounts | None) -> None:
+        self.listener = listener
+        self.auth = auth
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield the open connections and the refusals by cause."""
+        conns = c.gauge(c.HTTP_CONNECTIONS)
+        conns.add_metric([], self.listener.open)
+        yield conns
+        refused = c.counter(c.HTTP_REFUSED_TOTAL)
+        refused.add_metric(["connection_limit"], self.listener.refused_total)
+        refused.add_metric(["header_timeout"], self.listener.timed_out_total)
+        if self.auth is not None:
+            refused.add_metric(["auth_failed"], self.auth.failures)
+            refused.add_metric(["auth_rate_limited"], self.auth.refused)
+        yield refused

@@ -1,0 +1,183 @@
+"""HTTP basic auth for the app: the users file, constant-time checks off the event loop, a rate limit on failures."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import collections
+import concurrent.futures
+import hashlib
+import hmac
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+BCRYPT_PREFIXES = ("$2a$", "$2b$", "$2y$")
+
+
+def load_basic_auth(path: str) -> dict[str, str]:
+    """Read `user:hash` lines (blank lines and # comments ignored).
+
+    A hash is bcrypt (`$2b$...`, what `htpasswd -nB user` and Prometheus' exporter-toolkit web
+    config use) or 64 hex digits of the password's SHA-256.
+    """
+    users: dict[str, str] = {}
+    for raw in Path(path).read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        user, sep, stored = line.partition(":")
+        stored = stored.strip()
+        if sep and stored.startswith(BCRYPT_PREFIXES) and len(stored) == 60:
+            try:
+                import bcrypt  # noqa: F401
+            except ImportError:
+                raise ValueError(
+                    f"{path}: bcrypt hashes need the bcrypt package (pip install bcrypt)"
+                ) from None
+            users[user] = stored
+        elif sep and len(stored) == 64 and all(c in "0123456789abcdefABCDEF" for c in stored):
+            users[user] = stored.lower()
+        else:
+            raise ValueError(f"{path}: expected user:bcrypt-hash or user:sha256-hex, got {line!r}")
+    return users
+
+
+def password_matches(stored: str, password: str) -> bool:
+    """Return whether a password matches a stored bcrypt or SHA-256 hash (slow for bcrypt, by design)."""
+    if stored.startswith(BCRYPT_PREFIXES):
+        import bcrypt
+
+        try:
+            return bool(bcrypt.checkpw(password.encode(), stored.encode()))
+        except ValueError:  # a malformed hash matches nothing
+            return False
+    return hmac.compare_digest(stored, hashlib.sha256(password.encode()).hexdigest())
+
+
+def _cost(stored: str) -> int:
+    """Return a bcrypt hash's cost (log2 rounds), 0 for SHA-256."""
+    if stored.startswith(BCRYPT_PREFIXES) and stored[4:6].isdigit():
+        return int(stored[4:6])
+    return 0
+
+
+class BasicAuth:
+    """Check basic-auth credentials in the same time whatever the user, and rate-limit failures.
+
+    - An unknown user is checked against a dummy hash of the costliest stored kind, and when any
+      stored hash is bcrypt every check runs one bcrypt: a wrong user and a wrong password take
+      the same time, so timing enumerates nobody.
+    - bcrypt (~0.1-0.3 s) runs in at most `at_once` worker threads, never on the event loop.
+    - Each client address has a token bucket of `burst` checks refilled at `rate` per second: a
+      check takes a token (returned when it succeeds); an empty bucket answers 429 without a check,
+      so a wrong-password flood costs a few checks a second, not the cores.
+    - Accepted credentials are remembered (a SHA-256 of user, hash and password, at most
+      `remember`) and pass without a check or a token; failures are never remembered.
+    """
+
+    def __init__(
+        self,
+        users: dict[str, str],
+        burst: int = 10,
+        rate: float = 0.5,
+        at_once: int = 2,
+        clock: Callable[[], float] = time.monotonic,
+        remember: int = 64,
+        addresses: int = 4096,
+    ) -> None:
+        self.users = users
+        self._burst, self._rate, self._clock = float(burst), rate, clock
+        self._remember, self._addresses = remember, addresses
+        self._accepted: dict[bytes, None] = {}
+        self._buckets: collections.OrderedDict[str, list[float]] = collections.OrderedDict()
+        cost = max((_cost(h) for h in users.values()), default=0)
+        self._bcrypt = cost > 0
+        if self._bcrypt:
+            import bcrypt
+
+            self._dummy = bcrypt.hashpw(b"boundwatch-dummy", bcrypt.gensalt(rounds=cost)).decode()
+        else:
+            self._dummy = hashlib.sha256(b"boundwatch-dummy").hexdigest()
+        self._pool = concurrent.futures.ThreadPoolExecutor(at_once, thread_name_prefix="basic-auth")
+        self.checks = 0  # checks run, for tests and the bench
+        self.refused = 0  # answered 429 without a check
+        self.failures = 0  # checks that failed
+
+    def verify(self, user: str, password: str) -> bool:
+        """Check one user's password in the calling thread, taking the same time for any user."""
+        stored = self.users.get(user)
+        ok = password_matches(stored if stored is not None else self._dummy, password)
+        if self._bcrypt and (stored is None or not stored.startswith(BCRYPT_PREFIXES)):
+            password_matches(self._dummy, password)  # same cost as a bcrypt user's check
+        return ok and stored is not None
+
+    def _take(self, address: str) -> bool:
+        now = self._clock()
+        bucket = self._buckets.pop(address, None) or [self._burst, now]
+        bucket[0] = min(self._burst, bucket[0] + (now - bucket[1]) * self._rate)
+        bucket[1] = now
+        self._buckets[address] = bucket
+        while len(self._buckets) > self._addresses:
+            self._buckets.popitem(last=False)
+        if bucket[0] < 1:
+            return False
+        bucket[0] -= 1
+        return True
+
+    def _give_back(self, address: str) -> None:
+        bucket = self._buckets.get(address)
+        if bucket is not None:
+            bucket[0] = min(self._burst, bucket[0] + 1)
+
+    async def allowed(self, header: str, address: str) -> int:
+        """Return 200 when the Authorization header is good, else 401 or 429."""
+        if not header.startswith("Basic "):
+            return 401
+        try:
+            user, _, password = base64.b64decode(header[6:], validate=True).decode().partition(":")
+        except (ValueError, UnicodeDecodeError):
+            user, password = "", ""
+        key = hashlib.sha256(f"{user}\0{self.users.get(user)}\0{password}".encode()).digest()
+        if key in self._accepted:
+            return 200
+        if not self._take(address):
+            self.refused += 1
+            return 429
+        self.checks += 1
+        loop = asyncio.get_running_loop()
+        if not await loop.run_in_executor(self._pool, self.verify, user, password):
+            self.failures += 1
+            return 401
+        self._give_back(address)
+        if len(self._accepted) >= self._remember:
+            self._accepted.pop(next(iter(self._accepted)))
+        self._accepted[key] = None
+        return 200
+
+    def close(self) -> None:
+        """Stop the worker threads (a check still running finishes on its own)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def basic_auth_middleware(auth: BasicAuth) -> Callable[..., Any]:
+    """Return a middleware that demands HTTP basic auth for every path but /healthz."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path == "/healthz":
+            return await handler(request)
+        status = await auth.allowed(request.headers.get("Authorization", ""), request.remote or "")
+        if status == 200:
+            return await handler(request)
+        if status == 429:
+            return web.Response(status=429, text="too many failed logins\n", headers={"Retry-After": "2"})
+        return web.Response(status=401, headers={"WWW-Authenticate": 'Basic realm="boundwatch"'})
+
+    return middleware

@@ -1,0 +1,478 @@
+"""The verdict classifier, with the figures of the field reports (shared/seeds/)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import random
+
+import pytest
+
+from exporter.analysis import verdict as v
+from exporter.config import Config, RooflineConfig, VerdictConfig
+from exporter.snapshot import ProbeSummary, Snapshot
+from exporter.snapshot.engine import GraphConfig
+from exporter.snapshot.totals import GpuVerdict
+from tests.fakes.verdict_scenes import SEED, Recorder, Scene, series
+
+CFG = VerdictConfig()
+
+
+def last_verdict(snaps: list[Snapshot], cfg: Config | None = None) -> v.Verdict:
+    """Run the classifier tick by tick over a series and return the last GPU-0 verdict."""
+    out = v.replay(snaps, cfg or Config())
+    return next(x for x in out[-1].verdicts if x.gpu == 0)
+
+
+SEED_000 = SEED
+
+CASES = [
+    # seed 000: 27% busy, waiting 0, 160 running, one API server tokenising 60-90k-token prompts.
+    (
+        "seed000_api_server",
+        Scene(**SEED_000, api_cpu=0.99),
+        "host",
+        ("api_server_saturated", "admission_stalled"),
+    ),
+    # seed 000: the container's fractional default quota throttled it.
+    (
+        "seed000_quota",
+        Scene(**SEED_000, api_cpu=0.45, quota_cores=0.5, throttled_share=0.8),
+        "host",
+        ("cpu_quota_throttled", "admission_stalled"),
+    ),
+    (
+        "seed000_quota_and_api_server",
+        Scene(**SEED_000, api_cpu=0.99, quota_cores=1.5, throttled_share=0.4),
+        "host",
+        ("cpu_quota_throttled", "api_server_saturated", "admission_stalled"),
+    ),
+    # seed 000 finding 1: capture size counted in tokens, half the batch ran eager.
+    (
+        "seed000_graph_fallback",
+        Scene(busy=0.5, running=64, max_num_seqs=64, api_cpu=0.3, graph_share=0.3),
+        "host",
+        ("cuda_graph_fallback",),
+    ),
+    # seed 000 finding 1 without any agent: the command line says max_cudagraph_capture_size=64 (tokens)
+    # with speculative depth 1, and 64 sequences run: 128 tokens a decode step, past the captured graphs.
+    (
+        "seed000_capture_size_in_tokens_without_an_agent",
+        Scene(
+            busy=0.5,
+            busy_source="gpm",
+            running=64,
+            max_num_seqs=64,
+            api_cpu=0.3,
+            graph_share=None,
+            graph_config=GraphConfig(capture_limit=64, spec_tokens=1, source="max_cudagraph_capture_size"),
+        ),
+        "host",
+        ("cuda_graph_fallback",),
+    ),
+    # the same flags at 30 sequences (60 tokens): inside the captured sizes, no fallback to claim
+    (
+        "capture_size_covers_the_batch",
+        Scene(
+            busy=0.5,
+            busy_source="gpm",
+            running=30,
+            max_num_seqs=64,
+            api_cpu=0.3,
+            graph_share=None,
+            graph_config=GraphConfig(capture_limit=64, spec_tokens=1, source="max_cudagraph_capture_size"),
+        ),
+        "host",
+        ("admission_stalled",),
+    ),
+    (
+        "enforce_eager_without_an_agent",
+        Scene(
+            busy=0.9,
+            busy_source="gpm",
+            running=8,
+            waiting=22,
+            max_num_seqs=8,
+            api_cpu=0.1,
+            graph_share=None,
+            graph_config=GraphConfig(off=True, source="--enforce-eager"),
+        ),
+        "host",
+        ("cuda_graph_fallback",),
+    ),
+    # seed 000 finding 3: 72 ms steps with 19 ms of GPU work in each.
+    (
+        "seed000_step_overhead",
+        Scene(busy=0.27, running=64, max_num_seqs=64, api_cpu=0.3, step_ms=72, step_gpu_ms=19),
+        "host",
+        ("step_overhead",),
+    ),
+    # seed 002: SMs busy at 340 W of 600 W: stalled on memory latency, a kernel problem: GPU-bound.
+    ("seed002_sm_busy_low_power", Scene(busy=0.99, running=32, power_w=340, power_limit_w=600), "gpu", ()),
+    ("gpu_bound_decode", Scene(busy=0.97, running=64), "gpu", ()),
+    ("idle", Scene(busy=0.0, running=0, waiting=0), "idle", ()),
+    ("idle_with_busy_gpu_from_another_process", Scene(busy=0.9, running=0, waiting=0), "idle", ()),
+    ("waiting_only_is_work", Scene(busy=0.1, running=0, waiting=5, max_num_seqs=None), "host", ("unknown",)),
+    # The batch is full and decodes in graphs, yet the GPU idles: the host time is in the engine's own
+    # step (scheduling, sampling), which the queue shows without any agent timing the steps.
+    (
+        "full_batch_starved_gpu_is_step_overhead",
+        Scene(busy=0.4, running=256, max_num_seqs=256, api_cpu=0.3, graph_share=0.95),
+        "host",
+        ("step_overhead",),
+    ),
+    # Eager decode (issue 9's lab) without an agent: 8 running, 22 waiting, GPU half idle.
+    (
+        "queued_work_starved_gpu_is_step_overhead",
+        Scene(busy=0.5, running=8, waiting=22, max_num_seqs=8, api_cpu=0.1, graph_share=None),
+        "host",
+        ("step_overhead",),
+    ),
+    (
+        "host_without_a_known_reason",
+        Scene(busy=0.4, running=100, max_num_seqs=None, api_cpu=0.3, graph_share=0.95),
+        "host",
+        ("unknown",),
+    ),
+    (
+        "engine_but_no_busy_source",
+        Scene(busy=None, running=10, graph_share=None),
+        "unknown",
+        ("no_busy_source",),
+    ),
+    (
+        "nothing_at_all",
+        Scene(busy=None, engine=False, graph_share=None),
+        "unknown",
+        ("no_busy_source", "no_engine_source"),
+    ),
+    (
+        "nvml_only_half_busy",
+        Scene(busy=0.5, busy_source="nvml", engine=False, graph_share=None),
+        "unknown",
+        ("no_engine_source",),
+    ),
+    ("nvml_only_saturated", Scene(busy=0.97, busy_source="nvml", engine=False, graph_share=None), "gpu", ()),
+    ("nvml_only_idle", Scene(busy=0.0, busy_source="nvml", engine=False, graph_share=None), "idle", ()),
+    # A plain torch process with the agent and no engine: the busy share decides, no queue to read.
+    ("agent_without_engine_starved", Scene(busy=0.3, engine=False, graph_share=0.0), "host", ("unknown",)),
+    ("agent_without_engine_busy", Scene(busy=0.95, engine=False, graph_share=0.0), "gpu", ()),
+    ("agent_without_engine_idle", Scene(busy=0.0, engine=False, graph_share=0.0), "idle", ()),
+    # An engine that drives another GPU says nothing about this one.
+    (
+        "engine_on_other_gpu",
+        Scene(busy=0.5, busy_source="nvml", gpus=(1,), graph_share=None),
+        "unknown",
+        ("no_engine_source",),
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "scene", "verdict", "reasons"), CASES, ids=[c[0] for c in CASES])
+def test_classifies_field_cases(name: str, scene: Scene, verdict: str, reasons: tuple[str, ...]) -> None:
+    got = last_verdict(series(scene, 3.0))
+    assert (got.verdict, got.reasons) == (verdict, reasons)
+
+
+def test_fresh_device_busy_beats_late_cupti() -> None:
+    # Load just started: GPM sees the GPU busy this tick, CUPTI's newest window is still the idle past.
+    scene = Scene(busy=0.05, nvml_busy=0.96, running=64)
+    assert last_verdict(series(scene, 2.0)).verdict == "gpu"
+    assert last_verdict(series(scene, 2.0)).busy_source == "gpm"
+    best = Config(verdict=VerdictConfig(busy_source="best"))
+    assert last_verdict(series(scene, 2.0), best).verdict == "host"
+
+
+def test_cupti_decides_without_nvml() -> None:
+    got = last_verdict(series(Scene(**SEED, api_cpu=0.99, nvml=False), 2.0))
+    assert (got.verdict, got.busy_source) == ("host", "cupti")
+
+
+def test_agent_steps_counted_as_vllm_belong_to_the_vllm_engine() -> None:
+    got = last_verdict(series(Scene(**SEED, api_cpu=0.3, step_ms=72, step_gpu_ms=19), 2.0))
+    assert got.get("step_method") == "agent"
+
+
+def test_steps_timed_without_their_gpu_time_do_not_claim_step_overhead() -> None:
+    # vLLM's multiprocess executor: EngineCore times steps, the GPU runs in worker processes.
+    scene = Scene(busy=0.27, running=30, max_num_seqs=64, api_cpu=0.3, step_ms=72, step_gpu_ms=19)
+    got = last_verdict(series(dataclasses.replace(scene, step_gpu_measured=False), 3.0))
+    assert got.get("step_seconds") == pytest.approx(0.072, rel=0.01)
+    assert got.get("step_gpu_seconds") is None
+    assert got.reasons == ("admission_stalled",)
+
+
+def test_requests_waiting_with_none_running_are_no_step_overhead() -> None:
+    got = last_verdict(series(Scene(busy=0.1, running=0, waiting=5, max_num_seqs=8, api_cpu=0.1), 3.0))
+    assert got.verdict == "host" and "step_overhead" not in got.reasons
+
+
+def test_seed000_evidence_reads_like_the_report() -> None:
+    got = last_verdict(series(Scene(**SEED_000, api_cpu=0.99, step_ms=72, step_gpu_ms=19), 3.0))
+    assert got.busy_ratio == pytest.approx(0.27)
+    assert got.get("running") == 160
+    assert got.get("waiting") == 0
+    assert got.get("api_server_thread_cpu") == pytest.approx(0.99)
+    assert got.get("step_seconds") == pytest.approx(0.072, rel=0.01)
+    assert got.get("step_gpu_share") == pytest.approx(19 / 72, rel=0.01)
+    assert "step_overhead" in got.reasons
+
+
+def test_seed002_power_share_is_evidence_not_a_reason() -> None:
+    got = last_verdict(series(Scene(busy=0.99, running=32, power_w=340, power_limit_w=600), 2.0))
+    assert got.verdict == "gpu"
+    assert got.get("power_share") == pytest.approx(340 / 600)
+
+
+def test_graph_share_does_not_flag_prefill_only_windows() -> None:
+    got = last_verdict(
+        series(Scene(busy=0.4, running=8, api_cpu=0.3, graph_share=0.1, gen_tokens_per_s=0), 3.0)
+    )
+    assert "cuda_graph_fallback" not in got.reasons
+
+
+def test_admission_stalled_needs_a_batch_limit() -> None:
+    got = last_verdict(series(Scene(**{**SEED_000, "max_num_seqs": None}, api_cpu=0.3), 3.0))
+    assert got.reasons == ("unknown",)
+    cfg = Config(verdict=VerdictConfig(max_batch=256))
+    got = last_verdict(series(Scene(**{**SEED_000, "max_num_seqs": None}, api_cpu=0.3), 3.0), cfg)
+    assert got.reasons == ("admission_stalled",)
+
+
+def test_one_descheduled_tick_does_not_hide_a_saturated_api_server() -> None:
+    rec = Recorder()
+    rec.run(Scene(**SEED, api_cpu=0.98), 3.0)
+    rec.tick(Scene(**SEED, api_cpu=0.65))  # a neighbour took the core for a moment
+    rec.tick(Scene(**SEED, api_cpu=0.97))
+    for n in range(len(rec.snaps) - 2, len(rec.snaps) + 1):
+        assert "api_server_saturated" in last_verdict(rec.snaps[:n]).reasons
+
+
+def test_a_process_moved_into_a_throttled_cgroup_shows_on_its_second_tick() -> None:
+    rec = Recorder()
+    rec.run(Scene(**SEED, api_cpu=0.5), 3.0)  # no quota: no cgroup listed
+    rec.tick(Scene(**SEED, api_cpu=0.2, quota_cores=0.2, throttled_share=1.0))
+    assert "cpu_quota_throttled" not in last_verdict(rec.snaps).reasons  # one reading: no delta yet
+    rec.tick(Scene(**SEED, api_cpu=0.2, quota_cores=0.2, throttled_share=1.0))
+    assert last_verdict(rec.snaps).reasons[0] == "cpu_quota_throttled"
+
+
+def test_throttling_is_a_delta_not_the_cumulative_count() -> None:
+    rec = Recorder()
+    rec.run(Scene(busy=0.3, running=100, api_cpu=0.5, quota_cores=1.0, throttled_share=0.9), 5.0)
+    rec.run(Scene(busy=0.3, running=100, api_cpu=0.5, quota_cores=1.0, throttled_share=0.0), 3.0)
+    got = last_verdict(rec.snaps)
+    assert got.get("throttled_share") == 0.0
+    assert "cpu_quota_throttled" not in got.reasons
+
+
+# --- hysteresis -----------------------------------------------------------------------------
+
+
+def verdicts(snaps: list[Snapshot], cfg: Config | None = None) -> list[str]:
+    """Return the reported GPU-0 verdict at every tick."""
+    return [next(x for x in s.verdicts if x.gpu == 0).verdict for s in v.replay(snaps, cfg or Config())]
+
+
+def test_band_keeps_gpu_bound() -> None:
+    rec = Recorder()
+    rec.run(Scene(busy=0.95), 3.0)
+    rec.run(Scene(busy=0.78), 5.0)
+    assert verdicts(rec.snaps)[-1] == "gpu"
+
+
+def test_band_keeps_host_bound() -> None:
+    rec = Recorder()
+    rec.run(Scene(busy=0.3), 3.0)
+    rec.run(Scene(busy=0.78), 5.0)
+    assert verdicts(rec.snaps)[-1] == "host"
+
+
+def test_band_from_a_cold_start_takes_the_nearer_side() -> None:
+    assert verdicts(series(Scene(busy=0.80), 2.0))[-1] == "gpu"
+    assert verdicts(series(Scene(busy=0.74), 2.0))[-1] == "host"
+
+
+def test_one_odd_tick_does_not_flap() -> None:
+    rec = Recorder()
+    rec.run(Scene(busy=0.95), 3.0)
+    rec.tick(Scene(busy=0.2))  # a GC pause
+    rec.run(Scene(busy=0.95), 3.0)
+    assert set(verdicts(rec.snaps)) == {"gpu"}
+
+
+def test_alternating_ticks_never_flap() -> None:
+    rec = Recorder()
+    for i in range(40):
+        rec.tick(Scene(busy=0.95 if i % 2 else 0.3))
+    vs = verdicts(rec.snaps)
+    changes = sum(a != b for a, b in itertools.pairwise(vs))
+    assert changes <= 1
+
+
+def test_noise_around_a_threshold_does_not_flap() -> None:
+    rnd = random.Random(5)
+    rec = Recorder()
+    for _ in range(200):
+        rec.tick(Scene(busy=min(1.0, max(0.0, rnd.gauss(0.85, 0.05)))))
+    vs = verdicts(rec.snaps)
+    changes = sum(a != b for a, b in itertools.pairwise(vs))
+    assert changes <= 4
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "want"),
+    [
+        (Scene(busy=0.97), Scene(**SEED_000, api_cpu=0.99), "host"),
+        (Scene(**SEED_000, api_cpu=0.99), Scene(busy=0.97), "gpu"),
+        (Scene(busy=0.97), Scene(busy=0.0, running=0), "idle"),
+        (Scene(busy=0.0, running=0), Scene(busy=0.97), "gpu"),
+        (Scene(busy=0.0, running=0), Scene(**SEED_000, api_cpu=0.99), "host"),
+    ],
+)
+def test_switch_shows_within_three_ticks(before: Scene, after: Scene, want: str) -> None:
+    rec = Recorder()
+    rec.run(before, 5.0)
+    start = len(rec.snaps)
+    # The tick that straddles the change sees half of each.
+    mid = dataclasses.replace(after, busy=((before.busy or 0) + (after.busy or 0)) / 2)
+    rec.tick(mid)
+    rec.run(after, 3.0)
+    vs = verdicts(rec.snaps)
+    assert vs[start - 1] != want
+    first = next(i for i in range(start, len(vs)) if vs[i] == want)
+    assert first - start + 1 <= 3  # counting the straddling tick: at most 1.5 s after the change
+    assert all(x == want for x in vs[first:])
+
+
+def test_a_load_hovering_in_the_band_never_flips() -> None:
+    rnd = random.Random(7)
+    rec = Recorder()
+    rec.run(Scene(busy=0.3), 2.0)
+    for _ in range(100):
+        rec.tick(Scene(busy=rnd.uniform(0.71, 0.84)))
+    assert set(verdicts(rec.snaps)) == {"host"}
+
+
+def test_a_straddling_tick_in_between_does_not_restart_the_hold() -> None:
+    rec = Recorder()
+    rec.run(Scene(busy=0.0, running=0), 3.0)
+    rec.tick(Scene(busy=0.5, running=64))  # load began mid-tick: half busy reads host from idle
+    rec.tick(Scene(busy=0.97, running=64))
+    assert verdicts(rec.snaps)[-1] == "gpu"
+
+
+def test_held_host_verdict_keeps_current_reasons() -> None:
+    rec = Recorder()
+    rec.run(Scene(**SEED_000, api_cpu=0.99), 3.0)
+    rec.tick(Scene(busy=0.95, running=160, api_cpu=0.99))  # one tick of busy: held as host
+    out = v.replay(rec.snaps, Config())
+    last = out[-1].verdicts[0]
+    assert (last.verdict, last.raw, last.streak) == ("host", "gpu", 1)
+
+    assert "api_server_saturated" in last.reasons
+
+
+def test_three_tick_hold_needs_three_disagreeing_ticks() -> None:
+    rec = Recorder()
+    rec.run(Scene(busy=0.97), 3.0)
+    rec.run(Scene(**SEED, api_cpu=0.99), 1.0)
+    cfg = Config(verdict=VerdictConfig(hold_ticks=3))
+    assert verdicts(rec.snaps, cfg)[-1] == "gpu"
+    rec.tick(Scene(**SEED, api_cpu=0.99))
+    assert verdicts(rec.snaps, cfg)[-1] == "host"
+
+
+def test_hold_of_one_tick_follows_every_change() -> None:
+    rec = Recorder()
+    rec.run(Scene(busy=0.95), 2.0)
+    rec.tick(Scene(busy=0.2))
+    cfg = Config(verdict=VerdictConfig(hold_ticks=1))
+    assert verdicts(rec.snaps, cfg)[-1] == "host"
+
+
+# --- counters and roofline ------------------------------------------------------------------
+
+
+def test_bound_seconds_follow_the_reported_verdict() -> None:
+    out = v.replay(series(Scene(busy=0.97), 3.0), Config())
+    inc = v.accumulate(out[-1], Config())
+    assert inc.verdict.bound_seconds[GpuVerdict(0, "gpu")] == pytest.approx(0.5)
+    assert inc.verdict.bound_seconds[GpuVerdict(0, "host")] == 0.0  # present from the start
+
+
+def test_host_bound_seconds_use_cupti_idle_time_while_running() -> None:
+    out = v.replay(series(Scene(**SEED_000, api_cpu=0.99), 2.0), Config())
+    inc = v.accumulate(out[-1], Config())
+    assert inc.verdict.host_bound_seconds[0] == pytest.approx(0.5 * 0.73, rel=1e-6)
+
+
+def test_host_bound_seconds_from_nvml_busy() -> None:
+    out = v.replay(series(Scene(busy=0.4, busy_source="nvml", graph_share=None, running=8), 2.0), Config())
+    inc = v.accumulate(out[-1], Config())
+    assert inc.verdict.host_bound_seconds[0] == pytest.approx(0.5 * 0.6)
+
+
+def test_host_bound_seconds_count_requests_waiting_with_none_running() -> None:
+    # Work offered and nothing admitted: the GPU's idle time is host-bound time too.
+    out = v.replay(series(Scene(busy=0.1, running=0, waiting=3), 2.0), Config())
+    inc = v.accumulate(out[-1], Config())
+    assert inc.verdict.host_bound_seconds[0] == pytest.approx(0.5 * 0.9)
+
+
+def test_no_host_bound_seconds_when_the_engine_is_empty() -> None:
+    out = v.replay(series(Scene(busy=0.1, running=0, waiting=0), 2.0), Config())
+    inc = v.accumulate(out[-1], Config())
+    assert inc.verdict.host_bound_seconds.get(0, 0.0) == 0.0
+
+
+def test_roofline_floor_and_achieved_ratio() -> None:
+    # seed 000: ~165 GB of weights at ~8 TB/s is a ~20 ms floor; steps took 72 ms.
+    cfg = Config(roofline=RooflineConfig(weight_bytes_per_step=165e9, hbm_bandwidth_bytes_per_second=8e12))
+    got = last_verdict(series(Scene(**SEED_000, api_cpu=0.99, step_ms=72, step_gpu_ms=19), 3.0), cfg)
+    assert got.get("roofline_floor_seconds") == pytest.approx(165e9 / 8e12)
+    assert got.get("roofline_achieved_ratio") == pytest.approx(165e9 / 8e12 / 0.072, rel=0.01)
+
+
+def test_roofline_uses_the_probe_bandwidth() -> None:
+    snaps = series(Scene(busy=0.97, running=64, step_ms=25, step_gpu_ms=24), 2.0)
+    # the probe's Snapshot.probe
+    probe = {"0": ProbeSummary("pass", True, hbm_bandwidth_bytes_per_second=4.2e12)}
+    snaps = [dataclasses.replace(s, probe=probe) for s in snaps]
+    cfg = Config(roofline=RooflineConfig(weight_bytes_per_step=84e9))
+    got = last_verdict(snaps, cfg)
+    assert got.get("roofline_floor_seconds") == pytest.approx(0.02)
+    assert got.get("roofline_achieved_ratio") == pytest.approx(0.8, rel=0.02)
+
+
+def test_roofline_counts_the_time_between_steps() -> None:
+    # Steps of 1.3 ms each, but only 42 a tick (84/s) because the engine waits on its API server.
+    cfg = Config(roofline=RooflineConfig(weight_bytes_per_step=4.4e9, hbm_bandwidth_bytes_per_second=4.28e12))
+    scene = Scene(**SEED, api_cpu=0.99, step_ms=1.3, step_gpu_ms=1.1, steps_per_tick=42)
+    got = last_verdict(series(scene, 3.0), cfg)
+    assert got.get("step_seconds") == pytest.approx(0.0013)
+    assert got.get("roofline_achieved_ratio") == pytest.approx(4.4e9 / 4.28e12 * 84, rel=0.01)
+
+
+def test_engine_steps_over_time_give_a_step_time_without_an_agent() -> None:
+    got = last_verdict(series(Scene(busy=0.97, running=64, graph_share=None, step_ms=None), 3.0))
+    assert got.get("step_method") == "engine"
+    assert got.get("step_seconds") == pytest.approx(0.02)
+
+
+def test_graph_fallback_shows_with_the_newest_cupti_window() -> None:
+    # CUPTI windows come late already: the first eager window flags the fallback, no extra averaging.
+    rec = Recorder()
+    rec.run(Scene(busy=0.3, running=64, max_num_seqs=64, api_cpu=0.3, graph_share=0.95), 3.0)
+    rec.tick(Scene(busy=0.3, running=64, max_num_seqs=64, api_cpu=0.3, graph_share=0.0))
+    assert "cuda_graph_fallback" in last_verdict(rec.snaps).reasons
+
+
+@pytest.mark.parametrize(("runnable", "saturated"), [(0.99, True), (0.47, False)])
+def test_api_server_starved_by_a_quota_reads_saturated_from_its_thread_demand(runnable, saturated) -> None:
+    # the main thread ran 0.45 of a core; runnable the whole tick means a 0.5-core quota starved it
+    rec = Recorder()
+    rec.run(Scene(**{**SEED_000, "api_cpu": 0.45, "api_runnable": runnable}), 3.0)
+    last = v.replay(rec.snaps, Config())[-1].verdicts[0]
+    assert last.verdict == "host"
+    assert ("api_server_saturated" in last.reasons) is saturated

@@ -1,0 +1,1 @@
+"""Tests of exporter/probe/, one file per module (or per behaviour of one module)."""

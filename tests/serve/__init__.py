@@ -1,0 +1,1 @@
+"""Tests of exporter/serve/, one file per module (or per behaviour of one module)."""

@@ -1,0 +1,249 @@
+"""The HTTP app under load and attack: one render per tick, gzip, no secrets or NaN, basic-auth timing and flood."""
+
+import asyncio
+import base64
+import dataclasses
+import gzip
+import json
+import statistics
+import time
+
+import pytest
+
+from exporter.config import Config, NvmlConfig, WebConfig
+from exporter.sampling import Sampler
+from exporter.serve import web
+from exporter.serve.web import make_app
+from exporter.snapshot.engine import EngineReading
+from exporter.snapshot.host import HostReading, ProcessCpu
+from exporter.sources.nvml import NvmlSource
+from tests.fakes.nvml_standin import FakeGpu, FakeNvml
+
+OPENMETRICS = {"Accept": "application/openmetrics-text; version=1.0.0"}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 50.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+async def _sampler(clock: Clock, gpus: int = 8) -> Sampler:
+    nvml = FakeNvml([FakeGpu(uuid=f"GPU-{i}") for i in range(gpus)])
+    sampler = Sampler(Config(), [NvmlSource(NvmlConfig(), nvml=nvml)], clock=clock)  # type: ignore[arg-type]
+    await sampler.tick()
+    clock.t += 0.5
+    await sampler.tick()
+    return sampler
+
+
+async def test_many_scrapes_in_one_tick_render_the_page_once_per_format(aiohttp_client):
+    clock = Clock()
+    sampler = await _sampler(clock)
+    client = await aiohttp_client(make_app(Config(), sampler))
+    pages = client.app[web.PAGES]
+    bodies = await asyncio.gather(*(client.get("/metrics") for _ in range(20)))
+    texts = {await r.text() for r in bodies}
+    assert len(texts) == 1 and 'boundwatch_gpu_power_watts{gpu="7"} 695.0' in texts.pop()
+    assert pages.renders == 1
+    for _ in range(5):
+        assert (await (await client.get("/metrics", headers=OPENMETRICS)).text()).endswith("# EOF\n")
+    assert pages.renders == 2  # one text, one OpenMetrics
+    clock.t += 0.5
+    await sampler.tick()
+    await client.get("/metrics")
+    assert pages.renders == 3  # a new tick, a new page
+
+
+async def test_ticks_without_scrapes_render_nothing(aiohttp_client):
+    clock = Clock()
+    sampler = await _sampler(clock)
+    client = await aiohttp_client(make_app(Config(), sampler))
+    for _ in range(10):
+        clock.t += 0.5
+        await sampler.tick()
+    assert client.app[web.PAGES].renders == 0  # rendered on a tick's first scrape only
+    await client.get("/metrics", headers={"Accept-Encoding": "identity"})
+    assert client.app[web.PAGES].renders == 1 and client.app[web.PAGES].compressions == 0  # gzip when asked
+
+
+async def test_a_stalled_sampler_page_still_ages(aiohttp_client):
+    clock = Clock()
+    sampler = await _sampler(clock)
+    client = await aiohttp_client(make_app(Config(), sampler))
+    first = await (await client.get("/metrics")).text()
+    clock.t += 2.0  # no tick: the cached page lives at most one tick
+    second = await (await client.get("/metrics")).text()
+    age = [line for line in second.splitlines() if line.startswith("boundwatch_snapshot_age_seconds")]
+    assert first != second and age == ["boundwatch_snapshot_age_seconds 2.0"]
+
+
+async def test_gzip_when_asked_compressed_once_per_tick(aiohttp_client):
+    clock = Clock()
+    sampler = await _sampler(clock)
+    client = await aiohttp_client(make_app(Config(), sampler))
+    plain = await (
+        await client.get("/metrics", headers={"Accept-Encoding": "identity"}, auto_decompress=False)
+    ).read()
+    for _ in range(10):
+        resp = await client.get(
+            "/metrics", headers={"Accept-Encoding": "gzip, deflate"}, auto_decompress=False
+        )
+        assert resp.headers["Content-Encoding"] == "gzip"
+        assert "Accept-Encoding" in resp.headers["Vary"]
+        raw = await resp.read()
+        assert gzip.decompress(raw) == plain and len(raw) < len(plain) / 4
+    assert client.app[web.PAGES].compressions == 1
+    refused = await client.get("/metrics", headers={"Accept-Encoding": "gzip;q=0"}, auto_decompress=False)
+    assert "Content-Encoding" not in refused.headers and await refused.read() == plain
+
+
+def test_accept_encoding_is_read_as_prometheus_and_browsers_send_it():
+    assert web.accepts_gzip("gzip")
+    assert web.accepts_gzip("deflate, gzip;q=1.0, *;q=0.5")
+    assert not web.accepts_gzip("identity")
+    assert not web.accepts_gzip("gzip;q=0")
+    assert not web.accepts_gzip("")
+
+
+class _Provider:
+    """A Snapshot provider that serves one given Snapshot (the sampler's own, edited)."""
+
+    def __init__(self, sampler: Sampler, edit) -> None:
+        self._sampler = sampler
+        self._edit = edit
+
+    def latest(self, max_age=None):
+        snap = self._sampler.latest(max_age)
+        return None if snap is None else self._edit(snap)
+
+    def history(self):
+        return tuple(self._edit(snap) for snap in self._sampler.history())
+
+    def now(self) -> float:
+        return self._sampler.now()
+
+
+SECRET = "sk-live-0123456789abcdef"
+
+
+def _with_secrets(snap):
+    proc = ProcessCpu(
+        pid=41,
+        name="vllm",
+        cmdline=("vllm", "serve", "m", "--api-key", SECRET),
+        cpu=float("nan"),
+        busiest_thread=None,
+    )
+    engine = EngineReading(
+        name="vllm:8000", kind="vllm", url="http://u:pw@127.0.0.1:8000/metrics", api_servers=(proc,)
+    )
+    host = HostReading(cpus=2, cpu_busy=float("inf"))
+    busy = dataclasses.replace(snap.totals.busy, graph_busy_seconds={0: float("nan")})
+    totals = dataclasses.replace(snap.totals, busy=busy)
+    return dataclasses.replace(snap, host=host, engines=(engine,), totals=totals)
+
+
+async def test_snapshot_json_has_no_command_line_and_no_bare_nan(aiohttp_client):
+    sampler = await _sampler(Clock(), gpus=1)
+    client = await aiohttp_client(make_app(Config(), _Provider(sampler, _with_secrets)))  # type: ignore[arg-type]
+    resp = await client.get("/api/snapshot")
+    text = await resp.text()
+    assert resp.status == 200 and SECRET not in text and "--api-key" not in text
+
+    def no_constant(name: str) -> None:
+        raise AssertionError(f"bare {name} in /api/snapshot")
+
+    data = json.loads(text, parse_constant=no_constant)
+    server = data["engines"][0]["api_servers"][0]
+    assert server["name"] == "vllm" and server["pid"] == 41 and server["cpu"] is None
+    assert server["cmdline"] == ["vllm"]  # the title, which diagnose --url reads; no arguments
+    assert data["host"]["cpu_busy"] is None and "pw@" not in text
+    assert data["counters"]["boundwatch_gpu_graph_busy_seconds_total{0}"] is None
+    assert data["totals"]["busy"]["graph_busy_seconds"] == {"0": None}
+    resp = await client.get("/")
+    page = await resp.text()
+    assert resp.status == 200 and "vllm:8000" in page  # the engine is shown, by name only
+    assert SECRET not in page and "--api-key" not in page and "pw@" not in page
+
+
+def test_served_data_drops_credentials_in_urls():
+    assert web.served({"url": "http://prom:pw@127.0.0.1:8000/metrics"}) == {
+        "url": "http://127.0.0.1:8000/metrics"
+    }
+    assert web.served({"environ": {"HF_TOKEN": "x"}, "n": 1}) == {"n": 1}
+
+
+def _basic(user: str, password: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+async def _auth_client(aiohttp_client, tmp_path, clock, **web):
+    import bcrypt
+
+    users = tmp_path / "users"
+    users.write_text(
+        f"prom:{bcrypt.hashpw(b's3cret', bcrypt.gensalt(rounds=web.pop('rounds', 4))).decode()}\n"
+    )
+    cfg = Config(web=WebConfig(basic_auth_file=str(users), **web))
+    sampler = await _sampler(Clock(), gpus=1)
+    return await aiohttp_client(make_app(cfg, sampler, **({} if clock is None else {"clock": clock})))
+
+
+@pytest.mark.timeout(60)
+async def test_unknown_user_takes_as_long_as_a_wrong_password(aiohttp_client, tmp_path):
+    client = await _auth_client(aiohttp_client, tmp_path, None, rounds=9)  # 8 failures: within the burst
+
+    async def seconds(user: str) -> float:
+        start = time.perf_counter()
+        assert (await client.get("/metrics", headers=_basic(user, "wrong"))).status == 401
+        return time.perf_counter() - start
+
+    known, unknown = [], []
+    for _ in range(4):
+        known.append(await seconds("prom"))
+        unknown.append(await seconds("nobody"))
+    # bcrypt at cost 9 takes ~20-40 ms; a plain look-up would answer an unknown user in < 1 ms.
+    assert statistics.median(unknown) > 0.5 * statistics.median(known) > 0.002
+
+
+async def test_a_wrong_password_flood_runs_few_checks_and_gets_429(aiohttp_client, tmp_path):
+    clock = Clock()
+    client = await _auth_client(aiohttp_client, tmp_path, clock, auth_failure_burst=3)
+    auth = client.app[web.AUTH]
+    answers = await asyncio.gather(*(client.get("/metrics", headers=_basic("prom", "x")) for _ in range(12)))
+    statuses = sorted(r.status for r in answers)
+    assert statuses == [401] * 3 + [429] * 9 and auth.checks == 3
+    assert (await client.get("/metrics", headers=_basic("prom", "s3cret"))).status == 429  # bucket empty
+    clock.t += 4.0  # 0.5 a second: two checks back
+    assert (await client.get("/metrics", headers=_basic("prom", "s3cret"))).status == 200
+    for _ in range(4):
+        await client.get("/metrics", headers=_basic("prom", "x"))
+    # the scraper that already logged in is remembered: it passes without a check while others are refused
+    assert (await client.get("/metrics", headers=_basic("prom", "s3cret"))).status == 200
+    assert (await client.get("/metrics", headers=_basic("nobody", "x"))).status == 429
+    await client.app[web.SAMPLER].tick()  # a new page (the cached one lives one tick)
+    page = await (await client.get("/metrics", headers=_basic("prom", "s3cret"))).text()
+    assert f'boundwatch_http_refused_total{{cause="auth_failed"}} {auth.failures:.1f}' in page
+    assert f'boundwatch_http_refused_total{{cause="auth_rate_limited"}} {auth.refused:.1f}' in page
+    assert auth.failures == 3 + 2 and auth.refused >= 9
+
+
+async def test_a_stale_snapshot_is_logged_once_not_per_scrape(aiohttp_client):
+    import structlog
+
+    clock = Clock()
+    sampler = await _sampler(clock, gpus=1)
+    client = await aiohttp_client(make_app(Config(), sampler))
+    with structlog.testing.capture_logs() as logs:
+        for _ in range(10):
+            clock.t += 1.0  # ticks stopped: each scrape sees an older snapshot and a new page
+            await client.get("/metrics")
+        await sampler.tick()
+        await client.get("/metrics")
+    assert [e["event"] for e in logs if e["event"].startswith("snapshot_")] == [
+        "snapshot_stale",
+        "snapshot_fresh",
+    ]

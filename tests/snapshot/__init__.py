@@ -1,0 +1,1 @@
+"""Tests of exporter/snapshot/, one file per module (or per behaviour of one module)."""

@@ -1,0 +1,103 @@
+"""The cgroup reader on real v1 and v2 fixture trees and on this machine's own cgroup."""
+
+from pathlib import Path
+
+import pytest
+
+from exporter.sources.cgroup import cgroup_path_of, cgroup_version, read_cgroup_cpu
+
+FIX = Path(__file__).parents[1] / "fixtures" / "cgroup"
+
+
+def test_v2_fractional_container_quota_is_read_in_cores_with_throttling():
+    cg = read_cgroup_cpu(str(FIX / "v2"), "/kubepods.slice/pod1/ctr")
+    assert cg is not None
+    assert cg.version == 2
+    assert cg.quota_cores == pytest.approx(0.5)  # "50000 100000": the seed's fractional default quota
+    assert cg.usage_seconds == pytest.approx(31.25)
+    assert cg.throttled_seconds == pytest.approx(41.5)
+    assert cg.throttled_periods == 870
+    assert cg.periods == 1200
+
+
+def test_v2_pod_quota_binds_when_tighter_than_container_and_root_max_is_unlimited():
+    pod = read_cgroup_cpu(str(FIX / "v2"), "/kubepods.slice/pod1")
+    root = read_cgroup_cpu(str(FIX / "v2"), "/")
+    assert pod is not None and pod.quota_cores == pytest.approx(2.0)
+    assert root is not None and root.quota_cores is None
+
+
+def test_a_v2_quota_is_read_again_only_after_its_interval_and_the_counters_every_time(tmp_path):
+    import shutil
+
+    from exporter.sources.cgroup import QUOTA_EVERY_SECONDS
+
+    root = tmp_path / "v2"
+    shutil.copytree(FIX / "v2", root)
+    leaf = root / "kubepods.slice" / "pod1" / "ctr"
+    first = read_cgroup_cpu(str(root), "/kubepods.slice/pod1/ctr", now=50.0)
+    (leaf / "cpu.max").write_text("25000 100000\n")
+    stat = (leaf / "cpu.stat").read_text().replace("nr_throttled 870", "nr_throttled 871")
+    (leaf / "cpu.stat").write_text(stat)
+    soon = read_cgroup_cpu(str(root), "/kubepods.slice/pod1/ctr", now=50.0 + QUOTA_EVERY_SECONDS / 2)
+    later = read_cgroup_cpu(str(root), "/kubepods.slice/pod1/ctr", now=50.0 + QUOTA_EVERY_SECONDS)
+    uncached = read_cgroup_cpu(str(root), "/kubepods.slice/pod1/ctr")
+    assert first is not None and soon is not None and later is not None and uncached is not None
+    assert (first.quota_cores, soon.quota_cores, later.quota_cores) == (0.5, 0.5, 0.25)
+    assert (first.throttled_periods, soon.throttled_periods) == (870, 871)
+    assert uncached.quota_cores == 0.25
+
+
+def test_a_v1_quota_is_read_again_only_after_its_interval(tmp_path):
+    import shutil
+
+    from exporter.sources.cgroup import QUOTA_EVERY_SECONDS
+
+    root = tmp_path / "v1"
+    shutil.copytree(FIX / "v1", root)
+    quota = next(p for p in root.rglob("docker/abc/cpu.cfs_quota_us"))
+    first = read_cgroup_cpu(str(root), "/docker/abc", now=7.0)
+    quota.write_text("50000\n")
+    soon = read_cgroup_cpu(str(root), "/docker/abc", now=7.0 + QUOTA_EVERY_SECONDS / 2)
+    later = read_cgroup_cpu(str(root), "/docker/abc", now=7.0 + QUOTA_EVERY_SECONDS)
+    assert first is not None and soon is not None and later is not None
+    assert (first.quota_cores, soon.quota_cores) == (1.5, 1.5)
+    assert later.quota_cores is not None and later.quota_cores < 1.5
+    assert later.usage_seconds == first.usage_seconds == 7.25
+
+
+def test_v1_split_cpu_and_cpuacct_hierarchies():
+    cg = read_cgroup_cpu(str(FIX / "v1"), "/docker/abc")
+    assert cg is not None
+    assert cg.version == 1
+    assert cg.quota_cores == pytest.approx(1.5)
+    assert cg.throttled_seconds == pytest.approx(3.5)
+    assert cg.throttled_periods == 120
+    assert cg.periods == 500
+    assert cg.usage_seconds == pytest.approx(7.25)
+
+
+def test_missing_cgroup_reads_as_none():
+    assert read_cgroup_cpu(str(FIX / "v2"), "/no/such/group") is None
+    assert read_cgroup_cpu(str(FIX / "v1"), "/docker/gone") is None
+
+
+def test_version_detection():
+    assert cgroup_version(str(FIX / "v2")) == 2
+    assert cgroup_version(str(FIX / "v1")) == 1
+
+
+def test_cgroup_path_of_process_for_both_versions():
+    proc = str(FIX / "proc")
+    assert cgroup_path_of(proc, 4242) == "/kubepods.slice/pod1/ctr"
+    assert cgroup_path_of(proc, 777) == "/docker/abc"
+    assert cgroup_path_of(proc, 1) == "/"  # no such process: the root
+
+
+def test_own_cgroup_on_this_machine_reads():
+    path = cgroup_path_of("/proc", "self")
+    cg = read_cgroup_cpu("/sys/fs/cgroup", path)
+    if cg is None:
+        pytest.skip("no readable CPU cgroup on this machine")
+    assert cg.version in (1, 2)
+    assert cg.quota_cores is None or cg.quota_cores > 0

@@ -1,0 +1,355 @@
+"""The engine source end to end: discovery, pages over HTTP, the daemon's sampler, API-server saturation."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from engine_fixtures import FIXTURES, HERE, PAGES, PROC
+
+from exporter import catalogue
+from exporter.config import Config, EngineConfig, HostConfig
+from exporter.sampling import Sampler
+from exporter.serve.web import make_app
+from exporter.snapshot.engine import demand
+from exporter.snapshot.totals import EngineServer
+from exporter.sources.engine import EngineSource, configured_target, discover, merge_targets
+
+RUNNING = catalogue.ENGINE_RUNNING_REQUEST_SECONDS_TOTAL.name
+
+
+def config(**engine: object) -> Config:
+    return Config(
+        engine=EngineConfig(**engine),  # type: ignore[arg-type]
+        host=HostConfig(proc_root="/proc", cgroup_root="/sys/fs/cgroup"),
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_discovery_finds_every_engine_with_its_api_servers_and_multiprocess_dir():
+    targets = {t.name: t for t in discover(str(PROC))}
+    assert sorted(targets) == ["sglang:30001", "vllm:8001", "vllm:8002", "vllm:8003", "vllm:8004"]
+    v = targets["vllm:8001"]
+    assert v.url == "http://127.0.0.1:8001/metrics"
+    assert v.api_server_pids == (4101, 4102) and v.api_server_count_cmdline == 2
+    assert v.multiproc_dir == "/tmp/vllm-mp-a1"
+    assert set(v.engine_pids) == {4100, 4101, 4102, 4103, 4104, 4105}
+    assert targets["vllm:8002"].api_server_pids == (4500,)  # one API server: the main process serves
+    assert targets["vllm:8003"].api_server_pids == (4601, 4602)  # launched by a wrapper script
+    assert targets["sglang:30001"].multiproc_dir == "/tmp/sglang-mp"
+    # vLLM 0.10 sets no titles: its API servers are the children holding the listening socket.
+    assert targets["vllm:8004"].api_server_pids == (4701, 4702)
+    assert targets["vllm:8004"].api_server_count_cmdline == 2
+
+
+async def test_discovery_runs_again_only_when_the_process_table_changed(tmp_path, monkeypatch):
+    import exporter.sources.engine as engine_module
+
+    root = tmp_path / "proc"
+    shutil.copytree(PROC, root, symlinks=True)
+    (root / "uptime").write_text("100000.00 1.00\n")
+    walks = []
+    real = engine_module.discover
+    monkeypatch.setattr(engine_module, "discover", lambda *a: walks.append(1) or real(*a))
+    cfg = dataclasses.replace(config(discover=True), host=HostConfig(proc_root=str(root)))
+    source = EngineSource(cfg, proc_root=str(root), discover_every=0.0)
+    try:
+        await source.read()
+        names = sorted(t.name for t in source.targets)
+        await source.read()
+        await source.read()
+        assert len(walks) == 1 and sorted(t.name for t in source.targets) == names
+        shutil.rmtree(root / "4500")  # vllm:8002 exits
+        await source.read()
+        assert len(walks) == 2 and "vllm:8002" not in {t.name for t in source.targets}
+        assert {t.name for t in source.targets} == {t.name for t in discover(str(root))}
+    finally:
+        await source.aclose()
+
+
+def test_a_configured_url_on_a_discovered_port_joins_that_engine():
+    merged = merge_targets([configured_target("http://localhost:8001/metrics")], discover(str(PROC)))
+    joined = [t for t in merged if t.url == "http://localhost:8001/metrics"]
+    assert len(joined) == 1 and joined[0].root_pid == 4100 and joined[0].name == "vllm:8001"
+    assert len(merged) == 5
+
+
+async def test_configured_file_and_dead_url_read_as_one_good_and_one_failed_engine():
+    dead = f"http://127.0.0.1:{free_port()}/metrics"
+    source = EngineSource(config(urls=(str(PAGES / "vllm-sim-0.11-asc4.prom"), dead), discover=False))
+    try:
+        good, bad = await source.read()
+    finally:
+        await source.aclose()
+    assert (good.name, good.source, good.api_server_count) == ("vllm:vllm-sim-0.11-asc4", "file", 4)
+    assert bad.error and bad.running is None and bad.name == f"unknown:{dead.split(':')[2].split('/')[0]}"
+
+
+class ChangingPage:
+    """Serve a vLLM page whose running and waiting change every 0.5 s; log what each request got."""
+
+    def __init__(self, running: list[int], waiting: list[int], period: float = 0.5) -> None:
+        self.running, self.waiting, self.period = running, waiting, period
+        self.start = time.monotonic()
+        self.served: list[tuple[float, int, int]] = []
+
+    def value_at(self, t: float) -> tuple[int, int]:
+        i = int((t - self.start) / self.period)
+        if i >= len(self.running):
+            return 0, 0
+        return self.running[i], self.waiting[i]
+
+    async def handle(self, _request: web.Request) -> web.Response:
+        now = time.monotonic()
+        run, wait = self.value_at(now)
+        self.served.append((now, run, wait))
+        body = (
+            "# TYPE vllm:num_requests_running gauge\n"
+            f'vllm:num_requests_running{{engine="0",model_name="m"}} {run}\n'
+            "# TYPE vllm:num_requests_waiting gauge\n"
+            f'vllm:num_requests_waiting{{engine="0",model_name="m"}} {wait}\n'
+            "# TYPE vllm:iteration_tokens_total histogram\n"
+            f'vllm:iteration_tokens_total_count{{engine="0",model_name="m"}} {len(self.served) * 10}\n'
+            "process_cpu_seconds_total 1.0\n"
+        )
+        return web.Response(text=body)
+
+
+async def test_live_running_and_waiting_integrals_match_the_served_sequence():
+    running = [40, 0, 10, 80, 80, 5, 120, 0, 60, 30]
+    waiting = [0, 12, 0, 3, 3, 50, 0, 7, 0, 1]
+    page = ChangingPage(running, waiting)
+    app = web.Application()
+    app.router.add_get("/metrics", page.handle)
+    async with TestServer(app, host="127.0.0.1") as server:
+        url, port = str(server.make_url("/metrics")), server.port
+        cfg = config(urls=(url,), discover=False)
+        source = EngineSource(cfg)
+        snaps = []
+        sampler = Sampler(cfg, [source], on_tick=snaps.append)
+        stop = asyncio.Event()
+        # Tick in the middle of each served period so each tick reads the next value of the sequence.
+        await asyncio.sleep(page.start + page.period / 2 - time.monotonic())
+        task = asyncio.create_task(sampler.run(stop))
+        await asyncio.sleep(page.period * (len(running) + 2))
+        async with TestClient(TestServer(make_app(cfg, sampler), host="127.0.0.1")) as client:
+            text = await (await client.get("/metrics")).text()
+        stop.set()
+        await task
+        await source.aclose()
+    name = snaps[-1].engines[0].name
+    assert name == f"vllm:{port}"
+    readings = [next(e for e in s.engines if e.name == name) for s in snaps]
+    # Each tick read what the server served at that moment.
+    assert [(r.running, r.waiting) for r in readings] == [
+        (float(r), float(w)) for _, r, w in page.served[: len(snaps)]
+    ]
+    # The sequence was read in order, each value once (ticks sat mid-period).
+    assert [int(r.running) for r in readings[: len(running)]] == running
+    # Left rule, tick by tick: the increment is the value read at the previous tick times dt.
+    for before, after in itertools.pairwise(snaps):
+        prev = next(e for e in before.engines if e.name == name)
+        for field, value in (
+            ("running_request_seconds", prev.running),
+            ("waiting_request_seconds", prev.waiting),
+        ):
+            was, now = (getattr(s.totals.engine, field).get(name, 0.0) for s in (before, after))
+            assert now - was == pytest.approx(value * after.dt, rel=1e-9, abs=1e-9)
+    # And in total: each served value held for its 0.5 s period.
+    total_run = snaps[-1].totals.engine.running_request_seconds[name]
+    total_wait = snaps[-1].totals.engine.waiting_request_seconds[name]
+    assert total_run == pytest.approx(0.5 * sum(running), rel=0.02)
+    assert total_wait == pytest.approx(0.5 * sum(waiting), rel=0.02)
+    # The trapezoid would differ by half a step at every change: 40 -> 0 alone moves it by 10 request-seconds.
+    first = snaps[1].totals.engine.running_request_seconds[name] - snaps[
+        0
+    ].totals.engine.running_request_seconds.get(name, 0.0)
+    assert first == pytest.approx(running[0] * snaps[1].dt)
+    assert abs(first - (running[0] + running[1]) / 2 * snaps[1].dt) > 5
+    # The daemon's /metrics serves the same integral.
+    line = next(x for x in text.splitlines() if x.startswith(f'{RUNNING}{{engine="{name}"}}'))
+    assert float(line.rsplit(" ", 1)[1]) == pytest.approx(total_run, rel=0.02)
+
+
+@pytest.fixture
+def fake_vllm(tmp_path):
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(HERE / "fake_vllm.py"),
+            "vllm",
+            "serve",
+            "fake/model",
+            "--port",
+            str(port),
+            "--api-server-count",
+            "2",
+            "--page",
+            str(PAGES / "vllm-sim-0.11-asc4.prom"),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    yield port, proc
+    assert proc.stdin is not None
+    proc.stdin.close()
+    proc.wait(timeout=10)
+
+
+async def test_a_saturated_api_server_is_reported_within_two_ticks_and_an_idle_one_is_not(fake_vllm):
+    port, proc = fake_vllm
+    await asyncio.sleep(0.3)  # let the children take their titles
+    cfg = dataclasses.replace(config(), tick_seconds=0.5)
+    source = EngineSource(cfg)
+    sampler = Sampler(cfg, [source])
+    try:
+        await sampler.tick()
+        await asyncio.sleep(cfg.tick_seconds)
+        snap = await sampler.tick()
+    finally:
+        await source.aclose()
+    name = f"vllm:{port}"
+    engine = next(e for e in snap.engines if e.name == name)
+    assert engine.api_server_count == 2 and engine.api_server_count_source == "processes"
+    servers = dict(engine.servers())
+    assert set(servers) == {"0", "1"}
+    # The spinning server wants a whole core (what it gets depends on the neighbours); the idle one nothing.
+    assert (demand(servers["0"]) or 0.0) >= 0.9 and servers["0"].cpu > 0.3
+    assert (demand(servers["1"]) or 0.0) < 0.2
+    saturated = snap.totals.engine.api_server_saturated_seconds
+    assert saturated[EngineServer(name, "0")] == pytest.approx(snap.dt)
+    assert saturated.get(EngineServer(name, "1"), 0.0) == 0.0
+    assert engine.running == 23.0  # the page the fake engine serves
+    assert proc.poll() is None
+
+
+async def test_a_local_multiprocess_engine_is_read_from_its_files_with_processes_and_cgroups(tmp_path):
+    import shutil
+
+    import vllm_sim
+
+    proc_root = tmp_path / "proc"
+    shutil.copytree(PROC, proc_root, symlinks=True)
+    mp_dir = tmp_path / "mp"
+    mp_dir.mkdir()
+    for pid in (4100, 4101, 4102, 4103, 4104, 4105):
+        (proc_root / str(pid) / "cgroup").write_text("0::/kubepods.slice/pod1/ctr\n")
+    for pid in (4101, 4102):
+        (proc_root / str(pid) / "environ").write_bytes(f"PROMETHEUS_MULTIPROC_DIR={mp_dir}\0".encode())
+    (proc_root / "4103" / "environ").write_bytes(b"CUDA_VISIBLE_DEVICES=2,3\0")
+    truth, _ = vllm_sim.run_engine(str(mp_dir), n_servers=2, steps=40, concurrency=8)
+    cfg = config()
+    source = EngineSource(cfg, proc_root=str(proc_root), cgroup_root=str(FIXTURES / "cgroup" / "v2"))
+    try:
+        await source.read()
+        readings = {r.name: r for r in await source.read()}
+    finally:
+        await source.aclose()
+    v = readings["vllm:8001"]
+    assert (v.source, v.error) == ("multiproc_files", "")  # no request to the engine
+    assert v.iteration_count == truth.observations and v.generation_tokens_total == truth.generation_tokens
+    assert (v.api_server_count, v.api_server_count_source) == (2, "processes")
+    assert [s for s, _ in v.servers()] == ["0", "1"]
+    assert all(p.cpu == 0.0 for p in v.api_servers)  # the fixture's CPU counters did not move
+    assert [(c.path, c.quota_cores) for c in v.cgroups] == [("/kubepods.slice/pod1/ctr", 0.5)]
+    assert v.cuda_visible_devices == "2,3" and set(v.pids) == {4100, 4101, 4102, 4103, 4104, 4105}
+    assert v.steps is not None and v.steps.lower <= truth.steps_with_output <= v.steps.upper
+    # The other engines of the tree have no server behind their ports: read, failed, still listed.
+    assert readings["sglang:30001"].error and readings["vllm:8002"].error
+
+
+async def test_api_servers_moved_into_a_throttled_cgroup_show_it_at_the_next_read(tmp_path):
+    import shutil
+
+    proc_root = tmp_path / "proc"
+    shutil.copytree(PROC, proc_root, symlinks=True)
+    cgroup_root = tmp_path / "cgroup"
+    shutil.copytree(FIXTURES / "cgroup" / "v2", cgroup_root)
+    for pid in (4100, 4101, 4102, 4103, 4104, 4105):
+        (proc_root / str(pid) / "cgroup").write_text("0::/kubepods.slice/pod1\n")
+    source = EngineSource(config(), proc_root=str(proc_root), cgroup_root=str(cgroup_root))
+    try:
+        await source.read()  # CPU figures need a first sample
+        before = {r.name: r for r in await source.read()}["vllm:8001"]
+        for pid in (
+            4101,
+            4102,
+        ):  # what a quota on the API servers alone does: move them (the lab, an operator)
+            (proc_root / str(pid) / "cgroup").write_text("0::/kubepods.slice/pod1/ctr\n")
+        after = {r.name: r for r in await source.read()}["vllm:8001"]
+    finally:
+        await source.aclose()
+    assert {p.cgroup for p in before.api_servers} == {"/kubepods.slice/pod1"}
+    assert {p.cgroup for p in after.api_servers} == {
+        "/kubepods.slice/pod1/ctr"
+    }  # not a discovery period later
+    assert ("/kubepods.slice/pod1/ctr", 0.5) in [(c.path, c.quota_cores) for c in after.cgroups]
+
+
+async def test_spec_decode_acceptance_is_taken_over_the_recent_window(tmp_path):
+    page = tmp_path / "spec.prom"
+
+    def write(drafted: int, accepted: int) -> None:
+        page.write_text(
+            f'vllm:spec_decode_num_draft_tokens_total{{engine="0",model_name="m"}} {drafted}\n'
+            f'vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="m"}} {accepted}\n'
+        )
+
+    source = EngineSource(config(urls=(str(page),), discover=False))
+    try:
+        write(1000, 900)  # a long history at 90%
+        (first,) = await source.read()
+        write(1200, 950)  # the last 200 drafted tokens: 25% accepted
+        (second,) = await source.read()
+    finally:
+        await source.aclose()
+    assert first.spec_acceptance is None
+    assert second.spec_acceptance == pytest.approx(0.25)
+
+
+def test_a_multiprocess_dir_inside_another_container_is_reached_through_proc_root(tmp_path):
+    import shutil
+
+    import vllm_sim
+
+    proc_root = tmp_path / "proc"
+    shutil.copytree(PROC, proc_root, symlinks=True)
+    inside = proc_root / "4101" / "root" / "tmp" / "vllm-mp-a1"  # the engine's /tmp, seen from the host
+    inside.mkdir(parents=True)
+    vllm_sim.run_engine(str(inside), n_servers=1, steps=5, concurrency=2)
+    targets = {t.name: t for t in discover(str(proc_root))}
+    assert targets["vllm:8001"].multiproc_dir == str(inside)
+    assert (
+        targets["sglang:30001"].multiproc_dir == "/tmp/sglang-mp"
+    )  # not reachable: kept as found, HTTP used
+
+
+def test_inspect_of_a_local_engine_lists_its_api_server_processes(fake_vllm, capsys):
+    import json
+
+    from exporter.cli import main
+
+    port, _ = fake_vllm
+    assert main(["inspect", "engine", f"http://127.0.0.1:{port}/metrics"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    servers = data["api_servers"]
+    assert (servers["count"], servers["count_from"]) == (2, "processes")
+    assert [p["server"] for p in servers["processes"]] == [0, 1]
+    assert data["steps"]["method"] == "output_steps" and data["steps"]["total"] == data["steps"]["lower"]

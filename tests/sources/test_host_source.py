@@ -1,0 +1,42 @@
+"""The host source on /proc-style fixture files and on this machine."""
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from exporter.config import HostConfig
+from exporter.sources.host import HostSource, parse_proc_stat
+
+FIX = Path(__file__).parents[1] / "fixtures"
+
+
+def test_proc_stat_counts_idle_and_iowait_as_not_busy():
+    busy, total, cpus = parse_proc_stat((FIX / "host" / "proc" / "stat").read_text())
+    assert (busy, total, cpus) == (1500, 10000, 2)
+
+
+def test_cpu_busy_is_the_share_of_jiffies_between_two_ticks(tmp_path):
+    proc = tmp_path / "proc"
+    shutil.copytree(FIX / "host" / "proc", proc)
+    src = HostSource(HostConfig(proc_root=str(proc), cgroup_root=str(FIX / "cgroup" / "v2")))
+    first = src.read_blocking()
+    assert first.cpus == 2 and first.cpu_busy is None  # no previous tick yet
+    # one second later on 2 CPUs (200 jiffies): 150 busy, 50 idle
+    (proc / "stat").write_text(
+        "cpu  1100 0 550 8050 500 0 0 0 0 0\ncpu0 0 0 0 0 0 0 0 0\ncpu1 0 0 0 0 0 0 0 0\n"
+    )
+    second = src.read_blocking()
+    assert second.cpu_busy == pytest.approx(0.75)
+    assert second.own_cgroup is not None and second.own_cgroup.path == "/"
+
+
+def test_reads_this_machine():
+    src = HostSource(HostConfig())
+    src.read_blocking()
+    time.sleep(0.1)  # let a few jiffies pass
+    reading = src.read_blocking()
+    assert reading.cpus >= 1
+    assert reading.cpu_busy is not None and 0.0 <= reading.cpu_busy <= 1.0
+    src.close()

@@ -1,0 +1,176 @@
+"""The NVML source against a stand-in driver: units, GPM, clock events, rare energy reads, failures."""
+
+import pytest
+
+from exporter.config import NvmlConfig
+from exporter.sources.base import SourceUnavailable
+from exporter.sources.nvml import NvmlSource
+from tests.fakes.nvml_standin import FakeGpu, FakeNvml
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_reading_converts_to_base_units_like_the_h200_under_a_matmul():
+    src = NvmlSource(NvmlConfig(), nvml=FakeNvml())  # type: ignore[arg-type]
+    src.read_blocking()  # first GPM sample pair
+    (g,) = src.read_blocking()
+    assert g.name == "NVIDIA H200" and g.driver == "580.159.04"
+    assert g.power_watts == pytest.approx(695.0)
+    assert g.power_limit_watts == pytest.approx(700.0)
+    assert g.sm_clock_hz == pytest.approx(1.44e9)
+    assert g.sm_clock_max_hz == pytest.approx(1.98e9)
+    assert g.utilization == pytest.approx(1.0)
+    assert g.energy_joules == pytest.approx(123_456.789)
+    assert g.memory_total_bytes == 143_771 * 2**20
+    assert g.clock_events()["sw_power_cap"] is True
+    assert g.clock_events()["hw_thermal_slowdown"] is False
+    assert g.gpm is not None
+    assert g.gpm.graphics == pytest.approx(0.987)
+    assert g.gpm.sm == pytest.approx(0.952)
+    assert g.gpm.tensor == pytest.approx(0.924)
+    assert g.errors == ()
+
+
+def test_energy_is_read_only_every_energy_interval():
+    nvml, clock = FakeNvml(), Clock()
+    src = NvmlSource(NvmlConfig(energy_every_seconds=10.0), nvml=nvml, clock=clock)  # type: ignore[arg-type]
+    for _ in range(20):  # 10 s of 0.5 s ticks
+        src.read_blocking()
+        clock.t += 0.5
+    assert nvml.calls["energy"] == 1
+    clock.t += 0.1
+    src.read_blocking()
+    assert nvml.calls["energy"] == 2
+
+
+def test_unsupported_field_is_none_without_an_error_and_lost_gpu_reports_errors():
+    nvml = FakeNvml([FakeGpu(no_power=True), FakeGpu(uuid="GPU-2", lost=True)])
+    src = NvmlSource(NvmlConfig(gpm=False), nvml=nvml)  # type: ignore[arg-type]
+    first, second = src.read_blocking()
+    assert first.power_watts is None and first.errors == ()
+    assert second.power_watts is None and second.sm_clock_hz is None
+    assert any("GpuIsLost" in e for e in second.errors)
+    assert first.gpm is None
+
+
+def test_gpu_without_gpm_support_has_no_gpm_ratios():
+    src = NvmlSource(NvmlConfig(), nvml=FakeNvml(gpm=False))  # type: ignore[arg-type]
+    src.read_blocking()
+    (g,) = src.read_blocking()
+    assert g.gpm is None and g.utilization == pytest.approx(1.0)
+
+
+def test_no_driver_is_unavailable_and_init_is_retried_only_after_30_s():
+    nvml, clock = FakeNvml(driver_present=False), Clock()
+    src = NvmlSource(NvmlConfig(), nvml=nvml, clock=clock)  # type: ignore[arg-type]
+    with pytest.raises(SourceUnavailable, match="LibraryNotFound"):
+        src.read_blocking()
+    clock.t += 10
+    with pytest.raises(SourceUnavailable):
+        src.read_blocking()
+    assert nvml.calls["init"] == 1
+    nvml.driver_present = True
+    clock.t += 25
+    (g,) = src.read_blocking()
+    assert nvml.calls["init"] == 2 and g.power_watts == pytest.approx(695.0)
+
+
+def test_close_frees_gpm_samples_and_shuts_nvml_down():
+    nvml = FakeNvml()
+    src = NvmlSource(NvmlConfig(), nvml=nvml)  # type: ignore[arg-type]
+    src.read_blocking()
+    src.read_blocking()
+    assert nvml.samples_alive == 2
+    src.close()
+    assert nvml.samples_alive == 0 and nvml.shutdown
+
+
+def test_real_pynvml_without_a_driver_reports_unavailable():
+    pynvml = pytest.importorskip("pynvml")
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        pass
+    else:
+        pynvml.nvmlShutdown()
+        pytest.skip("this machine has an NVIDIA driver")
+    with pytest.raises(SourceUnavailable, match="NVML unavailable"):
+        NvmlSource(NvmlConfig()).read_blocking()
+
+
+class RefusingNvml(FakeNvml):
+    """A driver that is there but refuses us (no permission on /dev/nvidia*)."""
+
+    def nvmlInit(self) -> None:
+        from tests.fakes.nvml_standin import NVMLError
+
+        raise NVMLError("Insufficient Permissions")
+
+
+@pytest.mark.parametrize(
+    ("nvml", "errors"),
+    [(RefusingNvml(), 4), (FakeNvml(driver_present=False), 0)],
+    ids=["refused: counted every tick", "no driver on this host: a state, not an error"],
+)
+async def test_source_errors_count_every_tick_nvml_is_refused_and_the_log_says_it_once(nvml, errors):
+    from structlog.testing import capture_logs
+
+    from exporter.config import Config
+    from exporter.sampling import Sampler
+
+    clock = Clock()
+    src = NvmlSource(NvmlConfig(), nvml=nvml, clock=clock)  # type: ignore[arg-type]
+    sampler = Sampler(Config(), [src], clock=clock)
+    with capture_logs() as logs:
+        try:
+            for _ in range(4):
+                snap = await sampler.tick()
+                clock.t += 0.5
+        finally:
+            src.close()
+    (status,) = snap.sources
+    assert (status.up, status.errors_total) == (False, errors)
+    assert [e["event"] for e in logs if e["event"].startswith("source_")] == ["source_down"]
+
+
+def test_the_power_limit_is_read_every_static_interval_and_when_the_clock_events_change():
+    gpu = FakeGpu()
+    nvml, clock = FakeNvml([gpu]), Clock()
+    src = NvmlSource(NvmlConfig(), nvml=nvml, clock=clock)  # type: ignore[arg-type]
+
+    def limits(ticks: int) -> list[float | None]:
+        out = []
+        for _ in range(ticks):
+            out.append(src.read_blocking()[0].power_limit_watts)
+            clock.t += 0.5
+        return out
+
+    assert limits(4) == [700.0] * 4 and nvml.calls["power_limit"] == 1
+    gpu.limit_mw, gpu.reasons = 500_000, 0x4 | 0x80  # an administrator lowers the limit: a new mask
+    assert limits(1) == [500.0]  # read at once
+    gpu.limit_mw = 450_000  # the same mask: seen when the interval has passed
+    assert limits(20) == [500.0] * 19 + [450.0]
+    assert nvml.calls["power_limit"] == 3
+
+
+def test_gpm_ratios_follow_each_tick_with_one_request_built_once():
+    gpu = FakeGpu()
+    src = NvmlSource(NvmlConfig(), nvml=FakeNvml([gpu]))  # type: ignore[arg-type]
+    src.read_blocking()
+    first = src.read_blocking()[0].gpm
+    gpu.gpm = {1: 50.0, 2: 40.0}  # tensor and the others: not supported now
+    second = src.read_blocking()[0].gpm
+    assert first is not None and second is not None
+    assert first.tensor == pytest.approx(0.924)
+    assert (second.graphics, second.sm, second.tensor, second.dram) == (
+        pytest.approx(0.5),
+        pytest.approx(0.4),
+        None,
+        None,
+    )

@@ -37,6 +37,8 @@ def test_without_gpu_the_daemon_says_so_once_and_keeps_serving(tmp_path):
     if 'source_up{source="nvml"} 0.0' in page:
         assert len(nvml_down) == 1  # one clear line, not one per tick
         assert "NVML" in nvml_down[0]["error"]
+    else:  # a GPU host: NVML up, and no line saying otherwise
+        assert 'boundwatch_source_up{source="nvml"} 1.0' in page and nvml_down == []
 
 
 def test_ready_and_watchdog_are_sent_to_systemd(tmp_path):

@@ -706,7 +706,7 @@ class Agent:
             return  # heartbeat once a second when there is nothing else
         self._last_send_ns = now
         devices = tuple(sorted(self._uuids.items()))
-        # one window per datagram at most per device keeps each message small
+        # at most two windows per datagram keeps each message small (wire.MAX_DATAGRAM_BYTES)
         batches: list[list[wire.Window]] = [[]]
         for w in windows:
             if len(batches[-1]) >= 2:

@@ -545,16 +545,30 @@ def _wrap_after(cls: Any, name: str, hook: Any) -> None:
 
 
 def _sglang_place(obj: Any) -> tuple[bool, int]:
-    """Return (whether this rank speaks for its steps: attention-TP rank 0; its DP rank)."""
+    """Return (whether this rank speaks for its steps: attention-TP, pipeline and context rank 0, as
+    SGLang's own scheduler decides; its DP rank, the attention-DP rank where DP is not set)."""
     mod = sys.modules.get(SGLANG_SCHEDULER)
     parallel = None
     try:
         parallel = mod.get_parallel()  # type: ignore[union-attr]
     except Exception:
         pass
-    rank = getattr(parallel, "attn_tp_rank", getattr(parallel, "tp_rank", getattr(obj, "tp_rank", 0)))
-    dp = getattr(parallel, "dp_rank", getattr(obj, "dp_rank", None))
-    return rank in (0, None), _int_or(dp, 0)
+
+    def field(*names: str) -> Any:
+        for source in (parallel, obj):  # the published parallel context first, then the scheduler's own
+            for name in names:
+                try:  # SGLang's context raises other errors than AttributeError for unpublished fields
+                    value = getattr(source, name)
+                except Exception:
+                    continue
+                if value is not None:
+                    return value
+        return None
+
+    speaks = all(
+        field(*names) in (0, None) for names in (("attn_tp_rank", "tp_rank"), ("pp_rank",), ("attn_cp_rank",))
+    )
+    return speaks, _int_or(field("dp_rank", "attn_dp_rank"), 0)
 
 
 def sglang_run_batch(original: Any, self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:

@@ -57,3 +57,32 @@ def test_scheduler_steps_counts_and_graph_modes_reach_the_feed(tmp_path: Path) -
     assert (steps.running, steps.waiting, steps.max_num_seqs, steps.dp_rank) == (2.0, 0.0, 32, 0)
     # left rule: 2 waiting after the prefill until the first decode; 2 running over the three decode gaps
     assert 0 < steps.waiting_seconds < steps.running_seconds
+
+
+def test_only_the_first_attention_tp_pipeline_and_context_rank_speaks_for_sglang_steps(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """As SGLang's scheduler decides (pp_rank, attn_tp_rank and attn_cp_rank all 0): one speaker a DP rank."""
+    import types
+
+    from exporter.agent import plugins
+
+    class Unpublished:
+        def __getattr__(self, name: str) -> int:
+            raise RuntimeError(f"{name} not published yet")  # as SGLang's ParallelContext does
+
+    ctx: dict[str, object] = {}
+    monkeypatch.setitem(
+        sys.modules, plugins.SGLANG_SCHEDULER, types.SimpleNamespace(get_parallel=lambda: ctx["p"])
+    )
+
+    def place(**fields: object) -> tuple[bool, int]:
+        ctx["p"] = types.SimpleNamespace(**fields)
+        return plugins._sglang_place(object())
+
+    assert place(attn_tp_rank=0, pp_rank=0, attn_cp_rank=0, dp_rank=2) == (True, 2)
+    assert place(attn_tp_rank=0, pp_rank=1, attn_cp_rank=0, dp_rank=2)[0] is False  # a later pipeline stage
+    assert place(attn_tp_rank=0, pp_rank=0, attn_cp_rank=1)[0] is False  # a context-parallel peer
+    assert place(attn_tp_rank=3, pp_rank=0)[0] is False
+    assert place(attn_tp_rank=0, dp_rank=None, attn_dp_rank=1) == (True, 1)  # DP attention
+    ctx["p"] = Unpublished()
+    scheduler = types.SimpleNamespace(tp_rank=0, pp_rank=0, dp_rank=3)
+    assert plugins._sglang_place(scheduler) == (True, 3)  # falls back to the scheduler's own fields

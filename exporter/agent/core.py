@@ -589,7 +589,8 @@ class Agent:
                     start_ns=self._start_ns,
                 )
                 self._windows[dv] = w
-                self._uuids[dv] = gpu_uuid(int(dv))
+                if dv not in self._uuids:  # run_offline may have named it
+                    self._uuids[dv] = gpu_uuid(int(dv))
             if len(devs) == 1:
                 w.add(start, end, code)
             else:
@@ -696,6 +697,43 @@ class Agent:
         if dropped_all:
             self._dropped_pending[-1] = dropped_all
         return out
+
+    # --- offline: buffers from elsewhere (tests, recorded buffers), no CUPTI --------------------
+
+    def run_offline(
+        self,
+        start_ns: int,
+        spans: list[tuple[int, int | None]] | None = None,
+        uuids: dict[int, str] | None = None,
+    ) -> None:
+        """Take records from feed_raw / feed_rows instead of CUPTI, as if collecting since start_ns.
+
+        spans: when kernel records were collected ([since, until or None]; default since start_ns);
+        uuids: CUDA device ordinal -> GPU UUID, instead of asking NVML.
+        """
+        self.state = "running"
+        self._start_ns = start_ns
+        self._spans = [[since, until] for since, until in (spans or [(start_ns, None)])]
+        self._uuids.update(uuids or {})
+
+    def feed_raw(self, *bufs: bytes) -> None:
+        """Decode raw activity buffers as CUPTI would have completed them (queued together, then drained)."""
+        for buf in bufs:
+            self._enqueue((buf, None), len(buf))
+        self._drain(budget_ns=None)
+
+    def feed_rows(self, rows: list[tuple[int, ...]]) -> None:
+        """Take records as cupti-python's objects mode turns them into rows: (code, device, start, end)."""
+        self._enqueue(rows, 32 * len(rows))
+        self._drain(budget_ns=None)
+
+    def close_windows(self, now_ns: int) -> list[wire.Window]:
+        """Return the windows that closed by now_ns (their steps' GPU time attached)."""
+        return self._close_windows(now_ns)
+
+    def send_windows(self, windows: list[wire.Window]) -> None:
+        """Send windows (and the steps ready) now, as the agent's tick does."""
+        self._send(windows, force=True)
 
     # --- sending ---------------------------------------------------------------------------
 

@@ -33,16 +33,16 @@ def graph(start: int, end: int, dev: int = 0) -> bytes:
     return bytes(buf)
 
 
-def make_agent(tmp_path: Path) -> tuple[Agent, socket.socket]:
+UUID0 = "GPU-6f5e2c1a-0b7d-4c39-9d0e-2f1a3b4c5d6e"
+
+
+def make_agent(tmp_path: Path, spans=None, trim_ns: int = 0) -> tuple[Agent, socket.socket]:  # type: ignore[no-untyped-def]
     path = str(tmp_path / "agent.sock")
     rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     rx.bind(path)
     rx.settimeout(1.0)
-    a = Agent(Settings(socket=path, sampling="off", kernel_trim_ns=0))
-    a.state = "running"
-    a._start_ns = T0
-    a._spans = [[T0, None]]
-    a._uuids[0] = "GPU-6f5e2c1a-0b7d-4c39-9d0e-2f1a3b4c5d6e"
+    a = Agent(Settings(socket=path, sampling="off", kernel_trim_ns=trim_ns))
+    a.run_offline(T0, spans=spans, uuids={0: UUID0, 1: "GPU-00000000-0000-0000-0000-000000000001"})
     return a, rx
 
 
@@ -53,9 +53,8 @@ def test_raw_buffers_become_windows_on_the_wire(tmp_path: Path) -> None:
     for i in range(7):
         s = T0 + 500 * MS + i * 72 * MS
         buf += graph(s, s + 19 * MS) + kernel(s + 19 * MS, s + 19 * MS + 400_000)
-    a._enqueue((buf, None), len(buf))
-    a._drain(budget_ns=None)
-    a._send(a._close_windows(T0 + 2 * 1000 * MS + 1), force=True)
+    a.feed_raw(buf)
+    a.send_windows(a.close_windows(T0 + 2 * 1000 * MS + 1))
     windows = []
     while True:
         try:
@@ -72,40 +71,35 @@ def test_raw_buffers_become_windows_on_the_wire(tmp_path: Path) -> None:
 
 
 def test_kernel_trim_shortens_only_kernel_records(tmp_path: Path) -> None:
-    a, rx = make_agent(tmp_path)
-    a.settings.kernel_trim_ns = 680
+    a, rx = make_agent(tmp_path, trim_ns=680)
     buf = b"".join(
         kernel(T0 + 500 * MS + i * 10_000, T0 + 500 * MS + i * 10_000 + 2_920) for i in range(1000)
     )
     buf += graph(T0 + 600 * MS, T0 + 602 * MS)
-    a._enqueue((buf, None), len(buf))
-    a._drain(budget_ns=None)
-    (w,) = [w for w in a._close_windows(T0 + 2000 * MS) if w.t0 == T0 + 500 * MS]
+    a.feed_raw(buf)
+    (w,) = [w for w in a.close_windows(T0 + 2000 * MS) if w.t0 == T0 + 500 * MS]
     rx.close()
     assert w.busy == 1000 * 2_240 + 2 * MS
 
 
 def test_windows_outside_collection_spans_are_not_reported(tmp_path: Path) -> None:
-    a, rx = make_agent(tmp_path)
-    a._spans = [[T0, T0 + 700 * MS], [T0 + 1600 * MS, None]]  # kernel records off from 0.7 s to 1.6 s
+    a, rx = make_agent(
+        tmp_path, spans=[(T0, T0 + 700 * MS), (T0 + 1600 * MS, None)]
+    )  # off from 0.7 s to 1.6 s
     buf = b"".join(kernel(T0 + k * 100 * MS, T0 + k * 100 * MS + MS) for k in range(30))
-    a._enqueue((buf, None), len(buf))
-    a._drain(budget_ns=None)
-    got = [(w.t0 - T0) // MS for w in a._close_windows(T0 + 4000 * MS)]
+    a.feed_raw(buf)
+    got = [(w.t0 - T0) // MS for w in a.close_windows(T0 + 4000 * MS)]
     rx.close()
     assert got == [0, 2000, 2500]  # [0.5, 1.0) and [1.0, 1.5) and [1.5, 2.0) fall in the pause
 
 
 def test_buffers_of_two_devices_decode_in_one_batch(tmp_path: Path) -> None:
     a, rx = make_agent(tmp_path)
-    a._uuids[1] = "GPU-00000000-0000-0000-0000-000000000001"
     b0 = b"".join(kernel(T0 + 500 * MS + i * MS, T0 + 500 * MS + i * MS + 250_000, dev=0) for i in range(100))
     b1 = b"".join(kernel(T0 + 500 * MS + i * MS, T0 + 500 * MS + i * MS + 500_000, dev=1) for i in range(100))
     mixed = graph(T0 + 700 * MS, T0 + 710 * MS, dev=1) + kernel(T0 + 800 * MS, T0 + 801 * MS, dev=0)
-    for b in (b0, b1, mixed):
-        a._enqueue((b, None), len(b))
-    a._drain(budget_ns=None)
-    got = {w.dev: w for w in a._close_windows(T0 + 2000 * MS) if w.t0 == T0 + 500 * MS}
+    a.feed_raw(b0, b1, mixed)
+    got = {w.dev: w for w in a.close_windows(T0 + 2000 * MS) if w.t0 == T0 + 500 * MS}
     rx.close()
     assert got[0].busy == 100 * 250_000 + MS and got[0].kernels == 101
     assert got[1].busy == 100 * 500_000 + 10 * MS
@@ -119,9 +113,8 @@ def test_objects_mode_rows_reach_the_same_windows(tmp_path: Path) -> None:
         (3, 0, T0 + 600 * MS, T0 + 619 * MS),
         (1, 0, T0 + 700 * MS, 0),
     ]
-    a._enqueue(rows, 32 * len(rows))
-    a._drain(budget_ns=None)
-    (w,) = [w for w in a._close_windows(T0 + 2000 * MS) if w.t0 == T0 + 500 * MS]
+    a.feed_rows(rows)
+    (w,) = [w for w in a.close_windows(T0 + 2000 * MS) if w.t0 == T0 + 500 * MS]
     rx.close()
     assert (w.busy, w.graph_busy, w.kernels, w.graphs) == (38 * MS, 19 * MS, 1, 1)
     assert a.stats.incomplete == 1
@@ -152,8 +145,7 @@ def test_records_on_a_foreign_cupti_clock_are_moved_back_to_the_wall_clock(tmp_p
     assert abs(a._ts_offset - lib.shift) < 50 * MS
     t = lib.timestamp()  # a kernel stamped on the foreign clock
     buf = kernel(t, t + 2 * MS)
-    a._enqueue((buf, None), len(buf))
-    a._drain(budget_ns=None)
+    a.feed_raw(buf)
     w = a._windows[0]
     assert w.pending() == 1 and w._late == 0  # not thrown away as decades late
     rx.close()

@@ -55,6 +55,12 @@ def _collector_tuned() -> Iterator[None]:
         gc.unfreeze()
 
 
+async def _until_stopped(stop: asyncio.Event) -> None:
+    """Wait for stop, with the collector tuned for serving meanwhile."""
+    with _collector_tuned():
+        await stop.wait()
+
+
 def build_sources(cfg: Config) -> list[Source]:
     """Return the enabled sources, in tick order."""
     sources: list[Source] = []
@@ -189,8 +195,7 @@ async def serve(
         on_ready(port)
     ticking = asyncio.create_task(sampler.run(stop), name="sampler")
     try:
-        with _collector_tuned():
-            await stop.wait()
+        await _until_stopped(stop)
     finally:
         log.info("stopping")
         sd_notify("STOPPING=1")

@@ -47,6 +47,7 @@ def timed(fn: Callable[[], Any], reps: int) -> dict[str, Any]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=500)
+    ap.add_argument("--ticks", type=int, default=100, help="reads per gpm_every_ticks value, 0.1 s apart")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     import pynvml as n
@@ -106,6 +107,24 @@ def main() -> int:
     src.read_blocking()
     out["read_blocking"] = timed(src.read_blocking, max(50, args.reps // 5))
     src.close()
+    # nvml.gpm_every_ticks: the mean per-tick read (GPM read every Nth tick), ticks 0.1 s apart so
+    # each GPM pair is a valid one (samples more than 100 ms apart)
+    out["read_blocking_gpm_every_ticks"] = {}
+    for every in (1, 2, 4):
+        src = NvmlSource(NvmlConfig(gpm_every_ticks=every))
+        src.read_blocking()
+        cpu = []
+        for _ in range(args.ticks):
+            time.sleep(0.1)
+            c0 = time.thread_time_ns()
+            src.read_blocking()
+            cpu.append((time.thread_time_ns() - c0) / 1e3)
+        src.close()
+        out["read_blocking_gpm_every_ticks"][str(every)] = {
+            "ticks": len(cpu),
+            "cpu_us_mean": round(statistics.fmean(cpu), 2),
+            "cpu_us_median": round(statistics.median(cpu), 2),
+        }
     out["driver"] = n.nvmlSystemGetDriverVersion()
     print(json.dumps(out, indent=1))
     if args.out:

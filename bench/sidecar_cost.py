@@ -207,6 +207,105 @@ def part_agent(sock_path: str, gpus: int, count_path: str = "") -> None:
         time.sleep(TICK)
 
 
+def mappingproxy_of(d: dict[Any, Any]) -> Any:
+    """Return a read-only view of d (how captured Snapshots' mapping fields are unpickled)."""
+    import types
+
+    return types.MappingProxyType(d)
+
+
+def capture_ticks(path: str, gpus: int, skip: int = 20, keep: int = 40) -> None:
+    """Pickle the inputs of `keep` ticks' `advance` (history, raw Snapshot) after `skip` ticks, to time offline."""
+    import copyreg
+    import pickle
+    import types
+
+    from exporter import sampling
+
+    copyreg.pickle(types.MappingProxyType, lambda m: (mappingproxy_of, (dict(m),)))
+    real = sampling.advance
+    got: list[Any] = []
+    n = [0]
+
+    def advance(history: Any, raw: Any, cfg: Any) -> Any:
+        n[0] += 1
+        if skip < n[0] <= skip + keep:
+            got.append((history, raw))
+            if len(got) == keep:
+                with open(f"{path}.{gpus}", "wb") as f:
+                    pickle.dump({"ticks": got, "cfg": cfg}, f)
+        return real(history, raw, cfg)
+
+    sampling.advance = advance  # type: ignore[assignment]
+
+
+def time_parts() -> dict[str, float]:
+    """Add up the CPU time (time.thread_time, in their own thread) of the daemon's synchronous parts."""
+    from exporter import sampling
+    from exporter.sources.agent_feed import AgentFeed
+    from exporter.sources.engine import EngineSource
+    from exporter.sources.host import HostSource
+    from exporter.sources.nvml import NvmlSource
+
+    out: dict[str, float] = {}
+
+    def wrap(owner: Any, attr: str, label: str) -> None:
+        real = getattr(owner, attr)
+
+        def timed(*a: Any, **k: Any) -> Any:
+            t = time.thread_time()
+            try:
+                return real(*a, **k)
+            finally:
+                out[label] = out.get(label, 0.0) + time.thread_time() - t
+
+        setattr(owner, attr, timed)
+
+    wrap(sampling, "advance", "main:advance")
+    wrap(sampling, "compact", "main:compact")
+    wrap(AgentFeed, "_readable", "main:agent_readable")
+    wrap(AgentFeed, "collect", "main:agent_collect")
+    wrap(EngineSource, "_build", "engine:build")
+    wrap(EngineSource, "_rediscover", "engine:rediscover")
+    wrap(NvmlSource, "read_blocking", "nvml:read")
+    wrap(HostSource, "read_blocking", "host:read")
+    return out
+
+
+def watch_gc() -> dict[str, float]:
+    """Count the collector's passes and CPU time per generation from now on (gc.callbacks)."""
+    import gc
+
+    out: dict[str, float] = {}
+    started: list[float] = [0.0]
+
+    def cb(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = time.thread_time()
+            return
+        g = info["generation"]
+        out[f"gen{g}_seconds"] = out.get(f"gen{g}_seconds", 0.0) + time.thread_time() - started[0]
+        out[f"gen{g}_passes"] = out.get(f"gen{g}_passes", 0) + 1
+
+    gc.callbacks.append(cb)
+    return out
+
+
+def thread_cpu() -> dict[str, float]:
+    """Return this process's CPU seconds (utime + stime) by thread name."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out: dict[str, float] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+            name = names.get(int(tid), "other")
+            out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / CLK
+        except OSError:
+            pass
+    return out
+
+
 def part_daemon(port: int, sock_path: str, gpus: int) -> None:
     """Run the real daemon with the NVML stand-in for N GPUs."""
     import asyncio
@@ -223,9 +322,45 @@ def part_daemon(port: int, sock_path: str, gpus: int) -> None:
     )
     fake = FakeNvml([FakeGpu(uuid=uuid_of(i)) for i in range(gpus)])
     sources = [NvmlSource(cfg.nvml, nvml=fake) if s.name == "nvml" else s for s in build_sources(cfg)]  # type: ignore[arg-type]
+    capture = os.environ.get("BW_COST_CAPTURE")  # a path: the pipeline's inputs of 40 ticks, pickled
+    if capture:
+        capture_ticks(capture, gpus)
     profile = os.environ.get("BW_COST_PROFILE")  # a path: profile every thread's CPU (yappi, if installed)
+    stats = os.environ.get("BW_COST_STATS")  # a path: each thread's CPU and the time in gc, at the end
     if not profile:
+        if stats:  # written every 5 s (the reader threads are gone once the daemon stopped)
+            gc_time = watch_gc()
+            timed = time_parts()
+
+            def write_stats() -> None:
+                rows: list[dict[str, Any]] = []
+                while True:
+                    time.sleep(5.0)
+                    rows.append(
+                        {
+                            "t": time.monotonic(),
+                            "threads": thread_cpu(),
+                            "gc": dict(gc_time),
+                            "parts": dict(timed),
+                        }
+                    )
+                    with open(f"{stats}.{gpus}.tmp", "w") as f:
+                        json.dump(rows, f)
+                    os.replace(f"{stats}.{gpus}.tmp", f"{stats}.{gpus}")
+
+            threading.Thread(target=write_stats, name="bench-stats", daemon=True).start()
         asyncio.run(serve(cfg, sources))
+        return
+    if profile.endswith(".cprof"):  # the event loop's thread only, with cProfile
+        import cProfile
+
+        prof = cProfile.Profile(time.thread_time)
+        prof.enable()
+        try:
+            asyncio.run(serve(cfg, sources))
+        finally:
+            prof.disable()
+            prof.dump_stats(f"{profile}.{gpus}")
         return
     import yappi  # type: ignore[import-not-found]
 

@@ -50,6 +50,8 @@ def test_env_list_is_comma_separated():
         ({"BOUNDWATCH_NVML__ENABLED": "maybe"}, "boolean"),
         ({"BOUNDWATCH_VERDICT__BUSY_LOW": "0.9", "BOUNDWATCH_VERDICT__BUSY_HIGH": "0.5"}, "busy_low"),
         ({"BOUNDWATCH_ENGINE__URLS": "ftp://x"}, "engine.urls"),
+        ({"BOUNDWATCH_NVML__GPM_EVERY_TICKS": "0"}, "nvml.gpm_every_ticks"),
+        ({"BOUNDWATCH_NVML__GPM_EVERY_TICKS": "21"}, "nvml.gpm_every_ticks"),
     ],
 )
 def test_bad_configuration_names_the_key(env, message):

@@ -398,3 +398,22 @@ def test_a_snapshot_finds_each_gpu_by_index_the_first_of_a_repeated_index():
         assert snap.gpu(n) is None and snap == Snapshot(
             seq=1, at=0.0, mono=0.0, interval=0.5, dt=0.5, gpus=gpus
         )
+
+
+async def test_the_daemon_collects_young_objects_less_often_while_serving_and_restores_the_collector():
+    import gc
+
+    from exporter import daemon
+
+    cfg = Config()
+    cfg = dataclasses.replace(cfg, web=dataclasses.replace(cfg.web, address="127.0.0.1", port=0))
+    before = gc.get_threshold()
+    seen: list[tuple[int, ...]] = []
+    stop = asyncio.Event()
+
+    def ready(_port: int) -> None:
+        asyncio.get_running_loop().call_later(0.2, lambda: (seen.append(gc.get_threshold()), stop.set()))
+
+    await asyncio.wait_for(daemon.serve(cfg, sources=[_Lifecycle()], stop=stop, on_ready=ready), 30)
+    assert seen and seen[0][0] == max(before[0], daemon.GC_YOUNG_THRESHOLD) and seen[0][1:] == before[1:]
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0

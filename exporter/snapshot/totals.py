@@ -131,12 +131,6 @@ class VerdictTotals:
 Area = TypeVar("Area", BusyTotals, AgentTotals, EngineTotals, VerdictTotals)
 
 
-def _add_value(a: Any, b: Any) -> Any:
-    if type(a) is HistogramValue:
-        return a.add(b.counts, b.total)
-    return a + b
-
-
 def _add_field(a: Any, b: Any) -> Any:
     """Add one field: a mapping of series (an empty one adds nothing), or one number (None adds nothing)."""
     if b is None or (not b and not isinstance(b, int | float)):
@@ -146,8 +140,15 @@ def _add_field(a: Any, b: Any) -> Any:
     if isinstance(a, int | float):
         return a + b
     out = dict(a)
+    get = out.get
     for key, value in b.items():
-        out[key] = value if key not in out else _add_value(out[key], value)
+        prev = get(key)  # a series' value is a number or a HistogramValue, never None
+        if prev is None:
+            out[key] = value
+        elif type(prev) is HistogramValue:
+            out[key] = prev.add(value.counts, value.total)
+        else:
+            out[key] = prev + value
     return MappingProxyType(out)
 
 
@@ -207,7 +208,7 @@ class Tally(dict[K, float]):
 
     def count(self, key: K, value: float) -> None:
         """Add value to a series; zero or negative only makes the series exist (a negative one is a bug)."""
-        self[key] = self.get(key, 0.0) + max(0.0, value)
+        self[key] = self.get(key, 0.0) + (value if value > 0.0 else 0.0)  # max(0.0, value), NaN as 0
 
 
 class HistogramTally(dict[K, HistogramValue]):

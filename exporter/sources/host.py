@@ -2,18 +2,20 @@
 
 Reads `/proc/stat` under an injectable `proc_root` and the cgroup tree under `cgroup_root`, so
 tests feed it fixture files. The process table (API servers, their threads) is in procs.py.
+Its own cgroup's counters are read every tick, the path to that cgroup (and whether the hierarchy
+is v1 or v2) every `OWN_CGROUP_EVERY_SECONDS`: each file opened costs a cold tick tens of us.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
+from collections.abc import Callable
 
 from exporter.config import HostConfig
 from exporter.snapshot.host import HostReading
 from exporter.sources.base import BlockingReader
-from exporter.sources.cgroup import cgroup_path_of, read_cgroup_cpu
+from exporter.sources.cgroup import cgroup_path_of, cgroup_version, read_cgroup_cpu
 
 
 def parse_proc_stat(text: str) -> tuple[int, int, int]:
@@ -30,15 +32,34 @@ def parse_proc_stat(text: str) -> tuple[int, int, int]:
     return busy, total, cpus
 
 
+# boundwatch's own cgroup path and the hierarchy's version are read again this often (a daemon
+# moved to another cgroup is seen within this time); its cgroup's counters every tick.
+OWN_CGROUP_EVERY_SECONDS = 5.0
+
+
+def _read_file(path: str) -> str:
+    """Return a small /proc file's text (raises OSError), without pathlib's per-call cost."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode()
+
+
 class HostSource:
     """Read host CPU and boundwatch's own cgroup each tick."""
 
     name = "host"
 
-    def __init__(self, cfg: HostConfig) -> None:
+    def __init__(self, cfg: HostConfig, clock: Callable[[], float] = time.monotonic) -> None:
         self._cfg = cfg
+        self._clock = clock
         self._reader = BlockingReader(self.name, cfg.timeout_seconds)
         self._prev: tuple[int, int] | None = None
+        self._own: tuple[float, str, int] | None = None  # (read at, own cgroup path, cgroup version)
 
     async def read(self) -> HostReading:
         """Return this tick's host reading."""
@@ -46,15 +67,18 @@ class HostSource:
 
     def read_blocking(self) -> HostReading:
         """Read the host now, in the calling thread."""
-        busy, total, cpus = parse_proc_stat(Path(self._cfg.proc_root, "stat").read_text())
+        busy, total, cpus = parse_proc_stat(_read_file(os.path.join(self._cfg.proc_root, "stat")))
         ratio = None
         if self._prev is not None and total > self._prev[1]:
             ratio = (busy - self._prev[0]) / (total - self._prev[1])
             ratio = min(max(ratio, 0.0), 1.0)
         self._prev = (busy, total)
-        own = read_cgroup_cpu(
-            self._cfg.cgroup_root, cgroup_path_of(self._cfg.proc_root, "self"), now=time.monotonic()
-        )
+        now = self._clock()
+        if self._own is None or now - self._own[0] >= OWN_CGROUP_EVERY_SECONDS:
+            path = cgroup_path_of(self._cfg.proc_root, "self")
+            self._own = (now, path, cgroup_version(self._cfg.cgroup_root))
+        _, path, version = self._own
+        own = read_cgroup_cpu(self._cfg.cgroup_root, path, version=version, now=now)
         return HostReading(cpus=cpus or (os.cpu_count() or 1), cpu_busy=ratio, own_cgroup=own)
 
     def close(self) -> None:

@@ -40,3 +40,28 @@ def test_reads_this_machine():
     assert reading.cpus >= 1
     assert reading.cpu_busy is not None and 0.0 <= reading.cpu_busy <= 1.0
     src.close()
+
+
+def test_own_cgroup_path_is_read_again_each_period_and_its_counters_every_tick(tmp_path):
+    proc = tmp_path / "proc"
+    shutil.copytree(FIX / "host" / "proc", proc)
+    (proc / "self").mkdir()
+    (proc / "self" / "cgroup").write_text("0::/kubepods.slice/pod1\n")
+    now = [100.0]
+    src = HostSource(
+        HostConfig(proc_root=str(proc), cgroup_root=str(FIX / "cgroup" / "v2")), clock=lambda: now[0]
+    )
+    first = src.read_blocking().own_cgroup
+    assert first is not None and first.path == "/kubepods.slice/pod1"
+    (proc / "self" / "cgroup").write_text("0::/\n")  # the daemon moved to the root cgroup
+    now[0] += 4.9
+    assert src.read_blocking().own_cgroup.path == "/kubepods.slice/pod1"  # within the period
+    now[0] += 0.1
+    moved = src.read_blocking().own_cgroup
+    assert moved is not None and moved.path == "/" and moved.usage_seconds != first.usage_seconds
+
+
+def test_a_missing_proc_stat_fails_the_read(tmp_path):
+    src = HostSource(HostConfig(proc_root=str(tmp_path), cgroup_root=str(FIX / "cgroup" / "v2")))
+    with pytest.raises(OSError):
+        src.read_blocking()

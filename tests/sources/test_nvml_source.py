@@ -174,3 +174,34 @@ def test_gpm_ratios_follow_each_tick_with_one_request_built_once():
         None,
         None,
     )
+
+
+def test_gpm_every_third_tick_carries_the_last_ratios_between_reads():
+    gpu = FakeGpu()
+    nvml = FakeNvml([gpu])
+    gets = []
+    real = nvml.nvmlGpmMetricsGet
+    nvml.nvmlGpmMetricsGet = lambda req: gets.append(1) or real(req)  # type: ignore[method-assign]
+    src = NvmlSource(NvmlConfig(gpm_every_ticks=3), nvml=nvml)  # type: ignore[arg-type]
+    first = [src.read_blocking()[0].gpm for _ in range(2)]
+    gpu.gpm = {1: 50.0, 2: 40.0}
+    later = [src.read_blocking()[0].gpm for _ in range(5)]
+    assert len(gets) == 3  # ticks 1, 4 and 7 of 7
+    assert first[0] is not None and first[0].graphics == pytest.approx(0.987)
+    assert first[1] is first[0]  # carried: the verdict's busy source stays GPM
+    assert later[0] is first[0]  # tick 3: not due yet, the change not seen
+    assert later[1] is not None and later[1].graphics == pytest.approx(0.5) and later[1].tensor is None
+    assert later[2] is later[1] and later[3] is later[1]
+    assert later[4] is not None and later[4] is not later[1] and later[4].graphics == pytest.approx(0.5)
+
+
+def test_gpm_read_every_tick_by_default():
+    gpu = FakeGpu()
+    nvml = FakeNvml([gpu])
+    gets = []
+    real = nvml.nvmlGpmMetricsGet
+    nvml.nvmlGpmMetricsGet = lambda req: gets.append(1) or real(req)  # type: ignore[method-assign]
+    src = NvmlSource(NvmlConfig(), nvml=nvml)  # type: ignore[arg-type]
+    for _ in range(4):
+        src.read_blocking()
+    assert len(gets) == 4

@@ -111,7 +111,7 @@ def clock_costs() -> dict[str, Any]:
     return out
 
 
-def variants(cls_engine: Any, raw_step: Any, hooked_step: Any, batch: int) -> dict[str, Any]:
+def variants(raw_step: Any, hooked_step: Any, batch: int) -> dict[str, Any]:
     """Return name -> a step callable for every variant, over the same captured graph."""
     import light_agent_overhead as lao
 
@@ -226,7 +226,7 @@ def measure(hooked: Any, raw: Any, batch: int, block: int, seconds: float, name:
 
     bare = lao.Engine(batch, raw).step
     rows = {}
-    for vname, fn in variants(lao.Engine, raw, hooked, batch).items():
+    for vname, fn in variants(raw, hooked, batch).items():
         rows[vname] = paired(bare, fn, seconds, block)
         print(name, vname, json.dumps(rows[vname]), flush=True)
     return rows

@@ -47,18 +47,24 @@ def _read(path: Path) -> str | None:
         return None
 
 
+def read_file(path: str) -> str:
+    """Return a /proc or cgroup file's text (raises OSError), without pathlib's per-call cost."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode(errors="replace")
+
+
 def _read_str(path: str) -> str | None:
     """Return a small file's text, stripped (None when it cannot be read)."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        return read_file(path).strip()
     except OSError:
         return None
-    try:
-        return os.read(fd, 65536).decode(errors="replace").strip()
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def _stat(text: str | None) -> dict[str, int]:

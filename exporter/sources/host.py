@@ -15,7 +15,7 @@ from collections.abc import Callable
 from exporter.config import HostConfig
 from exporter.snapshot.host import HostReading
 from exporter.sources.base import BlockingReader
-from exporter.sources.cgroup import cgroup_path_of, cgroup_version, read_cgroup_cpu
+from exporter.sources.cgroup import cgroup_path_of, cgroup_version, read_cgroup_cpu, read_file
 
 
 def parse_proc_stat(text: str) -> tuple[int, int, int]:
@@ -37,18 +37,6 @@ def parse_proc_stat(text: str) -> tuple[int, int, int]:
 OWN_CGROUP_EVERY_SECONDS = 5.0
 
 
-def _read_file(path: str) -> str:
-    """Return a small /proc file's text (raises OSError), without pathlib's per-call cost."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        chunks = []
-        while chunk := os.read(fd, 65536):
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
-    return b"".join(chunks).decode()
-
-
 class HostSource:
     """Read host CPU and boundwatch's own cgroup each tick."""
 
@@ -67,7 +55,7 @@ class HostSource:
 
     def read_blocking(self) -> HostReading:
         """Read the host now, in the calling thread."""
-        busy, total, cpus = parse_proc_stat(_read_file(os.path.join(self._cfg.proc_root, "stat")))
+        busy, total, cpus = parse_proc_stat(read_file(os.path.join(self._cfg.proc_root, "stat")))
         ratio = None
         if self._prev is not None and total > self._prev[1]:
             ratio = (busy - self._prev[0]) / (total - self._prev[1])

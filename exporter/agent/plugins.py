@@ -34,6 +34,12 @@ MAX_CACHE = 64
 # on 1.4-4.2 ms decode steps, the agent's thread doing it 6-7 us. The engine's thread still hands
 # over once per STEP_SAMPLE_NS itself, a backstop should the agent's thread not run.
 STEP_SAMPLE_NS = 2_000_000_000
+# Every step is counted, one in TIME_EVERY is timed (and each step after one that took
+# LONG_STEP_NS or more, where two clock reads are nothing): the hand-over scales the timed steps'
+# mean wall time to all of them. On the H200 two clock reads on a GPU step's path cost 1.4 us of
+# the wrapper's 1.8-4.7 us a step (bench/light_step_parts.py, session 5).
+TIME_EVERY = 8
+LONG_STEP_NS = 20_000_000
 _wrappers: list[
     tuple[list[int], str, Any, Any, list[Any], Any]
 ] = []  # every wrap_step's counters (flush_pending)
@@ -176,25 +182,29 @@ def wrap_step(
     clock: Any = time.time_ns,
     sample_ns: int = 0,
     prepare: Any = None,
+    time_every: int = TIME_EVERY,
 ) -> Any:
-    """Return step wrapped to time each call that ran the model, with the same arguments and result.
+    """Return step wrapped to count each call that ran the model, with the same arguments and result.
 
     batch_of(core, n) returns the scheduled tokens and sequences of the n steps being handed over;
     prepare(core), where given, runs before the first step and at every hand-over (vLLM's patches
     its scheduler class there, not in a frame of its own around every step).
 
-    Every model step is counted and timed on the engine's thread (two clock reads, three stores).
+    Every model step is counted on the engine's thread; one call in time_every is timed (two clock
+    reads), and so is each call after a step of LONG_STEP_NS or more or one that ran no model.
     The light agent's thread hands the steps since over to the tracker at each tick, with the
-    batch and the scheduler's counts of that moment (`flush_pending`); the engine's thread does so
-    itself only at its first step and then at most once per STEP_SAMPLE_NS (or sample_ns, where
-    set), or after every step where CUPTI attaches GPU time to each (per_step). A hand-over that
-    falls between a step's count and its wall time gives that wall time to the next hand-over.
-    A step that takes only self (vLLM's EngineCore.step) gets a wrapper of that signature: on the
-    H200 each frame on a GPU step's path costs microseconds (bench/light_step_parts.py).
+    batch and the scheduler's counts of that moment (`flush_pending`), their wall time the timed
+    steps' mean times their number, never more than the time since the last hand-over; the
+    engine's thread does so itself only at its first step and then at most once per
+    STEP_SAMPLE_NS (or sample_ns, where set), or after every step, each timed, where CUPTI
+    attaches GPU time to each (per_step). A hand-over that falls between a step's count and its
+    wall time gives that wall time to the next hand-over. A step that takes only self (vLLM's
+    EngineCore.step) gets a wrapper of that signature: on the H200 each frame on a GPU step's
+    path costs microseconds (bench/light_step_parts.py).
     """
-    # steps, their wall ns, the last hand-over's end, steps and wall handed over, sampling period,
-    # the newest step's end, this wrapper's own period (0: STEP_SAMPLE_NS)
-    acc = [0, 0, 0, 0, 0, 0, 0, max(0, int(sample_ns))]
+    acc = [0] * _ACC
+    acc[_OWN] = max(0, int(sample_ns))
+    acc[_STRIDE] = max(0, int(time_every) - 1)
     core_ref: list[Any] = [None]
     if len(_wrappers) < MAX_CACHE:
         _wrappers.append((acc, engine, batch_of, counts_of, core_ref, prepare))
@@ -221,28 +231,53 @@ def wrap_step(
     return wrapped
 
 
+# wrap_step's counters, one list per wrapper (read and written under the GIL, by slot):
+# steps counted, wall ns of the timed ones, the last hand-over's end, steps and wall handed over,
+# the backstop period, the newest timed step's end, this wrapper's own period (0: STEP_SAMPLE_NS),
+# calls left before the next timed one, steps timed, timed steps handed over, calls left after a
+# timed one (time_every - 1), the last hand-over's mean wall ns a step
+_ACC = 13
+_N, _WALL, _HANDED_AT, _N_HANDED, _WALL_HANDED, _PERIOD, _LAST_T1, _OWN = range(8)
+_SKIP, _TIMED, _TIMED_HANDED, _STRIDE, _MEAN = range(8, 13)
+
+
 def _timed(step: Any, acc: list[int], clock: Any, first: Any, handover: Any) -> Any:
-    """Return the per-step wrapper of wrap_step: count and time each model step, hand over when due."""
+    """Return the per-step wrapper of wrap_step: count each model step, time one in TIME_EVERY, hand over when due."""
     # The two bodies below are the same but for the call's signature (a frame costs; see above).
     if hooks._takes_only_self(step):
 
         def wrapped(self: Any) -> Any:
+            if acc[8]:  # _SKIP: counted, not timed
+                acc[8] -= 1
+                result = step(self)
+                if not (isinstance(result, tuple) and len(result) == 2 and result[1] is False):
+                    acc[0] += 1
+                return result
             if not acc[2]:
                 first(self)
             t0 = clock()
             result = step(self)
             t1 = clock()
             if isinstance(result, tuple) and len(result) == 2 and result[1] is False:
-                return result  # no model step ran (EngineCore.step's model_executed)
-            acc[0] += 1
+                return result  # no model step ran (EngineCore.step's model_executed): time the next
             acc[1] += t1 - t0
+            acc[9] += 1
+            acc[0] += 1
             acc[6] = t1
+            if t1 - t0 < LONG_STEP_NS:
+                acc[8] = acc[11]
             if t1 - acc[2] >= acc[5]:
                 handover(self)
             return result
     else:
 
         def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[misc]
+            if acc[8]:
+                acc[8] -= 1
+                result = step(self, *args, **kwargs)
+                if not (isinstance(result, tuple) and len(result) == 2 and result[1] is False):
+                    acc[0] += 1
+                return result
             if not acc[2]:
                 first(self)
             t0 = clock()
@@ -250,9 +285,12 @@ def _timed(step: Any, acc: list[int], clock: Any, first: Any, handover: Any) -> 
             t1 = clock()
             if isinstance(result, tuple) and len(result) == 2 and result[1] is False:
                 return result
-            acc[0] += 1
             acc[1] += t1 - t0
+            acc[9] += 1
+            acc[0] += 1
             acc[6] = t1
+            if t1 - t0 < LONG_STEP_NS:
+                acc[8] = acc[11]
             if t1 - acc[2] >= acc[5]:
                 handover(self)
             return result
@@ -269,8 +307,14 @@ def _record_step(
     core_ref: list[Any],
     tracker: Any = None,
     prepare: Any = None,
+    now_ns: int = 0,
 ) -> None:
-    """Hand the steps counted since the last hand-over to the tracker, with the newest batch and counts."""
+    """Hand the steps counted since the last hand-over to the tracker, with the newest batch and counts.
+
+    now_ns: when the agent's thread hands over (steps counted after the newest timed one ran
+    before it, and the counts are read then); 0 on the engine's thread, whose newest step is the
+    timed one that just ended. The steps are placed to end at the later of the two.
+    """
     tracker = tracker or _tracker()
     if tracker is None and not _steps_started:
         _steps_started.append(True)  # once: only a process that really steps gets an agent
@@ -280,12 +324,22 @@ def _record_step(
         return
     tracker.engine_here = True
     with _handover:  # the engine's thread, or the agent's flushing an idle engine's last steps
-        steps, walls, t1 = acc[0], acc[1], acc[6]  # read once: the engine's thread may step meanwhile
-        n, wall = steps - acc[3], walls - acc[4]
+        # read at once: the engine's thread may step meanwhile
+        steps, walls, timed, t1 = acc[_N], acc[_WALL], acc[_TIMED], acc[_LAST_T1]
+        n, wall, n_timed = steps - acc[_N_HANDED], walls - acc[_WALL_HANDED], timed - acc[_TIMED_HANDED]
         if n <= 0:
             return
-        acc[2], acc[3], acc[4] = t1, steps, walls
-        acc[5] = 0 if tracker.per_step else (acc[7] or STEP_SAMPLE_NS)
+        since = acc[_HANDED_AT]
+        end = max(t1, now_ns)  # the counts below are read now: the left rule integrates to here
+        if n_timed > 0:
+            acc[_MEAN] = wall // n_timed
+        estimate = max(wall, acc[_MEAN] * n)  # the untimed steps at the timed ones' mean
+        if since:
+            estimate = min(estimate, max(wall, end - since))
+        acc[_HANDED_AT], acc[_N_HANDED], acc[_WALL_HANDED], acc[_TIMED_HANDED] = end, steps, walls, timed
+        acc[_PERIOD] = 0 if tracker.per_step else (acc[_OWN] or STEP_SAMPLE_NS)
+        if tracker.per_step:
+            acc[_STRIDE] = acc[_SKIP] = 0  # CUPTI attaches GPU time to each step: time them all
         if core_ref[0] is None:
             try:
                 core_ref[0] = weakref.ref(core)
@@ -298,18 +352,18 @@ def _record_step(
                 pass
         tokens, seqs = batch_of(core, n)
         counts = counts_of(core) if counts_of is not None else ()
-        tracker.record(engine, t1 - wall, t1, tokens, seqs, *counts, n=n)
+        tracker.record(engine, end - estimate, end, tokens, seqs, *counts, n=n)
 
 
 def flush_pending(tracker: Any, idle_ns: int, now_ns: int | None = None) -> None:
     """Hand over to tracker the steps counted since the last hand-over whose newest ended idle_ns ago or more (agent's thread)."""
     now = time.time_ns() if now_ns is None else now_ns
     for acc, engine, batch_of, counts_of, core_ref, prepare in list(_wrappers):
-        if acc[0] > acc[3] and now - acc[6] >= idle_ns and core_ref[0] is not None:
+        if acc[_N] > acc[_N_HANDED] and now - acc[_LAST_T1] >= idle_ns and core_ref[0] is not None:
             core = core_ref[0]()
             if core is not None:
                 try:
-                    _record_step(core, engine, batch_of, counts_of, acc, core_ref, tracker, prepare)
+                    _record_step(core, engine, batch_of, counts_of, acc, core_ref, tracker, prepare, now)
                 except Exception:
                     pass
 

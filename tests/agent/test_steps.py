@@ -1,5 +1,7 @@
 """Engine steps: GPU time inside each step from the closed windows, vLLM step wrapping without side effects."""
 
+from typing import Any
+
 from exporter import wire
 from exporter.agent.plugins import scheduled_batch, wrap_step
 from exporter.agent.steps import StepTracker
@@ -106,7 +108,7 @@ def test_light_steps_are_counted_on_the_engine_thread_and_handed_over_by_the_age
     plugins._wrappers.clear()
     try:
         wrapped = wrap_step(
-            Core.step, "vllm", lambda core, n: (8 * n, 8 * n), counts_of, clock=lambda: now[0]
+            Core.step, "vllm", lambda core, n: (8 * n, 8 * n), counts_of, clock=lambda: now[0], time_every=1
         )
         core = Core(now)
         for _ in range(30):  # 20 model steps of 2 ms, 10 calls that ran no model
@@ -192,3 +194,90 @@ def test_vllm_steps_handed_over_between_schedule_and_step_lose_no_scheduled_toke
     assert sum(s.n for s in totals) == 4
     assert sum(s.tokens for s in totals) == 320 + 8 + 512 + 16
     assert sum(s.seqs for s in totals) == 2 + 8 + 1 + 16
+
+
+def _sampling_run(walls_ms: list[float], time_every: int, per_step: bool = False) -> tuple[list[Any], int]:
+    """Run a light-wrapped step once per entry of walls_ms (each a model step of that wall time, 0: no
+    model step ran); hand over at the end as the agent's thread would. Return the totals and clock reads."""
+    from exporter import agent
+    from exporter.agent import plugins
+
+    now = [T0]
+    reads = [0]
+
+    def clock() -> int:
+        reads[0] += 1
+        return now[0]
+
+    class Core:
+        def __init__(self) -> None:
+            self.i = 0
+
+        def step(self) -> tuple[dict[int, str], bool]:
+            wall = walls_ms[self.i]
+            self.i += 1
+            now[0] += round(wall * MS)
+            return {}, wall > 0
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.steps = StepTracker()
+            self.steps.per_step = per_step
+            self.steps.lag_ns = 0
+
+    rec = Recorder()
+    agent._agent = rec
+    plugins._wrappers.clear()
+    try:
+        wrapped = wrap_step(
+            Core.step, "vllm", lambda core, n: (n, n), clock=clock, sample_ns=10**15, time_every=time_every
+        )
+        core = Core()
+        for _ in walls_ms:
+            wrapped(core)
+            now[0] += MS // 10  # the engine's loop between steps
+        plugins.flush_pending(rec.steps, 0, now_ns=now[0])
+        totals = rec.steps.take(final=True)
+    finally:
+        agent._agent = None
+        plugins._wrappers.clear()
+    return totals, reads[0]
+
+
+def test_light_steps_are_all_counted_and_one_in_time_every_timed() -> None:
+    walls = [1.4] * 799 + [0]  # 799 decode steps of 1.4 ms, then a call that ran no model
+    totals, reads = _sampling_run(walls, time_every=8)
+    assert sum(s.n for s in totals) == 799  # every model step counted
+    assert sum(s.tokens for s in totals) == 799
+    assert reads <= 2 * (
+        799 // 8 + 2
+    )  # two clock reads per timed call: one call in 8, the first, the idle one
+    assert abs(sum(s.wall for s in totals) - 799 * 1.4 * MS) <= 799  # the timed mean, scaled to all
+    every, reads_all = _sampling_run(walls, time_every=1)
+    assert sum(s.n for s in every) == 799 and reads_all == 2 * 800
+
+
+def test_light_sampling_times_every_step_after_a_long_one_and_never_exceeds_the_time_since_the_last_hand_over() -> (
+    None
+):
+    from exporter.agent import plugins
+
+    long_ms = plugins.LONG_STEP_NS / MS
+    walls = [long_ms * 2] * 11  # prefill-sized steps: each one timed, their wall exact
+    totals, reads = _sampling_run(walls, time_every=8)
+    assert sum(s.n for s in totals) == 11 and reads == 22
+    assert sum(s.wall for s in totals) == round(22 * long_ms * MS)
+    # a long step that happened to be timed among short untimed ones: scaled to all, the estimate
+    # would exceed the time that passed; it is cut to that time instead
+    walls = [1.0] + [1.0] * 7 + [100.0] + [1.0] * 7 + [1.0] * 24
+    totals, _ = _sampling_run(walls, time_every=8)
+    assert sum(s.n for s in totals) == 40
+    elapsed = sum(walls) * MS + 40 * MS // 10
+    assert sum(s.wall for s in totals) <= elapsed
+
+
+def test_cupti_steps_are_each_timed() -> None:
+    walls = [1.4, 2.0, 3.0] * 10
+    totals, reads = _sampling_run(walls, time_every=8, per_step=True)
+    assert sum(s.n for s in totals) == 30 and reads == 60
+    assert sum(s.wall for s in totals) == round(sum(walls) * MS)

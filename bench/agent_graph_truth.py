@@ -14,6 +14,7 @@ GRAPH_TRACE on/off/auto and the kernel trim as set; batch 1 and 8; the host wait
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -134,7 +135,7 @@ def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
             torch.cuda.synchronize()
     torch.cuda.synchronize()
     t_end = time.time_ns()
-    time.sleep(2.5)  # let the agent close and send the last windows
+    time.sleep(args.settle)  # let the agent close and send the last windows
     st = stamps[: steps * 4].view(steps, 2, 2).cpu().numpy()
     s = st[:, 0, 0].astype(np.int64) + offset
     e = st[:, 1, 1].astype(np.int64) + offset
@@ -168,9 +169,20 @@ def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "kernels": sum(w.kernels for w in wins),
         "graphs": sum(w.graphs for w in wins),
         "heap_scan_ms": _scan_ms(),
+        "window_dropped": [w.dropped for w in wins],
+        "window_kernels": [w.kernels for w in wins],
+        "window_error_points": [round(100 * x, 3) for x in per_win],
+        "agent_stats": dataclasses.asdict(a.stats) if a else {},
+        "agent_detail": getattr(a, "detail", ""),
     }
     return out
 
+
+STAT_KEYS = (
+    "buffers", "records", "cupti_dropped", "queue_dropped_bytes", "queued_bytes_max", "delivery_lag_ns_max",
+    "decode_ns_total", "decode_ns_max", "callback_ns_total", "callback_ns_max", "loop_ns_max",
+    "cupti_walks", "unwalkable", "layout_mismatch",
+)  # fmt: skip
 
 VARIANTS: list[tuple[str, dict[str, str]]] = [
     ("early_graphtrace", {"BOUNDWATCH_AGENT_GRAPH_TRACE": "auto"}),
@@ -178,6 +190,7 @@ VARIANTS: list[tuple[str, dict[str, str]]] = [
     ("early_kernels_trim0", {"BOUNDWATCH_AGENT_GRAPH_TRACE": "off", "BOUNDWATCH_AGENT_KERNEL_TRIM_NS": "0"}),
     ("late_kernels", {}),
     ("late_kernels_trim0", {"BOUNDWATCH_AGENT_KERNEL_TRIM_NS": "0"}),
+    ("late_kernels_lag1", {"BOUNDWATCH_AGENT_LAG_MAX_S": "1"}),  # windows never wait past lag_s (session 5)
     ("late_precapture", {}),
 ]
 
@@ -193,6 +206,7 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--settle", type=float, default=4.0, help="seconds to wait for the last windows")
     ap.add_argument("--only", default="", help="comma-separated variant names")
     args = ap.parse_args()
     if args.child:
@@ -211,7 +225,14 @@ def main() -> int:
                 if want and name not in want:
                     continue
                 extra = ["--batch", str(batch), "--gap-ms", str(gap), "--layers", str(args.layers)]
-                extra += ["--hidden", str(args.hidden), "--seconds", str(args.seconds)]
+                extra += [
+                    "--hidden",
+                    str(args.hidden),
+                    "--seconds",
+                    str(args.seconds),
+                    "--settle",
+                    str(args.settle),
+                ]
                 r = run_fresh(SCRIPT, "variant", name, extra, env, SOCK)
                 r.setdefault("batch", batch)
                 r.setdefault("gap_ms", gap)
@@ -220,6 +241,12 @@ def main() -> int:
                     f"b={batch} gap={gap} {name:22s} gt={r.get('graph_trace')} busy={r.get('agent_busy_ratio')}"
                     f" truth={r.get('truth_busy_ratio')} err_pts={r.get('error_points')} step_ms="
                     f"{r.get('step_gpu_ms_median')} {r.get('error', '')[:200]}",
+                    flush=True,
+                )
+                st = r.get("agent_stats") or {}
+                print(
+                    "   stats: " + " ".join(f"{k}={st.get(k)}" for k in STAT_KEYS),
+                    f"win_dropped={r.get('window_dropped')} win_err={r.get('window_error_points')}",
                     flush=True,
                 )
     if args.out:

@@ -47,9 +47,9 @@ for step in ${STEPS:-env}; do
       timeout 120 python3 bench/nvml_calls.py --out "$O/nvml_calls_h200.json" > /tmp/nvml.log 2>&1
       echo "nvml rc=$?"; tail -25 /tmp/nvml.log ;;
     truth)
-      timeout 200 python3 bench/agent_graph_truth.py --batches 1,8 --gaps 0 --seconds 3 \
-        --only early_graphtrace,late_kernels,late_precapture --out "$O/agent_graph_truth_late_h200.json" \
-        > /tmp/truth.log 2>&1; echo "truth rc=$?"; tail -8 /tmp/truth.log ;;
+      timeout 300 python3 bench/agent_graph_truth.py --batches "${TRUTH_BATCHES:-1,8}" --gaps "${TRUTH_GAPS:-0}" \
+        --seconds 3 --only "${TRUTH_ONLY:-early_graphtrace,late_kernels,late_precapture}" \
+        --out "$O/agent_graph_truth_late_h200.json" > /tmp/truth.log 2>&1; echo "truth rc=$?"; tail -30 /tmp/truth.log ;;
     parts)
       timeout 300 python3 bench/light_step_parts.py --seconds "${PARTS_SECONDS:-4}" \
         --out "$O/light_step_parts_h200.json" > /tmp/parts.log 2>&1; echo "parts rc=$?"; grep -E '^\||clocksource|Error|Traceback' /tmp/parts.log | tail -40 ;;

@@ -95,6 +95,10 @@ class Stats:
     requests: int = 0
     null_bytes: int = 0
     reattaches: int = 0
+    cupti_walks: int = 0  # buffers whose records CUPTI walked (an unknown record kind was seen)
+    unwalkable: int = 0  # buffers neither walk could read (dropped)
+    delivery_lag_ns_max: int = 0  # the oldest record's age when its batch was decoded, at most
+    queued_bytes_max: int = 0  # the decode backlog, at most
     per_kind: dict[str, int] = field(default_factory=dict)
 
 
@@ -152,6 +156,8 @@ class Agent:
         self._cb_req: Any = None
         self._cb_done: Any = None
         self._verify_left = 3
+        self._lag_tick_ns = 0  # the oldest record's age at decode, this tick and recently (_hold_ns)
+        self._lag_recent_ns = 0
         self._use_cupti_walk = False
         self._spans: list[list[int | None]] = []  # [since_ns, until_ns or None]: kernel records collected
         self._kernel_on = False
@@ -470,6 +476,8 @@ class Agent:
             return
         self._queued_bytes += nbytes
         self._queue.append(item)
+        if self._queued_bytes > self.stats.queued_bytes_max:
+            self.stats.queued_bytes_max = self._queued_bytes
 
     # --- the agent's thread -------------------------------------------------------------------
 
@@ -494,10 +502,28 @@ class Agent:
                 self._drain(budget_ns=100_000_000)
                 now = self._now()
                 self._sample(now)
-                windows = self._close_windows(now)
+                windows = self._close_windows(now - self._hold_ns())
             else:
                 windows = []
         self._send(windows)
+
+    def _hold_ns(self) -> int:
+        """Return how much longer than lag_s windows wait this tick (0 up to lag_max_s - lag_s).
+
+        A window closes once the records that fall in it have arrived: while a decode backlog is
+        queued, or records arrive older than lag_s (CUPTI's own delivery, at hundreds of thousands
+        of kernel records a second), windows wait up to lag_max_s instead of counting them late.
+        The records' age is the recent maximum, decaying by a fifth a tick.
+        """
+        s = self.settings
+        recent = self._lag_recent_ns
+        self._lag_recent_ns = max(self._lag_tick_ns, int(recent * 0.8))
+        self._lag_tick_ns = 0
+        lag_ns, lag_max_ns = int(s.lag_s * 1e9), int(max(s.lag_s, s.lag_max_s) * 1e9)
+        if self._queue:
+            return lag_max_ns - lag_ns
+        want = self._lag_recent_ns + self._lag_recent_ns // 4 + int(s.window_s * 1e9) // 4
+        return min(lag_max_ns, max(lag_ns, want)) - lag_ns
 
     def _drain(self, budget_ns: int | None) -> None:
         """Decode queued buffers in batches of up to `batch_mib`, handing the GIL over between them."""
@@ -527,7 +553,11 @@ class Agent:
                 continue
             data, cupti_offsets = item
             self._queued_bytes -= len(data)
-            offsets = walk(data) if not self._use_cupti_walk else np.asarray(cupti_offsets, dtype=np.int64)
+            if self._use_cupti_walk and cupti_offsets is not None:
+                offsets = np.asarray(cupti_offsets, dtype=np.int64)
+                self.stats.cupti_walks += 1
+            else:  # queued before CUPTI was asked to walk: ours may still read it
+                offsets = walk(data)
             if cupti_offsets is not None and self._verify_left > 0:
                 self._verify_left -= 1
                 self.stats.layout_checked += 1
@@ -537,6 +567,7 @@ class Agent:
                     offsets = np.asarray(cupti_offsets, dtype=np.int64)
             if offsets is None:
                 self._use_cupti_walk = True  # unknown record kind: let CUPTI walk from now on
+                self.stats.unwalkable += 1
                 continue
             offs.append(offsets + size)
             bufs.append(data)
@@ -578,6 +609,11 @@ class Agent:
         if trim:  # eager kernels only: graph nodes carry no such excess (bench/agent_graph_truth.py)
             end = np.where(code == 0, np.maximum(start, end - trim), end)
         self.stats.records += int(code.size)
+        lag = time.time_ns() - int(end.min())  # CLOCK_REALTIME, as the windows close by
+        if lag > self._lag_tick_ns:
+            self._lag_tick_ns = lag
+        if lag > self.stats.delivery_lag_ns_max:
+            self.stats.delivery_lag_ns_max = lag
         first = int(dev[0])
         devs = [first] if bool((dev == first).all()) else np.unique(dev).tolist()
         for dv in devs:
@@ -727,9 +763,10 @@ class Agent:
         self._enqueue(rows, 32 * len(rows))
         self._drain(budget_ns=None)
 
-    def close_windows(self, now_ns: int) -> list[wire.Window]:
-        """Return the windows that closed by now_ns (their steps' GPU time attached)."""
-        return self._close_windows(now_ns)
+    def close_windows(self, now_ns: int, hold: bool = False) -> list[wire.Window]:
+        """Return the windows that closed by now_ns (their steps' GPU time attached); hold: as a tick
+        does, waiting longer for records that arrive late (_hold_ns)."""
+        return self._close_windows(now_ns - (self._hold_ns() if hold else 0))
 
     def send_windows(self, windows: list[wire.Window]) -> None:
         """Send windows (and the steps ready) now, as the agent's tick does."""

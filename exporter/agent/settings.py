@@ -54,6 +54,7 @@ class Settings:
     window_s: float = 0.5
     flush_s: float = 0.5
     lag_s: float = 1.0
+    lag_max_s: float = 3.0  # windows wait up to this long for records that arrive late (core._hold_ns)
     buffer_kib: int = 1024  # raw mode copies a buffer in ~0.1 ms; object mode needs <= 256 KiB
     max_buffers: int = 32  # 32 MiB of host buffers at most
     batch_mib: int = 1  # buffers decoded together (joining larger batches held the GIL for ms)
@@ -82,6 +83,7 @@ class Settings:
             window_s=_envf("WINDOW_S", 0.5),
             flush_s=_envf("FLUSH_S", 0.5),
             lag_s=_envf("LAG_S", 1.0),
+            lag_max_s=_envf("LAG_MAX_S", 3.0),
             buffer_kib=int(_envf("BUFFER_KIB", 1024)),
             max_buffers=int(_envf("MAX_BUFFERS", 32)),
             kernels=_env("KERNELS", "on"),

@@ -203,3 +203,29 @@ def test_cupti_attributes_and_hw_trace_come_from_the_environment(monkeypatch: py
     s = Settings.from_env()
     assert s.cupti_attrs == "device_buffer_size=8m" and s.hw_trace == "on"
     assert Settings().cupti_attrs == "" and Settings().hw_trace == "off"
+
+
+@pytest.mark.parametrize("lag_max_s", [3.0, 1.0])
+def test_windows_wait_for_records_that_arrive_late(tmp_path: Path, lag_max_s: float) -> None:
+    """Records arriving over a second after they ended (CUPTI at ~500k kernel records a second):
+    windows wait up to lag_max_s for them instead of counting the stragglers late."""
+    import time
+
+    from exporter.analysis.intervals import window_start
+
+    path = str(tmp_path / "agent.sock")
+    a = Agent(Settings(socket=path, sampling="off", kernel_trim_ns=0, lag_s=1.0, lag_max_s=lag_max_s))
+    now = time.time_ns()
+    w0 = window_start(now - 2_400 * MS, 500 * MS)  # a window that ended 1.9-2.4 s ago
+    a.run_offline(w0 - 1_000 * MS, uuids={0: UUID0})
+    a.feed_raw(kernel(w0 + 300 * MS, w0 + 310 * MS, graph_id=1))  # 2.1-2.6 s old when it arrives
+    early = a.close_windows(time.time_ns(), hold=True)  # the agent's tick
+    a.feed_raw(kernel(w0 + 100 * MS, w0 + 110 * MS, graph_id=1))  # a straggler of the same window
+    rest = a.close_windows(time.time_ns() + 10_000 * MS)
+    (w,) = [w for w in early + rest if w.t0 == w0]
+    if lag_max_s > 1.0:
+        assert w in rest and (w.kernels, w.dropped, w.busy) == (2, 0, 20 * MS)
+        assert a.stats.delivery_lag_ns_max >= 2_000 * MS
+    else:  # no waiting beyond lag_s: the window closed without the straggler, counted late
+        assert w in early and (w.kernels, w.busy) == (1, 10 * MS)
+        assert sum(x.dropped for x in rest) == 1

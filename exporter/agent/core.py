@@ -41,6 +41,12 @@ from exporter.agent.sender import Sender
 from exporter.agent.settings import ENV, Settings, _env, _envf
 from exporter.agent.steps import StepTracker
 
+# The buffer callback wakes the agent's thread to decode early once the queue holds more than
+# 1/EARLY_DRAIN_SHARE of max_queued_mib: at ~600k kernel records a second (a CUDA graph traced node
+# by node) one 0.5 s tick's records filled the 64 MiB queue on the H200 (bench/README.md).
+EARLY_DRAIN_SHARE = 4
+EARLY_DRAIN_BUDGET_NS = 50_000_000
+
 __all__ = [
     "ENV",
     "Agent",
@@ -95,6 +101,7 @@ class Stats:
     requests: int = 0
     null_bytes: int = 0
     reattaches: int = 0
+    early_drains: int = 0  # decodes between ticks, the backlog past EARLY_DRAIN_SHARE of the cap
     cupti_walks: int = 0  # buffers whose records CUPTI walked (an unknown record kind was seen)
     unwalkable: int = 0  # buffers neither walk could read (dropped)
     delivery_lag_ns_max: int = 0  # the oldest record's age when its batch was decoded, at most
@@ -147,6 +154,7 @@ class Agent:
         self._queued_bytes = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set by the buffer callback when a decode backlog builds up
         self._thread: threading.Thread | None = None
         self._windows: dict[int, Any] = {}
         self._uuids: dict[int, str] = {}
@@ -330,6 +338,7 @@ class Agent:
         if self._thread is None:
             return
         self._stop.set()
+        self._wake.set()
         self._thread.join(timeout=5.0)
         self._thread = None
         if self.state == "running" and self._lib is not None:
@@ -470,7 +479,8 @@ class Agent:
     def _enqueue(self, item: Any, nbytes: int) -> None:
         if self._paused:
             return
-        if self._queued_bytes + nbytes > self.settings.max_queued_mib * 1024 * 1024:
+        limit = self.settings.max_queued_mib * 1024 * 1024
+        if self._queued_bytes + nbytes > limit:
             self.stats.queue_dropped_bytes += nbytes
             self._dropped_pending[-1] = self._dropped_pending.get(-1, 0) + max(1, nbytes // 216)
             return
@@ -478,18 +488,39 @@ class Agent:
         self._queue.append(item)
         if self._queued_bytes > self.stats.queued_bytes_max:
             self.stats.queued_bytes_max = self._queued_bytes
+        if self._queued_bytes * EARLY_DRAIN_SHARE > limit and not self._wake.is_set():
+            self._wake.set()  # decode now rather than drop at the cap before the next tick
 
     # --- the agent's thread -------------------------------------------------------------------
 
     def _loop(self) -> None:
+        """Tick every flush_s (a period from the last tick's start, not its end); between ticks,
+        decode early when the buffer callback says a backlog is building up."""
         period = self.settings.flush_s
-        while not self._stop.wait(period):
+        next_tick = time.monotonic() + period
+        while not self._stop.is_set():
+            self._wake.wait(max(0.0, next_tick - time.monotonic()))
+            if self._stop.is_set():
+                return
+            self._wake.clear()
             t = time.perf_counter_ns()
             try:
-                self._tick()
+                now = time.monotonic()
+                if now >= next_tick:
+                    next_tick = max(next_tick + period, now + period / 4)  # never a burst of ticks
+                    self._tick()
+                else:
+                    self._drain_early()
             except Exception as exc:  # never let the thread die silently
                 self.detail = f"agent loop: {type(exc).__name__}: {exc}"[:400]
             self.stats.loop_ns_max = max(self.stats.loop_ns_max, time.perf_counter_ns() - t)
+
+    def _drain_early(self) -> None:
+        """Decode part of the backlog between ticks (no flush, no windows closed)."""
+        with self._lock:
+            if self.state == "running" and self._lib is not None and not self._paused and self._enabled:
+                self.stats.early_drains += 1
+                self._drain(budget_ns=EARLY_DRAIN_BUDGET_NS)
 
     def _tick(self) -> None:
         with self._lock:
@@ -510,18 +541,18 @@ class Agent:
     def _hold_ns(self) -> int:
         """Return how much longer than lag_s windows wait this tick (0 up to lag_max_s - lag_s).
 
-        A window closes once the records that fall in it have arrived: while a decode backlog is
-        queued, or records arrive older than lag_s (CUPTI's own delivery, at hundreds of thousands
-        of kernel records a second), windows wait up to lag_max_s instead of counting them late.
-        The records' age is the recent maximum, decaying by a fifth a tick.
+        A window closes once the records that fall in it have arrived: where records arrive older
+        than lag_s (CUPTI's own delivery, or decoding behind at hundreds of thousands of kernel
+        records a second), windows wait up to lag_max_s instead of counting them late. The
+        records' age is the recent maximum, decaying by a fifth a tick. (Holding windows whenever
+        a backlog was queued made closing them dearer and the backlog longer: on the H200 the
+        queue then reached its cap and dropped records; bench/README.md.)
         """
         s = self.settings
         recent = self._lag_recent_ns
         self._lag_recent_ns = max(self._lag_tick_ns, int(recent * 0.8))
         self._lag_tick_ns = 0
         lag_ns, lag_max_ns = int(s.lag_s * 1e9), int(max(s.lag_s, s.lag_max_s) * 1e9)
-        if self._queue:
-            return lag_max_ns - lag_ns
         want = self._lag_recent_ns + self._lag_recent_ns // 4 + int(s.window_s * 1e9) // 4
         return min(lag_max_ns, max(lag_ns, want)) - lag_ns
 
@@ -553,6 +584,7 @@ class Agent:
                 continue
             data, cupti_offsets = item
             self._queued_bytes -= len(data)
+            offsets: Any
             if self._use_cupti_walk and cupti_offsets is not None:
                 offsets = np.asarray(cupti_offsets, dtype=np.int64)
                 self.stats.cupti_walks += 1

@@ -137,14 +137,6 @@ def _patch_vllm_worker(worker_base: Any) -> None:
     _patched.add("vllm_worker")
 
 
-def scheduled_batch(output: Any) -> tuple[int, int]:
-    """Return (tokens, sequences) of a vLLM SchedulerOutput, or (0, 0) when its shape is unknown."""
-    tokens = getattr(output, "total_num_scheduled_tokens", 0)
-    per_req = getattr(output, "num_scheduled_tokens", None)
-    seqs = len(per_req) if isinstance(per_req, dict) else 0
-    return (tokens if isinstance(tokens, int) else 0), seqs
-
-
 def vllm_counts(core: Any) -> tuple[int, int, int, int]:
     """Return an EngineCore's (running, waiting, batch limit, DP rank); -1 / 0 for what it lacks."""
     running = waiting = -1
@@ -413,10 +405,12 @@ def _patch_schedule(sched_cls: Any, last: list[int]) -> None:
     @functools.wraps(schedule)
     def schedule_wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
         output = schedule(self, *args, **kwargs)
-        try:
-            tokens, seqs = scheduled_batch(output)
-            last[0] += tokens  # totals, only ever added to here; a hand-over takes the difference
-            last[1] += seqs
+        try:  # read in place (no helper's frame on every step); any other shape counts nothing
+            tokens = output.total_num_scheduled_tokens
+            per_req = output.num_scheduled_tokens
+            if tokens.__class__ is int and per_req.__class__ is dict:
+                last[0] += tokens  # totals, only ever added to here; a hand-over takes the difference
+                last[1] += len(per_req)
         except Exception:
             pass
         return output

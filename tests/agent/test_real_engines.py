@@ -131,10 +131,10 @@ def test_vllm_scheduler_schedule_and_request_counts() -> None:
 
 
 @needs_vllm
-def test_vllm_scheduler_output_fields_feed_scheduled_batch() -> None:
+def test_vllm_scheduler_output_fields_feed_the_schedule_patch() -> None:
     from vllm.v1.core.sched.output import SchedulerOutput
 
-    from exporter.agent.plugins import scheduled_batch
+    from tests.agent.test_steps import scheduled_by
 
     types = _field_types(SchedulerOutput)
     assert types["total_num_scheduled_tokens"] in {"int", "<class 'int'>"}
@@ -144,7 +144,7 @@ def test_vllm_scheduler_output_fields_feed_scheduled_batch() -> None:
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             kwargs[f.name] = None  # the fields boundwatch does not read
     kwargs.update(num_scheduled_tokens={"r1": 7, "r2": 1, "r3": 1}, total_num_scheduled_tokens=9)
-    assert scheduled_batch(SchedulerOutput(**kwargs)) == (9, 3)
+    assert scheduled_by(SchedulerOutput(**kwargs)) == [9, 3]
 
 
 def _worker_module() -> str:

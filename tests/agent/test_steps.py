@@ -3,7 +3,7 @@
 from typing import Any
 
 from exporter import wire
-from exporter.agent.plugins import scheduled_batch, wrap_step
+from exporter.agent.plugins import _patch_schedule, wrap_step
 from exporter.agent.steps import StepTracker
 from exporter.analysis.intervals import WindowSummary
 
@@ -66,14 +66,30 @@ def test_wrapped_step_returns_the_same_result_and_counts_only_model_steps() -> N
     assert (s.n, s.tokens, s.seqs) == (2, 256, 128)
 
 
-def test_scheduled_batch_reads_vllm_scheduler_output_or_gives_zero() -> None:
+def scheduled_by(output: object) -> list[int]:
+    """Return the [tokens, sequences] that the patched Scheduler.schedule added up for one call returning output."""
+
+    class Scheduler:
+        def schedule(self, throttle_prefills: bool = False) -> object:
+            return output
+
+    last = [0, 0]
+    _patch_schedule(Scheduler, last)
+    assert Scheduler().schedule(throttle_prefills=True) is output
+    return last
+
+
+def test_the_schedule_patch_adds_up_vllm_scheduler_output_or_nothing() -> None:
     class Out:
         def __init__(self) -> None:
             self.total_num_scheduled_tokens = 320
             self.num_scheduled_tokens = {"req-1": 160, "req-2": 160}
 
-    assert scheduled_batch(Out()) == (320, 2)
-    assert scheduled_batch(object()) == (0, 0)
+    assert scheduled_by(Out()) == [320, 2]
+    assert scheduled_by(object()) == [0, 0]
+    odd = Out()
+    odd.total_num_scheduled_tokens = 3.5  # type: ignore[assignment]
+    assert scheduled_by(odd) == [0, 0]  # a total that is not an int is not added
 
 
 def test_light_steps_are_counted_on_the_engine_thread_and_handed_over_by_the_agent() -> None:

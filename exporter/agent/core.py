@@ -133,7 +133,7 @@ class Agent:
     ) -> None:
         self.settings = settings or Settings.from_env()
         self.state = "stopped"
-        self.detail = ""
+        self.detail = self.settings.rejected_detail()
         self.lib_text = ""
         self.mode = ""
         self.cupti_attributes: dict[str, int | None] = {}  # read back from CUPTI after start
@@ -229,7 +229,7 @@ class Agent:
             self.detail = f"{type(exc).__name__}: {exc}"[:400]
         else:
             self.state = "running"
-            self.detail = ""
+            self.detail = self.settings.rejected_detail()
 
     def add_cupti(self) -> str:
         """Start CUPTI in an agent that so far only counted engine steps; return the state."""

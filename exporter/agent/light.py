@@ -31,7 +31,7 @@ class LightAgent:
         self.settings = settings or Settings.from_env()
         self.state = "stopped"
         self.mode = "light"
-        self.detail = ""
+        self.detail = self.settings.rejected_detail()
         self.lib_text = ""
         self.steps = steps or StepTracker()
         self.steps.lag_ns = 0  # no CUPTI windows to wait for: steps are ready when they end

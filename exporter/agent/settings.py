@@ -5,8 +5,9 @@ Stdlib only: the light agent imports this and never the CUPTI modules.
 
 from __future__ import annotations
 
+import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from exporter import wire
@@ -41,7 +42,12 @@ def _envf(name: str, default: float) -> float:
     try:
         return float(_env(name, str(default)))
     except ValueError:
-        return default
+        return math.nan  # not a number: from_env's bounds give it its default and name it rejected
+
+
+def _envi(name: str, default: int) -> int:
+    value = _envf(name, default)
+    return int(value) if math.isfinite(value) else -1  # -1: below every integer setting's bounds
 
 
 @dataclass
@@ -72,6 +78,7 @@ class Settings:
     cupti: bool = True  # core.Agent only: False counts engine steps without CUPTI (use mode="light")
     cupti_attrs: str = ""  # CUPTI activity attributes, 'name=value,...' (device buffer size, pinned memory)
     hw_trace: str = "off"  # on: ask CUPTI for hardware event tracing (Blackwell and later; refused elsewhere)
+    rejected: tuple[str, ...] = ()  # settings that were out of BOUNDS (or not numbers): their defaults serve
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Settings:
@@ -84,8 +91,8 @@ class Settings:
             flush_s=_envf("FLUSH_S", 0.5),
             lag_s=_envf("LAG_S", 1.0),
             lag_max_s=_envf("LAG_MAX_S", 3.0),
-            buffer_kib=int(_envf("BUFFER_KIB", 1024)),
-            max_buffers=int(_envf("MAX_BUFFERS", 32)),
+            buffer_kib=_envi("BUFFER_KIB", 1024),
+            max_buffers=_envi("MAX_BUFFERS", 32),
             kernels=_env("KERNELS", "on"),
             kinds=_env("KINDS", "kernel,memcpy,memset,graph"),
             sample_kinds=_env("SAMPLE_KINDS", "kernel"),
@@ -95,11 +102,51 @@ class Settings:
             sample_above=_envf("SAMPLE_ABOVE", 20000.0),
             sample_on_s=_envf("SAMPLE_ON_S", 1.0),
             sample_period_s=_envf("SAMPLE_PERIOD_S", 10.0),
-            kernel_trim_ns=int(_envf("KERNEL_TRIM_NS", 680)),
+            kernel_trim_ns=_envi("KERNEL_TRIM_NS", 680),
             cupti_attrs=_env("CUPTI_ATTRS", ""),
             hw_trace=_env("HW_TRACE", "off"),
         )
         for key, value in overrides.items():
             if value is not None:
                 setattr(s, key, value)
+        s.rejected = tuple(_bound(s))
         return s
+
+    def rejected_detail(self) -> str:
+        """Return the agent's detail line for rejected settings ('' when none were)."""
+        if not self.rejected:
+            return ""
+        return ("settings out of bounds, defaults used: " + ",".join(self.rejected))[:400]
+
+
+# What a numeric setting may be (inclusive); a value outside, or not a finite number, gets its default,
+# so a typo in the engine's environment cannot make the agent spin, stall or take unbounded memory.
+BOUNDS: dict[str, tuple[float, float]] = {
+    "window_s": (0.05, 60.0),
+    "flush_s": (0.05, 60.0),
+    "lag_s": (0.0, 60.0),
+    "lag_max_s": (0.0, 600.0),
+    "buffer_kib": (8, 65536),
+    "max_buffers": (1, 1024),
+    "batch_mib": (1, 256),
+    "max_queued_mib": (1.0, 4096.0),
+    "sample_above": (0.0, 1e9),
+    "sample_on_s": (0.01, 3600.0),
+    "sample_period_s": (0.1, 86400.0),
+    "kernel_trim_ns": (0, 100_000),
+}
+
+
+def _bound(s: Settings) -> list[str]:
+    """Reset each numeric setting outside BOUNDS to its default; return the names reset."""
+    reset = []
+    for f in fields(s):
+        if f.name not in BOUNDS:
+            continue
+        lo, hi = BOUNDS[f.name]
+        value = getattr(s, f.name)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if not (ok and lo <= value <= hi):
+            setattr(s, f.name, f.default)
+            reset.append(f.name)
+    return reset

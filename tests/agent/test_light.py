@@ -147,6 +147,24 @@ def test_mode_comes_from_the_argument_the_legacy_flag_or_the_environment(monkeyp
     assert Settings.from_env().mode == "light"
 
 
+def test_settings_out_of_bounds_or_not_numbers_get_their_defaults_and_say_so(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    for name, value in {
+        "FLUSH_S": "0",
+        "LAG_MAX_S": "nan",
+        "MAX_BUFFERS": "1e12",
+        "BUFFER_KIB": "lots",
+    }.items():
+        monkeypatch.setenv("BOUNDWATCH_AGENT_" + name, value)
+    monkeypatch.setenv("BOUNDWATCH_AGENT_WINDOW_S", "2.5")  # in bounds: kept
+    s = Settings.from_env(sample_on_s=-1.0)  # a keyword override is bounded too
+    assert (s.flush_s, s.lag_max_s, s.max_buffers, s.buffer_kib, s.sample_on_s) == (0.5, 3.0, 32, 1024, 1.0)
+    assert s.window_s == 2.5
+    assert set(s.rejected) == {"flush_s", "lag_max_s", "max_buffers", "buffer_kib", "sample_on_s"}
+    assert LightAgent(s).detail.startswith("settings out of bounds, defaults used: ")
+    monkeypatch.delenv("BOUNDWATCH_AGENT_FLUSH_S")
+    assert "flush_s" not in Settings.from_env().rejected
+
+
 @pytest.mark.parametrize("per_step", [True, False])  # CUPTI keeps each step; the light agent folds them
 def test_running_and_waiting_are_integrated_between_steps_by_the_left_rule(per_step: bool) -> None:
     tracker = StepTracker()

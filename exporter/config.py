@@ -13,7 +13,7 @@ import os
 import tomllib
 import types
 import typing
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -185,6 +185,9 @@ class WebConfig:
     auth_checks_at_once: int = 2  # bcrypt checks running in worker threads at once
 
 
+_Check = Callable[[bool, str, str], None]  # Config.problems' check(ok, key, message)
+
+
 @dataclass(frozen=True)
 class Config:
     """The whole configuration."""
@@ -231,6 +234,16 @@ class Config:
             "log_format",
             f"must be auto, json or console, got {self.log_format!r}",
         )
+        self._web_problems(check, out)
+        self._verdict_problems(check)
+        self._engine_problems(check)
+        for key, value in _leaves(self):
+            if key.endswith("timeout_seconds") and isinstance(value, float):
+                check(value > 0, key, f"must be > 0, got {value}")
+        return out
+
+    def _web_problems(self, check: _Check, out: list[tuple[str, str]]) -> None:
+        """The listener's keys (web.*), the web config file's own problems included."""
         w = self.web
         check(0 <= w.port <= 65535, "web.port", f"must be 0-65535, got {w.port}")
         check(bool(w.address.strip()), "web.address", "must not be empty")
@@ -254,6 +267,9 @@ class Config:
         for name in ("max_connections", "auth_failure_burst", "auth_checks_at_once"):
             check(getattr(w, name) >= 1, f"web.{name}", f"must be at least 1, got {getattr(w, name)}")
         check(w.auth_failures_per_second > 0, "web.auth_failures_per_second", "must be > 0")
+
+    def _verdict_problems(self, check: _Check) -> None:
+        """The verdict's thresholds and windows, and how often GPM is read."""
         v = self.verdict
         check(
             0 < v.busy_low <= v.busy_high <= 1,
@@ -276,6 +292,9 @@ class Config:
             "nvml.gpm_every_ticks",
             f"must be between 1 and {MAX_GPM_EVERY_TICKS}, got {self.nvml.gpm_every_ticks}",
         )
+
+    def _engine_problems(self, check: _Check) -> None:
+        """The engine source's page bounds, slow-read period and URLs."""
         e = self.engine
         check(
             e.max_page_bytes >= 1024,
@@ -297,10 +316,6 @@ class Config:
                 "engine.urls",
                 f"{url!r} is not an http(s) URL, file:// URL or path",
             )
-        for key, value in _leaves(self):
-            if key.endswith("timeout_seconds") and isinstance(value, float):
-                check(value > 0, key, f"must be > 0, got {value}")
-        return out
 
     def as_dict(self) -> dict[str, Any]:
         """Return the configuration as plain data (for --check-config and the status page)."""

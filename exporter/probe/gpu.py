@@ -355,6 +355,68 @@ class _Observer(threading.Thread):
             self.done.set()
 
 
+def _bursts(
+    device: int, plan: logic.DutyPlan, seconds: float, settle: float, nvml: _Nvml, check_url: str | None
+) -> tuple[list[tuple[int, int]], list[int], int, int, _Observer]:
+    """Launch the plan's spin bursts for settle + seconds while an observer marks the window.
+
+    Return each burst's [first CTA start, last CTA end] on the device clock, the host time after
+    each, the CTAs a burst ran, the stamps left unwritten, and the observer (its two marks).
+    """
+    torch, _, _ = load_backend()
+    k = kernels()
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    ctas = 2 * sms
+    stride = -(-2 * ctas // 16) * 16  # slots per burst, padded so every base is 16-aligned
+    n_max = plan.bursts_within(settle + seconds + 0.5) + 16
+    duration_ns = round(plan.kernel_seconds * 1e9)
+    with torch.cuda.device(device):
+        stamps = torch.zeros(n_max * stride, device=device, dtype=torch.int64)
+        host_after: list[int] = []
+        t_start = time.perf_counter()
+        obs = _Observer([t_start + settle, t_start + settle + seconds], nvml, check_url)
+        obs.start()
+        launch = t_start
+        b = 0
+        while not obs.done.is_set() and b < n_max:
+            sleep_until(launch)
+            k["spin"][(ctas,)](stamps, b * stride, duration_ns, num_warps=1)
+            torch.cuda.synchronize()
+            host_after.append(time.time_ns())
+            b += 1
+            launch = logic.next_launch(launch, plan.period_seconds, time.perf_counter())
+        obs.join(timeout=10)
+        view = stamps[: b * stride].view(b, stride)[:, : 2 * ctas].reshape(b, ctas, 2)
+        starts = view[:, :, 0].min(dim=1).values.tolist()
+        ends = view[:, :, 1].max(dim=1).values.tolist()
+        unwritten = int((view == 0).sum().item())
+    return list(zip(starts, ends, strict=True)), host_after, ctas, unwritten, obs
+
+
+def _sidecar_busy(
+    m0: dict[str, Any],
+    m1: dict[str, Any],
+    gpu_label: str | None,
+    bursts: list[tuple[int, int]],
+    lo: int,
+    hi: int,
+) -> tuple[dict[str, Any], dict[str, float], float]:
+    """Return the sidecar's part of a phase, its busy by source between the two marks, and the truth they compare with."""
+    side: dict[str, dict[str, float]] = {}
+    errors = [m[key] for m in (m0, m1) for key in ("page_error",) if key in m]
+    if not errors and gpu_label is not None:
+        side = logic.busy_from_counters(
+            check_mod.busy_counters(m0["page"], gpu_label), check_mod.busy_counters(m1["page"], gpu_label)
+        )
+    sources = {s: v["busy_ratio"] for s, v in side.items()}
+    truth = logic.busy_fraction(bursts, lo, hi)
+    if "cupti" in sources:
+        # CUPTI counters cover the windows the agent closed 1-2.3 s before each scrape
+        lag = int(CUPTI_LAG_SECONDS * 1e9)
+        truth = logic.busy_fraction(bursts, lo - lag, hi - lag)
+    return {"gpu_label": gpu_label, "errors": errors, "sources": side, "truth": truth}, sources, truth
+
+
 def run_duty_phase(
     device: int,
     plan: logic.DutyPlan,
@@ -367,59 +429,27 @@ def run_duty_phase(
     require_source: str | None = None,
 ) -> dict[str, Any]:
     """Run one duty phase: bursts on the plan's schedule for settle + seconds; measure [settle, end)."""
-    torch, _, _ = load_backend()
-    k = kernels()
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    ctas = 2 * sms
-    stride = -(-2 * ctas // 16) * 16  # slots per burst, padded so every base is 16-aligned
-    total = settle + seconds + 0.5
-    n_max = plan.bursts_within(total) + 16
-    duration_ns = round(plan.kernel_seconds * 1e9)
-    with torch.cuda.device(device):
-        stamps = torch.zeros(n_max * stride, device=device, dtype=torch.int64)
-        grid = (ctas,)
-        host_after: list[int] = []
-        t_start = time.perf_counter()
-        obs = _Observer([t_start + settle, t_start + settle + seconds], nvml, check_url)
-        obs.start()
-        launch = t_start
-        b = 0
-        while not obs.done.is_set() and b < n_max:
-            sleep_until(launch)
-            k["spin"][grid](stamps, b * stride, duration_ns, num_warps=1)
-            torch.cuda.synchronize()
-            host_after.append(time.time_ns())
-            b += 1
-            launch = logic.next_launch(launch, plan.period_seconds, time.perf_counter())
-        obs.join(timeout=10)
-        view = stamps[: b * stride].view(b, stride)[:, : 2 * ctas].reshape(b, ctas, 2)
-        starts = view[:, :, 0].min(dim=1).values.tolist()
-        ends = view[:, :, 1].max(dim=1).values.tolist()
-        unwritten = int((view == 0).sum().item())
-    bursts = list(zip(starts, ends, strict=True))
-    offset = logic.clock_offset_ns(host_after, ends)
+    bursts, host_after, ctas, unwritten, obs = _bursts(device, plan, seconds, settle, nvml, check_url)
+    offset = logic.clock_offset_ns(host_after, [e for _, e in bursts])
     out: dict[str, Any] = {
         "target": plan.target,
         "kernel_seconds": plan.kernel_seconds,
         "period_seconds": plan.period_seconds,
         "ctas": ctas,
-        "bursts": b,
+        "bursts": len(bursts),
         "unwritten_stamps": unwritten,
         "truth_steady": logic.steady_fraction(bursts),
         "burst_seconds_median": statistics.median(e - s for s, e in bursts) / 1e9,
     }
+    name = f"duty_{plan.target:g}"
     if len(obs.marks) < 2:
-        out.update(
-            truth=out["truth_steady"],
-            checks=[logic.check(f"duty_{plan.target:g}_observer", False, "the observer missed its marks")],
-            **{"pass": False},
-        )
+        checks = [logic.check(f"{name}_observer", False, "the observer missed its marks")]
+        out.update(truth=out["truth_steady"], checks=checks, **{"pass": False})
         return out
     m0, m1 = obs.marks[0], obs.marks[1]
     lo, hi = m0["wall_ns"] - offset, m1["wall_ns"] - offset  # the window on the device clock
     truth = logic.busy_fraction(bursts, lo, hi)
-    local: dict[str, float] = {}
-    local.update(nvml.gpm_between(m0["gpm"], m1["gpm"]))
+    local: dict[str, float] = dict(nvml.gpm_between(m0["gpm"], m1["gpm"]))
     util = nvml.utilization_between(m0["wall_ns"] // 1000, m1["wall_ns"] // 1000)
     if util is not None:
         local["nvml"] = util
@@ -430,31 +460,17 @@ def run_duty_phase(
     }  # measured by the probe's own NVML
     sources = {s: v for s, v in local.items() if s in ("gpm", "nvml")}
     if check_url:
-        side: dict[str, dict[str, float]] = {}
-        errors = [m[key] for m in (m0, m1) for key in ("page_error",) if key in m]
-        if not errors and gpu_label is not None:
-            side = logic.busy_from_counters(
-                check_mod.busy_counters(m0["page"], gpu_label), check_mod.busy_counters(m1["page"], gpu_label)
-            )
-        sources = {s: v["busy_ratio"] for s, v in side.items()}
-        if "cupti" in sources:
-            # CUPTI counters cover the windows the agent closed 1-2.3 s before each scrape
-            lag = int(CUPTI_LAG_SECONDS * 1e9)
-            truth = logic.busy_fraction(bursts, lo - lag, hi - lag)
-        out["sidecar"] = {"gpu_label": gpu_label, "errors": errors, "sources": side, "truth": truth}
-    verdict = logic.evaluate_duty_phase(plan.target, truth, sources, thresholds, require_source)
-    out.update(verdict)
+        out["sidecar"], sources, truth = _sidecar_busy(m0, m1, gpu_label, bursts, lo, hi)
+    out.update(logic.evaluate_duty_phase(plan.target, truth, sources, thresholds, require_source))
+    failed = []
     if check_url and not sources:
-        out["checks"].append(
-            logic.check(
-                f"duty_{plan.target:g}_sidecar", False, f"no busy counters for gpu {gpu_label} at {check_url}"
-            )
+        failed.append(
+            logic.check(f"{name}_sidecar", False, f"no busy counters for gpu {gpu_label} at {check_url}")
         )
-        out["pass"] = False
     if unwritten:
-        out["checks"].append(
-            logic.check(f"duty_{plan.target:g}_stamps", False, f"{unwritten} stamps unwritten")
-        )
+        failed.append(logic.check(f"{name}_stamps", False, f"{unwritten} stamps unwritten"))
+    if failed:
+        out["checks"].extend(failed)
         out["pass"] = False
     return out
 
@@ -503,6 +519,49 @@ def device_info(device: int) -> dict[str, Any]:
     }
 
 
+def _sidecar_gpu_label(check_url: str, info: dict[str, Any], result: dict[str, Any]) -> str | None:
+    """Return the sidecar's label for this GPU (by UUID, else NVML's index); note a failed fetch in result."""
+    gpu_label = None
+    try:
+        page = check_mod.fetch(check_url)
+        gpu_label = check_mod.gpu_label_for_uuid(page, info["uuid"]) if info["uuid"] else None
+    except Exception as exc:
+        result["sidecar_error"] = f"{type(exc).__name__}: {exc}"
+    if gpu_label is None and info["nvml_index"] is not None:
+        gpu_label = str(info["nvml_index"])
+    return gpu_label
+
+
+def _run_duty(
+    device: int,
+    duty: Sequence[float],
+    seconds: float,
+    settle: float,
+    check_url: str | None,
+    thresholds: logic.Thresholds | None,
+    result: dict[str, Any],
+    nvml: _Nvml,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
+    """Run the duty phases one after another; return the probe's "duty" part."""
+    torch, _, _ = load_backend()
+    info = result["device"]
+    gpu_label = _sidecar_gpu_label(check_url, info, result) if check_url else None
+    # warm the spin kernel (compile) outside any measured window
+    warm = torch.zeros(2 * 2 * info["sm_count"], device=device, dtype=torch.int64)
+    kernels()["spin"][(2 * info["sm_count"],)](warm, 0, 1000, num_warps=1)
+    torch.cuda.synchronize()
+    require = "cupti" if check_url and result["agent"]["attached"] else None
+    phases = []
+    for target in duty:
+        log(f"duty phase {target:g}")
+        plan = logic.plan_duty(target)
+        phases.append(
+            run_duty_phase(device, plan, seconds, settle, nvml, check_url, gpu_label, thresholds, require)
+        )
+    return {"seconds": seconds, "settle_seconds": settle, "check_url": check_url, "phases": phases}
+
+
 def run_probe(
     device: int = 0,
     duty: Sequence[float] = (0.25, 0.5, 0.9),
@@ -547,35 +606,9 @@ def run_probe(
             log("measuring bf16 matmul")
             result["matmul"] = measure_matmul(device)
         if duty:
-            gpu_label = None
-            if check_url:
-                try:
-                    page = check_mod.fetch(check_url)
-                    gpu_label = check_mod.gpu_label_for_uuid(page, info["uuid"]) if info["uuid"] else None
-                except Exception as exc:
-                    result["sidecar_error"] = f"{type(exc).__name__}: {exc}"
-                if gpu_label is None and info["nvml_index"] is not None:
-                    gpu_label = str(info["nvml_index"])
-            # warm the spin kernel (compile) outside any measured window
-            warm = torch.zeros(2 * 2 * info["sm_count"], device=device, dtype=torch.int64)
-            kernels()["spin"][(2 * info["sm_count"],)](warm, 0, 1000, num_warps=1)
-            torch.cuda.synchronize()
-            require = "cupti" if check_url and result["agent"]["attached"] else None
-            phases = []
-            for target in duty:
-                log(f"duty phase {target:g}")
-                phases.append(
-                    run_duty_phase(
-                        device, logic.plan_duty(target), seconds, settle, nvml, check_url, gpu_label,
-                        thresholds, require,
-                    )
-                )  # fmt: skip
-            result["duty"] = {
-                "seconds": seconds,
-                "settle_seconds": settle,
-                "check_url": check_url,
-                "phases": phases,
-            }
+            result["duty"] = _run_duty(
+                device, duty, seconds, settle, check_url, thresholds, result, nvml, log
+            )
     except ProbeUnavailable as exc:
         return logic.unavailable(str(exc), started_at=began, finished_at=time.time(), device=info)
     except torch.cuda.OutOfMemoryError as exc:

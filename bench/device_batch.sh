@@ -12,6 +12,8 @@
 #   nvml       bench/nvml_calls.py (NVML per call and per tick)     -> nvml_calls_h200.json
 #   truth      bench/agent_graph_truth.py, late starts at b=1 and 8  -> agent_graph_truth_late_h200.json
 #   parts      bench/light_step_parts.py (the light step's parts, paired) -> light_step_parts_h200.json
+#   gputests   the GPU-marked tests (probe and agent)                -> gpu_tests.txt
+#   probe      bench/probe_h200.py --sidecar (the self-test through the sidecar) -> probe_h200.json
 set -u
 O=${OUT:-/tmp/batch-out}
 mkdir -p "$O"
@@ -53,6 +55,12 @@ for step in ${STEPS:-env}; do
     parts)
       timeout 300 python3 bench/light_step_parts.py --seconds "${PARTS_SECONDS:-4}" \
         --out "$O/light_step_parts_h200.json" > /tmp/parts.log 2>&1; echo "parts rc=$?"; grep -E '^\||clocksource|Error|Traceback' /tmp/parts.log | tail -40 ;;
+    gputests)
+      timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rs tests/probe/test_probe_gpu.py \
+        tests/agent/test_agent_gpu.py > "$O/gpu_tests.txt" 2>&1; echo "gputests rc=$?"; tail -6 "$O/gpu_tests.txt" ;;
+    probe)
+      timeout 240 python3 bench/probe_h200.py --sidecar --seconds "${PROBE_SECONDS:-3}" --out "$O/probe_h200.json" \
+        > /tmp/probe.log 2>&1; echo "probe rc=$?"; tail -12 /tmp/probe.log ;;
     lab:*)
       mode=${step#lab:}
       timeout "${LAB_T:-330}" python3 bench/scenarios/lab.py --agent "$mode" --scale "$SCALE" \

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHILD = r"""
 import json, os, sys, time
 from exporter import agent
-state = agent.start()
+state = agent.start(mode="cupti")  # light is the default mode: this test is of the CUPTI agent
 a = agent.current()
 import torch
 x = torch.randn(4096, 4096, device="cuda")

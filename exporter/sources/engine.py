@@ -961,7 +961,7 @@ class EngineSource:
         self._configured = [configured_target(u) for u in cfg.engine.urls]
         self._targets: list[EngineTarget] = list(self._configured)
         self._discovered_at: float | None = None
-        self._cpu = procs.CpuTracker(self.proc_root)
+        self._cpu = procs.CpuTracker(self.proc_root, hot_every=procs.HOT_LIST_SECONDS)
         self._table = procs.ProcessTable(self.proc_root)
         self._found_targets: list[EngineTarget] | None = None  # what discovery found last
         self._cgroup_paths: dict[int, str] = {}  # pid -> cgroup path, until the table changes

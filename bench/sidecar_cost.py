@@ -553,6 +553,8 @@ def run_one(
     engine = start_engine(sock_dir, eng_port, env)
     procs.append(engine)
     env_other = {k: v for k, v in env.items() if not k.startswith("BW_COST_")}  # switches: this tree's
+    if env.get("BW_COST_STATS"):  # except the per-part figures, which both write (the other's with ".a")
+        env_other["BW_COST_STATS"] = env["BW_COST_STATS"] + ".a"
     if other and other_first:  # start order sets the two daemons' tick phases: alternate it
         daemon_a, port_a, sock_a = start_daemon(other, gpus, sock_dir, env_other, "agent-a.sock")
         procs.append(daemon_a)

@@ -577,6 +577,8 @@ def run_one(
         time.sleep(8)  # discovery, the first agent windows, history warming
         t0, c0, ticks0 = time.time(), cpu_seconds(daemon.pid), metric(bw_port, "boundwatch_ticks_total")
         c0_other = cpu_seconds(daemons[-1].pid)
+        if other:  # the same scrape inside the span for both daemons
+            metric(port_a, "boundwatch_ticks_total")
         rss = []
         next_scrape = time.time()
         while time.time() - t0 < seconds:

@@ -14,6 +14,11 @@ prometheus-node-exporter (when installed), with `Accept-Encoding: gzip`: CPU per
 process's /proc times, latency, bytes on the wire and series per page.
 
     python3 bench/sidecar_cost.py --gpus 1,8,64 --seconds 120 --out bench/results/sidecar_cost.json
+
+`--ab DIR` runs, beside this tree's daemon and at the same time, a second daemon from the tree at
+DIR (an unpacked older commit), each with its own agent stand-in and socket, both reading the same
+engine: the two CPU figures share the machine's load, so their ratio holds where single timings
+on a shared machine do not. `--pairs N` repeats each GPU count N times.
 """
 
 from __future__ import annotations
@@ -511,13 +516,35 @@ def stop_parts(procs: list[subprocess.Popen[bytes]], workdir: str) -> None:
     shutil.rmtree(workdir, ignore_errors=True)
 
 
-def run_one(gpus: int, seconds: float, scrapes: int, scrape_every: float) -> dict[str, Any]:
-    """Measure the daemon at one GPU count."""
+def start_daemon(
+    root: str, gpus: int, sock_dir: str, env: dict[str, str], name: str = "agent.sock"
+) -> tuple[subprocess.Popen[bytes], int, str]:
+    """Start the daemon of the tree at `root` (its own bench's daemon part); return it, its port, its socket."""
+    port, sock_path = free_port(), os.path.join(sock_dir, name)
+    me = os.path.join(root, "bench", "sidecar_cost.py")
+    argv = [
+        sys.executable,
+        me,
+        "--part",
+        "daemon",
+        "--port",
+        str(port),
+        "--sock",
+        sock_path,
+        "--gpus",
+        str(gpus),
+    ]
+    return subprocess.Popen(argv, env=dict(env, PYTHONPATH=root), cwd=root), port, sock_path
+
+
+def run_one(
+    gpus: int, seconds: float, scrapes: int, scrape_every: float, other: str = "", other_first: bool = False
+) -> dict[str, Any]:
+    """Measure the daemon at one GPU count (and the daemon of the tree `other` beside it, if given)."""
     me = os.path.abspath(__file__)
-    eng_port, bw_port = free_port(), free_port()
+    eng_port = free_port()
     sock_dir = tempfile.mkdtemp(prefix=f"bw-cost-{gpus}-")  # pid 1 in the namespace: never the pid
     os.chmod(sock_dir, 0o755)
-    sock_path = os.path.join(sock_dir, "agent.sock")
     env = {k: v for k, v in os.environ.items() if not k.startswith("BOUNDWATCH")}
     env["PYTHONPATH"] = ROOT
     env["BW_PY"] = sys.executable
@@ -525,31 +552,33 @@ def run_one(gpus: int, seconds: float, scrapes: int, scrape_every: float) -> dic
     # the engine main process is started as `vllm serve`, so discovery finds it as it finds a real one
     engine = start_engine(sock_dir, eng_port, env)
     procs.append(engine)
-    daemon = subprocess.Popen(
-        [
-            sys.executable,
-            me,
-            "--part",
-            "daemon",
-            "--port",
-            str(bw_port),
-            "--sock",
-            sock_path,
-            "--gpus",
-            str(gpus),
-        ],
-        env=env,
-    )
+    env_other = {k: v for k, v in env.items() if not k.startswith("BW_COST_")}  # switches: this tree's
+    if env.get("BW_COST_STATS"):  # except the per-part figures, which both write (the other's with ".a")
+        env_other["BW_COST_STATS"] = env["BW_COST_STATS"] + ".a"
+    if other and other_first:  # start order sets the two daemons' tick phases: alternate it
+        daemon_a, port_a, sock_a = start_daemon(other, gpus, sock_dir, env_other, "agent-a.sock")
+        procs.append(daemon_a)
+    daemon, bw_port, sock_path = start_daemon(ROOT, gpus, sock_dir, env)
     procs.append(daemon)
+    daemons = [daemon]
+    if other and not other_first:
+        daemon_a, port_a, sock_a = start_daemon(other, gpus, sock_dir, env_other, "agent-a.sock")
+        procs.append(daemon_a)
+    if other:
+        daemons.append(daemon_a)
     try:
-        if not wait_port(bw_port):
+        if not wait_port(bw_port) or (other and not wait_port(port_a)):
             return {"gpus": gpus, "error": "daemon did not listen"}
-        agent = subprocess.Popen(
-            [sys.executable, me, "--part", "agent", "--sock", sock_path, "--gpus", str(gpus)], env=env
-        )
-        procs.append(agent)
+        for path in [sock_path] + ([sock_a] if other else []):
+            agent = subprocess.Popen(
+                [sys.executable, me, "--part", "agent", "--sock", path, "--gpus", str(gpus)], env=env
+            )
+            procs.append(agent)
         time.sleep(8)  # discovery, the first agent windows, history warming
         t0, c0, ticks0 = time.time(), cpu_seconds(daemon.pid), metric(bw_port, "boundwatch_ticks_total")
+        c0_other = cpu_seconds(daemons[-1].pid)
+        if other:  # the same scrape inside the span for both daemons
+            metric(port_a, "boundwatch_ticks_total")
         rss = []
         next_scrape = time.time()
         while time.time() - t0 < seconds:
@@ -559,6 +588,7 @@ def run_one(gpus: int, seconds: float, scrapes: int, scrape_every: float) -> dic
             rss.append(rss_bytes(daemon.pid))
             time.sleep(1.0)
         t1, c1 = time.time(), cpu_seconds(daemon.pid)
+        c1_other = cpu_seconds(daemons[-1].pid)
         ticks1 = metric(bw_port, "boundwatch_ticks_total")
         _dt, nbytes, series = scrape(bw_port)
         api_servers = metric(bw_port, "boundwatch_engine_api_servers")
@@ -576,6 +606,15 @@ def run_one(gpus: int, seconds: float, scrapes: int, scrape_every: float) -> dic
             "metrics_gzip_bytes": nbytes,
             "scrape_every_seconds": scrape_every,
         }
+        if other:
+            share_a = (c1_other - c0_other) / (t1 - t0)
+            res["ab"] = {
+                "tree_a": other,
+                "a_started_first": other_first,
+                "cpu_share_of_core_a": round(share_a, 5),
+                "engine_api_servers_seen_a": metric(port_a, "boundwatch_engine_api_servers"),
+                "ratio_b_over_a": round(res["cpu_share_of_core"] / share_a, 3) if share_a else None,
+            }
         if scrapes:
             res["scrapes"] = compare_scrapes(daemon.pid, bw_port, scrapes, res["cpu_share_of_core"])
         return res
@@ -593,6 +632,8 @@ def main() -> int:
     ap.add_argument(
         "--scrape-every", type=float, default=0.0, help="scrape while measuring CPU (s; 0: never)"
     )
+    ap.add_argument("--ab", default="", help="run the daemon of the tree at this path beside this one's")
+    ap.add_argument("--pairs", type=int, default=1, help="runs per GPU count")
     ap.add_argument("--out", default="")
     ap.add_argument("--part", default="", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
@@ -616,10 +657,13 @@ def main() -> int:
             ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, *sys.argv], env=env
         )
     rows = []
-    for g in [int(x) for x in args.gpus.split(",")]:
-        r = run_one(g, args.seconds, args.scrapes, args.scrape_every)
-        print(json.dumps(r), flush=True)
-        rows.append(r)
+    for _ in range(args.pairs):
+        for g in [int(x) for x in args.gpus.split(",")]:
+            r = run_one(
+                g, args.seconds, args.scrapes, args.scrape_every, os.path.abspath(args.ab) if args.ab else ""
+            )
+            print(json.dumps(r), flush=True)
+            rows.append(r)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"rows": rows, "argv": sys.argv[1:], "cpus": os.cpu_count()}, f, indent=1)

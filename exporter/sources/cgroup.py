@@ -24,7 +24,7 @@ def cgroup_version(cgroup_root: str) -> int:
 def cgroup_path_of(proc_root: str, pid: int | str) -> str:
     """Return the CPU cgroup path of a process ("/" when it cannot be told)."""
     try:
-        text = Path(proc_root, str(pid), "cgroup").read_text()
+        text = read_file(f"{proc_root}/{pid}/cgroup")
     except OSError:
         return "/"
     unified = None

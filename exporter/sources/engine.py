@@ -1,6 +1,7 @@
 """The engine source: find vLLM and SGLang engines on the host and read their scheduler state every tick.
 
-Per engine and tick it reads the metrics page over HTTP (aiohttp), a page from a file, or, when
+Per engine and tick it reads the metrics page over HTTP (one kept-alive connection per engine,
+read on the source's own thread: engine_http.py), a page from a file, or, when
 the engine runs in prometheus multiprocess mode on this host, its PROMETHEUS_MULTIPROC_DIR files
 directly (no request to the serving process, and per-API-server histogram counts); then the CPU
 of each API-server process and its busiest thread, and the cgroups of the engine's processes.
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import glob
+import http.client
 import json
 import math
 import os
@@ -41,7 +43,6 @@ from pathlib import Path
 from typing import NamedTuple
 from urllib.parse import urlparse
 
-import aiohttp
 import structlog
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -55,6 +56,7 @@ from exporter.sources import placement, procs
 from exporter.sources.base import BlockingReader, SourceUnavailable
 from exporter.sources.cgroup import cgroup_path_of, read_cgroup_cpu
 from exporter.sources.engine_flags import graph_config
+from exporter.sources.engine_http import PageClient, PageReadError
 
 log = structlog.get_logger("boundwatch.engine")
 
@@ -387,40 +389,26 @@ def read_page_file(path: str, limits: PageLimits = DEFAULT_LIMITS) -> bytes:
         return fh.read(limits.max_bytes + 1)
 
 
-async def read_page_http(
-    session: aiohttp.ClientSession, url: str, limits: PageLimits = DEFAULT_LIMITS
-) -> bytes:
-    """Return a page's body over HTTP, reading no further than the byte and line budgets (plus a chunk)."""
-    async with session.get(url) as resp:
-        if resp.status != 200:
-            raise PageError(f"HTTP {resp.status}")
-        buf = bytearray()
-        lines = 0
-        async for chunk in resp.content.iter_chunked(1 << 16):
-            buf += chunk
-            lines += chunk.count(b"\n")
-            if len(buf) > limits.max_bytes or lines > limits.max_lines:
-                break  # the rest is never read: the connection is dropped
-    return bytes(buf)
+# What a failed HTTP read raises: PageClient's own errors, the protocol's, a timeout, the socket's.
+READ_ERRORS = (PageReadError, http.client.HTTPException, TimeoutError, OSError, ValueError)
+# All the HTTP pages of one tick are read in at most this many engine timeouts: the engine
+# source's thread gives up after 4 (BlockingReader), so hung engines cannot fail the others' build.
+READ_BUDGET_TIMEOUTS = 3
+
+
+def page_client(url: str, timeout: float, limits: PageLimits = DEFAULT_LIMITS) -> PageClient:
+    """Return a client that reads a page over HTTP no further than the byte and line budgets (plus a chunk)."""
+    return PageClient(url, timeout, limits.max_bytes, limits.max_lines)
 
 
 def describe_error(exc: BaseException, timeout: float | None = None) -> str:
     """Return what a failed read means in words: refused, no answer, a bad page, an HTTP status."""
-    if isinstance(exc, PageError):
-        return str(exc)
-    if isinstance(exc, TimeoutError | aiohttp.ServerTimeoutError):
+    if isinstance(exc, PageError | PageReadError):
+        return bounded(str(exc))
+    if isinstance(exc, TimeoutError):
         return f"no answer within {timeout:g} s" if timeout else "no answer in time"
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        where = f"{exc.host}:{exc.port}"
-        os_error = exc.os_error
-        if isinstance(os_error, ConnectionRefusedError):
-            return f"connection refused by {where} (nothing listens on that port)"
-        reason = os_error.strerror if isinstance(os_error, OSError) and os_error.strerror else str(os_error)
-        return bounded(f"cannot connect to {where}: {reason}")
     if isinstance(exc, ConnectionRefusedError):
         return "connection refused (nothing listens on that port)"
-    if isinstance(exc, aiohttp.ClientResponseError):
-        return bounded(f"HTTP {exc.status}: {exc.message}")
     text = str(exc)
     return bounded(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
 
@@ -973,14 +961,13 @@ class EngineSource:
         self._configured = [configured_target(u) for u in cfg.engine.urls]
         self._targets: list[EngineTarget] = list(self._configured)
         self._discovered_at: float | None = None
-        self._cpu = procs.CpuTracker(self.proc_root)
+        self._cpu = procs.CpuTracker(self.proc_root, hot_every=procs.HOT_LIST_SECONDS)
         self._table = procs.ProcessTable(self.proc_root)
         self._found_targets: list[EngineTarget] | None = None  # what discovery found last
         self._cgroup_paths: dict[int, str] = {}  # pid -> cgroup path, until the table changes
         self._blocking = BlockingReader("engine", max(1.0, cfg.engine.timeout_seconds * 4))
-        self._session: aiohttp.ClientSession | None = None
+        self._clients: dict[str, PageClient] = {}  # url -> its kept-alive connection (engine thread only)
         self._names: dict[str, str] = {}  # target url -> engine name once its kind is known
-        self._closing: asyncio.Task[None] | None = None
         self._readers: dict[str, MultiprocReader] = {}  # multiprocess dir -> its reader (and file index)
         self._spec: dict[str, deque[tuple[float, float | None, float | None]]] = {}
         self._said_none = False
@@ -1018,10 +1005,7 @@ class EngineSource:
             return ()  # nothing to read is not a failure: the source stays up
         self._said_none = False
         carry = [self._carried(t, now) for t in self._targets]
-        pages = await asyncio.gather(
-            *(self._fetch(t, c is None) for t, c in zip(self._targets, carry, strict=True))
-        )
-        readings = await self._blocking.run(lambda: self._build(pages, carry, now))
+        readings = await self._blocking.run(lambda: self._build(carry, now))
         self._log_states(readings)
         return readings
 
@@ -1097,34 +1081,40 @@ class EngineSource:
                 log.warning("engine_down", engine=r.name, url=r.url or None, error=r.error)
         self._states = states  # an engine no longer read is forgotten (discovery logs it lost)
 
-    async def _fetch(self, target: EngineTarget, due: bool = True) -> tuple[bytes | None, str, float]:
-        """Return (page bytes or None, error, seconds) for a target read over HTTP; files are read later."""
+    def _fetch(self, target: EngineTarget, due: bool, budget_end: float) -> tuple[bytes | None, str, float]:
+        """Return (page bytes or None, error, seconds) for a target read over HTTP; files are read later.
+
+        Runs in the engine source's thread, over the target's kept-alive connection.
+        """
         if not due or self._use_files(target) or _is_file(target.url) or not target.url:
             return None, "", 0.0
         self.page_reads += 1
         start = time.perf_counter()
         timeout = self.cfg.engine.timeout_seconds
-        if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout))
+        client = self._clients.get(target.url)
+        if client is None:
+            client = self._clients[target.url] = page_client(target.url, timeout, self._limits)
+        client.timeout = min(timeout, budget_end - time.monotonic())
         try:
-            data = await read_page_http(self._session, target.url, self._limits)
-        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+            if client.timeout <= 0:
+                raise TimeoutError("the other engines' reads took this tick's time")
+            data = client.get()
+        except READ_ERRORS as exc:
             return None, describe_error(exc, timeout), time.perf_counter() - start
         return data, "", time.perf_counter() - start
 
     def _use_files(self, target: EngineTarget) -> bool:
         return self.cfg.engine.read_multiproc_files and multiproc_dir_usable(target.multiproc_dir)
 
-    def _build(
-        self,
-        pages: Sequence[tuple[bytes | None, str, float]],
-        carry: Sequence[EngineReading | None],
-        now: float,
-    ) -> tuple[EngineReading, ...]:
-        """Parse pages or read files (or carry a page not due), then add API-server CPU and cgroups.
+    def _build(self, carry: Sequence[EngineReading | None], now: float) -> tuple[EngineReading, ...]:
+        """Read and parse pages or read files (or carry a page not due), then add API-server CPU and cgroups.
 
-        Runs off the event loop.
+        Runs off the event loop, in the engine source's thread.
         """
+        budget_end = time.monotonic() + READ_BUDGET_TIMEOUTS * self.cfg.engine.timeout_seconds
+        pages = [self._fetch(t, c is None, budget_end) for t, c in zip(self._targets, carry, strict=True)]
+        for url in [u for u in self._clients if u not in {t.url for t in self._targets}]:
+            self._clients.pop(url).close()  # an engine no longer read: its connection goes
         rows = self._table.rows
         cpu = self._cpu.sample(
             info
@@ -1265,23 +1255,15 @@ class EngineSource:
         return path
 
     def close(self) -> None:
-        """Close the HTTP session and the reader thread."""
+        """Close the engines' connections and the reader thread."""
         self._blocking.close()
-        if self._session is not None and not self._session.closed:
-            session, self._session = self._session, None
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:
-                loop = None
-            if loop is not None:
-                self._closing = loop.create_task(session.close())
+        clients, self._clients = self._clients, {}
+        for client in clients.values():
+            client.close()
 
     async def aclose(self) -> None:
-        """Close the HTTP session (await it) and the reader thread."""
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-        self._blocking.close()
+        """Close the engines' connections and the reader thread."""
+        self.close()
 
 
 async def read_once(
@@ -1305,10 +1287,12 @@ async def read_once(
         reading = reading_from_bytes(page, url=url_or_path, source="file", limits=limits)
         return replace(reading, name=name_for(target, reading.kind))
     start = time.perf_counter()
+    client = page_client(url_or_path, timeout, limits)
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session:
-            data = await read_page_http(session, url_or_path, limits)
-    except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+        data = await asyncio.to_thread(client.get)
+    except READ_ERRORS as exc:
         raise PageError(describe_error(exc, timeout)) from exc
+    finally:
+        client.close()
     reading = reading_from_bytes(data, url=url_or_path, limits=limits)
     return replace(reading, name=name_for(target, reading.kind), scrape_seconds=time.perf_counter() - start)

@@ -341,6 +341,13 @@ def thread_ids(proc_root: str, pid: int) -> list[int]:
 
 
 FULL_READ_SECONDS = 30.0  # every thread's stat is read at least this often (names, a missed change)
+HOT_LIST_SECONDS = 5.0  # the engine source's trackers read every thread this often, the hot ones each tick
+HOT_THREADS = 2  # the busiest threads (by demand) read every tick between listings
+HOT_FLOOR = 0.1  # and any other thread that wanted at least this many cores (at most MAX_HOT in all)
+MAX_HOT = 4
+# Clock ticks a process's utime + stime may differ from the sum of its threads' without any other
+# thread running: the kernel scales and truncates each figure on its own.
+RESIDUAL_SLACK_TICKS = 3
 
 
 @dataclass
@@ -349,6 +356,7 @@ class _Thread:
     sched: int | None  # ns on CPU + ns waiting to run (schedstat), None without schedstat
     run: int | None  # ns on CPU (schedstat)
     name: str
+    at: float = 0.0  # when these figures were read
 
 
 @dataclass
@@ -358,6 +366,8 @@ class _Tracked:
     ticks: int
     threads: dict[int, _Thread]
     full_at: float
+    hot: tuple[int, ...] | None = None  # the threads read each tick until the next listing (None: all)
+    listed_at: float = 0.0
 
 
 class CpuTracker:
@@ -372,6 +382,16 @@ class CpuTracker:
     utime + stime, since the kernel derives both from that time. So the figures are those of
     reading every stat each tick; each thread's stat is still read every FULL_READ_SECONDS (a
     thread renamed while idle) and every tick where schedstat is missing.
+
+    With `hot_every` > 0 only the hot threads are read each tick (the HOT_THREADS that wanted the
+    most, and any over HOT_FLOOR), every thread every `hot_every` seconds (a listing), and at once
+    whenever the other threads together used as much CPU this tick as the busiest hot one (the
+    process's own utime + stime, read every tick, less the hot threads'), so no other thread can
+    have been the busiest unseen: the busiest thread's CPU is that of reading every thread. A
+    thread outside the hot set that waits to run without running is seen at the next listing.
+    A thread last read before the previous tick is reported at a listing by what it can have used
+    this tick (its CPU since its last read, at most the other threads' CPU this tick), without
+    run-queue wait; from the next tick on exactly.
     """
 
     def __init__(
@@ -379,30 +399,66 @@ class CpuTracker:
         proc_root: str = "/proc",
         clock: Callable[[], float] = time.monotonic,
         full_every: float = FULL_READ_SECONDS,
+        hot_every: float = 0.0,
     ) -> None:
         self.proc_root = proc_root
         self._clock = clock
         self._full_every = full_every
+        self._hot_every = hot_every
         self._last: dict[int, _Tracked] = {}
         self.stat_reads = 0  # thread stat files read, for tests and the bench
+        self.schedstat_reads = 0  # thread schedstat files read, for tests and the bench
+        self.listings = 0  # reads of every thread of a process, for tests and the bench
 
-    def _threads(self, pid: int, before: dict[int, _Thread], full: bool) -> dict[int, _Thread]:
-        """Return each thread's times now, reading its stat only when schedstat says it ran."""
+    def _threads(
+        self, pid: int, tids: Iterable[int], before: dict[int, _Thread], full: bool, now: float
+    ) -> dict[int, _Thread]:
+        """Return the given threads' times now, reading a stat only when schedstat says it ran."""
         root = self.proc_root
         out: dict[int, _Thread] = {}
-        for tid in thread_ids(root, pid):
+        for tid in tids:
+            self.schedstat_reads += 1
             times = _schedstat(f"{root}/{pid}/task/{tid}/schedstat")
             old = before.get(tid)
             if not full and times is not None and old is not None and old.run == times[0]:
-                out[tid] = _Thread(old.ticks, times[0] + times[1], times[0], old.name)
+                out[tid] = _Thread(old.ticks, times[0] + times[1], times[0], old.name, now)
                 continue
             self.stat_reads += 1
             tstat = read_stat(root, pid, tid)
             if tstat is None:
                 continue
             run, sched = (None, None) if times is None else (times[0], times[0] + times[1])
-            out[tid] = _Thread(tstat.cpu_ticks, sched, run, tstat.comm)
+            out[tid] = _Thread(tstat.cpu_ticks, sched, run, tstat.comm, now)
         return out
+
+    def _read(
+        self, pid: int, prev: _Tracked | None, ticks: int, full: bool, now: float
+    ) -> tuple[dict[int, _Thread], bool, int]:
+        """Return this tick's thread figures, whether every thread was read, and the others' CPU, ticks.
+
+        The others' CPU is the process's utime + stime this tick less that of the threads read
+        whose last figures are a tick old (a bound on what any other thread used this tick).
+        """
+        before = prev.threads if prev is not None else {}
+        listing = (
+            self._hot_every <= 0
+            or prev is None
+            or prev.hot is None
+            or now - prev.listed_at >= self._hot_every
+        )
+        if not listing and prev is not None and prev.hot is not None:
+            got = self._threads(pid, prev.hot, before, full, now)
+            moved = [got[t].ticks - before[t].ticks for t in got if t in before]
+            others = ticks - prev.ticks - sum(moved)
+            if len(got) == len(prev.hot) and others < max(max(moved, default=0), RESIDUAL_SLACK_TICKS):
+                return {**before, **got}, False, others
+        self.listings += 1
+        got = self._threads(pid, thread_ids(self.proc_root, pid), before, full, now)
+        fresh = prev.at if prev is not None else None
+        moved = [
+            t.ticks - before[tid].ticks for tid, t in got.items() if tid in before and before[tid].at == fresh
+        ]
+        return got, True, ticks - (prev.ticks if prev is not None else ticks) - sum(moved)
 
     def sample(self, procs: Iterable[ProcInfo]) -> dict[int, ProcessCpu]:
         """Return the CPU each process used since its previous sample (absent on its first)."""
@@ -420,21 +476,21 @@ class CpuTracker:
             if prev is not None and prev.start_ticks != stat.start_ticks:
                 prev = None  # a reused pid: a new baseline
             full = prev is None or now - prev.full_at >= self._full_every
-            threads = self._threads(info.pid, prev.threads if prev is not None else {}, full)
+            threads, listed, others = self._read(info.pid, prev, stat.cpu_ticks, full, now)
             full_at = now if full or prev is None else prev.full_at
-            self._last[info.pid] = _Tracked(now, stat.start_ticks, stat.cpu_ticks, threads, full_at)
+            tracked = _Tracked(now, stat.start_ticks, stat.cpu_ticks, threads, full_at)
+            if prev is not None and not listed:
+                tracked.hot, tracked.listed_at = prev.hot, prev.listed_at
+            elif prev is not None and self._hot_every > 0:
+                tracked.hot, tracked.listed_at = _hottest(threads, prev.threads, now), now
+            self._last[info.pid] = tracked
             if prev is None or now <= prev.at:
                 continue
             wall = now - prev.at
             per_thread = tuple(
-                ThreadLoad(
-                    tid,
-                    t.name,
-                    min(1.0, max(0, t.ticks - prev.threads[tid].ticks) / CLK_TCK / wall),  # one core at most
-                    _share(t.sched, prev.threads[tid].sched, wall),
-                )
+                _load(tid, t, prev.threads[tid], prev.at, wall, others)
                 for tid, t in threads.items()
-                if tid in prev.threads
+                if t.at == now and tid in prev.threads
             )
             busiest = max(per_thread, key=lambda t: t.cpu, default=None)
             out[info.pid] = ProcessCpu(
@@ -448,6 +504,31 @@ class CpuTracker:
         for gone in set(self._last) - seen:
             del self._last[gone]
         return out
+
+
+def _load(tid: int, t: _Thread, old: _Thread, prev_at: float, wall: float, others: int) -> ThreadLoad:
+    """Return a thread's load this tick; one last read before the previous tick by what it can have used."""
+    ticks = max(0, t.ticks - old.ticks)
+    if old.at == prev_at:
+        return ThreadLoad(tid, t.name, min(1.0, ticks / CLK_TCK / wall), _share(t.sched, old.sched, wall))
+    return ThreadLoad(tid, t.name, min(1.0, min(ticks, max(0, others)) / CLK_TCK / wall), None)
+
+
+def _hottest(now: dict[int, _Thread], before: dict[int, _Thread], at: float) -> tuple[int, ...]:
+    """Return the threads to read each tick: those that wanted the most since their last read."""
+    wanted: list[tuple[float, int]] = []
+    for tid, t in now.items():
+        old = before.get(tid)
+        if old is None or at <= old.at:
+            wanted.append((0.0, tid))  # new since the last listing: outside the hot set, like an idle one
+            continue
+        span = at - old.at
+        cpu = max(0, t.ticks - old.ticks) / CLK_TCK / span
+        wait = _share(t.sched, old.sched, span)
+        wanted.append((max(cpu, wait) if wait is not None else cpu, tid))
+    wanted.sort(reverse=True)
+    hot = [tid for k, (share, tid) in enumerate(wanted) if k < HOT_THREADS or share >= HOT_FLOOR]
+    return tuple(sorted(hot[:MAX_HOT]))
 
 
 def _share(now_ns: int | None, before_ns: int | None, wall: float) -> float | None:

@@ -194,6 +194,103 @@ def test_the_table_reads_only_new_reparented_and_young_processes(tmp_path):
     assert [p.pid for p in procs.processes(str(root))] == sorted(table.rows)
 
 
+class Server:
+    """An API server in a /proc tree: each thread's utime (clock ticks) and schedstat, the process's sum."""
+
+    PID = 5000
+
+    def __init__(self, root, threads: int) -> None:
+        self.root = root
+        self.ticks = dict.fromkeys(range(self.PID, self.PID + threads), 0)
+        self.run = dict.fromkeys(self.ticks, 0)
+        self.wait = dict.fromkeys(self.ticks, 0)
+        (root / "uptime").write_text("100000.00 1.00\n")
+        (root / str(self.PID) / "cmdline").parent.mkdir(parents=True)
+        (root / str(self.PID) / "cmdline").write_bytes(b"VLLM::APIServer_0\0")
+        self.write()
+
+    def tick(self, cpu: dict[int, float], wait: dict[int, float] | None = None) -> None:
+        """Let each thread run `cpu` and wait `wait` of a 0.5 s tick."""
+        for tid, share in cpu.items():
+            self.ticks[tid] += round(share * 0.5 * procs.CLK_TCK)
+            self.run[tid] += round(share * 0.5e9)
+        for tid, share in (wait or {}).items():
+            self.wait[tid] += round(share * 0.5e9)
+        self.write()
+
+    def write(self) -> None:
+        d = self.root / str(self.PID)
+        (d / "stat").write_text(stat_line(self.PID, "VLLM::APIServer", 1, sum(self.ticks.values()), 0, 54000))
+        for tid, ticks in self.ticks.items():
+            (d / "task" / str(tid)).mkdir(parents=True, exist_ok=True)
+            (d / "task" / str(tid) / "stat").write_text(stat_line(tid, f"t{tid}", 1, ticks, 0, 54000))
+            (d / "task" / str(tid) / "schedstat").write_text(f"{self.run[tid]} {self.wait[tid]} 1\n")
+
+
+def saturation(cpu: procs.ProcessCpu) -> tuple[float, float | None]:
+    """Return what the verdict reads of an API server: its busiest thread's CPU and its demand."""
+    assert cpu.busiest_thread is not None
+    return round(cpu.busiest_thread.cpu, 9), None if demand(cpu) is None else round(demand(cpu) or 0.0, 9)
+
+
+def test_hot_threads_each_tick_give_the_saturation_of_reading_every_thread_as_the_hot_one_moves(tmp_path):
+    server = Server(tmp_path, threads=8)
+    a, b, c = server.PID, server.PID + 1, server.PID + 5
+    now = [0.0]
+    hot = procs.CpuTracker(str(tmp_path), clock=lambda: now[0], hot_every=5.0)
+    every = procs.CpuTracker(str(tmp_path), clock=lambda: now[0])
+    info = procs.proc_info(str(tmp_path), server.PID)
+    assert info is not None
+    # (each thread's CPU share this tick, its run-queue wait): A saturated, then B takes over at
+    # once, then C creeps up from idle past B, then everything idles, then A again with wait.
+    script: list[tuple[dict[int, float], dict[int, float]]] = (
+        [({a: 0.96, b: 0.02}, {a: 0.03})] * 4
+        + [({a: 0.02, b: 0.98}, {})] * 3
+        + [({b: 0.5, c: 0.1 * k}, {}) for k in range(1, 8)]
+        + [({}, {})] * 3
+        + [({a: 0.9}, {a: 0.08})] * 3
+    )
+    assert hot.sample([info]) == every.sample([info]) == {}
+    for k, (cpu, wait) in enumerate(script):
+        server.tick(cpu, wait)
+        now[0] += 0.5
+        got, want = hot.sample([info])[server.PID], every.sample([info])[server.PID]
+        assert got.cpu == want.cpu
+        if k == len(script) - 3:
+            # A comes back from outside the hot set: its CPU is exact at once, its run-queue wait
+            # (known only since its last read, seconds ago) from the next tick on
+            assert saturation(got) == (saturation(want)[0], saturation(want)[0])
+            assert saturation(got)[1] <= saturation(want)[1]
+            continue
+        assert saturation(got) == saturation(want), (k, cpu, wait)
+    listings = hot.listings
+    assert hot.schedstat_reads < every.schedstat_reads / 2  # most ticks read 2 of the 8 threads
+    assert listings < len(script) / 2
+
+
+def test_a_thread_outside_the_hot_set_that_turns_busy_makes_that_tick_read_every_thread(tmp_path):
+    server = Server(tmp_path, threads=6)
+    now = [0.0]
+    hot = procs.CpuTracker(str(tmp_path), clock=lambda: now[0], hot_every=60.0)
+    info = procs.proc_info(str(tmp_path), server.PID)
+    hot.sample([info])
+    for _ in range(4):
+        server.tick({server.PID: 0.3, server.PID + 1: 0.1})
+        now[0] += 0.5
+        hot.sample([info])
+    before = hot.listings
+    server.tick({server.PID: 0.3, server.PID + 1: 0.1, server.PID + 4: 0.95})
+    now[0] += 0.5
+    cpu = hot.sample([info])[server.PID]
+    assert hot.listings == before + 1
+    assert cpu.busiest_thread is not None and cpu.busiest_thread.tid == server.PID + 4
+    assert cpu.busiest_thread.cpu == pytest.approx(0.95, abs=2 / procs.CLK_TCK)
+    server.tick({server.PID + 4: 0.95})  # from now on it is a hot one
+    now[0] += 0.5
+    assert hot.sample([info])[server.PID].busiest_thread.tid == server.PID + 4
+    assert hot.listings == before + 1
+
+
 SPIN = """
 import ctypes, threading, time
 libc = ctypes.CDLL(None)

@@ -207,7 +207,7 @@ def rederive(raw: Snapshot, prev: Snapshot | None) -> Snapshot:
 
 
 def replay(snapshots: Sequence[Snapshot], cfg: Config) -> list[Snapshot]:
-    """Return recorded Snapshots with the agents' union and the verdicts recomputed tick by tick.
+    """Return recorded Snapshots with the agents' union, spec-decode acceptance and verdicts recomputed.
 
     A recording made before the feed handed out raw windows keeps its recorded activity.
     """
@@ -217,14 +217,14 @@ def replay(snapshots: Sequence[Snapshot], cfg: Config) -> list[Snapshot]:
         snap = agent_union.merge_snapshot(snap, prev)
         if snap.agent is not None and snap.agent.windows:  # merged again: placed again
             snap = resolve_agent_gpus(snap, prev.gpu_uuids if prev is not None else ())
-        out.append(snap)
+        out.append(engine.with_acceptance(out, snap))
     return verdict.replay(out, cfg)
 
 
 def advance(history: Sequence[Snapshot], raw: Snapshot, cfg: Config) -> Snapshot:
     """Return the next Snapshot from this tick's raw readings and the snapshots before it."""
     prev = history[-1] if history else None
-    snap = rederive(raw, prev)
+    snap = engine.with_acceptance(history, rederive(raw, prev))
     snap = engine.serve_counts(snap, prev)
     if prev is not None:
         snap = dataclasses.replace(snap, totals=prev.totals, probe=prev.probe)

@@ -44,8 +44,9 @@ def compact(snap: Snapshot) -> Snapshot:
 
     Kept: the tick's times, the source statuses, the picked busy ratios, each GPU's index, UUID,
     name and utilization, each engine's running and waiting requests (the scheduled probe's idle
-    check), and the verdicts without their evidence (a timeline). Readings, agent windows,
-    counters and evidence are dropped: they are read from the newest Snapshots only.
+    check) and spec-decode counters (the acceptance window, analysis.engine), and the verdicts
+    without their evidence (a timeline). Readings, agent windows, counters and evidence are
+    dropped: they are read from the newest Snapshots only.
     """
     return Snapshot(
         seq=snap.seq,
@@ -57,7 +58,16 @@ def compact(snap: Snapshot) -> Snapshot:
             GpuReading(g.index, g.uuid, g.name, g.driver, utilization=g.utilization) for g in snap.gpus
         ),
         engines=tuple(
-            EngineReading(e.name, e.kind, running=e.running, waiting=e.waiting, error=e.error)
+            EngineReading(
+                e.name,
+                e.kind,
+                running=e.running,
+                waiting=e.waiting,
+                error=e.error,
+                spec_draft_tokens_total=e.spec_draft_tokens_total,
+                spec_accepted_tokens_total=e.spec_accepted_tokens_total,
+                page_read=e.page_read,
+            )
             for e in snap.engines
         ),
         verdicts=tuple(dataclasses.replace(v, evidence=()) if v.evidence else v for v in snap.verdicts),

@@ -22,6 +22,10 @@ What each read of an engine's page lost (values refused, budgets hit, labels cut
 did not decode) is added to boundwatch_engine_page_refused_total by reason, every reason of
 every engine from its first reading on, failed reads included. A tick that reused the engine
 source's last reading (the read outlasted the tick) adds nothing: that read was counted.
+
+vLLM's pages give speculative decoding as counters (draft and accepted tokens); their ratio over
+the last SPEC_WINDOW_SECONDS of the Snapshots' history is its acceptance (`with_acceptance`), so
+a replay recomputes it. SGLang gives its own ratio, kept as read.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ from exporter.snapshot.agent import EngineSteps
 from exporter.snapshot.engine import PAGE_REFUSED_REASONS, CoreCounts, EngineReading, demand
 from exporter.snapshot.totals import EngineMethod, EngineReason, EngineServer, EngineTotals, Tally, Totals
 
+SPEC_WINDOW_SECONDS = 10.0  # the spec-decode acceptance window over vLLM's counters
+
 # An agent in these states has stopped reporting: the counts it last sent are no longer held.
 GONE = frozenset({"stale", "stopped"})
 
@@ -51,6 +57,54 @@ def window_acceptance(history: Sequence[tuple[float, float | None, float | None]
     if not drafted or accepted is None:
         return None
     return min(1.0, accepted / drafted)
+
+
+def _spec_row(snap: Snapshot, name: str) -> tuple[float, float | None, float | None] | None:
+    """Return (tick time, accepted, drafted) of an engine whose page was read this tick, else None.
+
+    A carried page (not read this tick) and a reading the Sampler reused (the read outlasted the
+    tick) are no new reading of the counters.
+    """
+    status = snap.source("engine")
+    if status is not None and status.late:
+        return None
+    e = next((x for x in snap.engines if x.name == name), None)
+    if e is None or e.error or not e.page_read or e.spec_draft_tokens_total is None:
+        return None
+    return (snap.mono, e.spec_accepted_tokens_total, e.spec_draft_tokens_total)
+
+
+def acceptance_over(history: Sequence[Snapshot], snap: Snapshot, name: str) -> float | None:
+    """Return an engine's acceptance from the newest reading at least SPEC_WINDOW_SECONDS old to this tick's."""
+    now = _spec_row(snap, name)
+    if now is None:
+        return None
+    rows = [now]
+    for past in reversed(history):
+        row = _spec_row(past, name)
+        if row is not None:
+            rows.append(row)
+            if now[0] - row[0] >= SPEC_WINDOW_SECONDS:
+                break
+    return window_acceptance(rows[::-1])
+
+
+def with_acceptance(history: Sequence[Snapshot], snap: Snapshot) -> Snapshot:
+    """Fill each vLLM engine's spec-decode acceptance over the window; one not read this tick keeps the last."""
+    engines, changed = [], False
+    for e in snap.engines:
+        if e.error or e.spec_draft_tokens_total is None:  # SGLang's own ratio, or no speculation
+            engines.append(e)
+            continue
+        if _spec_row(snap, e.name) is not None:
+            value = acceptance_over(history, snap, e.name)
+        else:
+            last = _previous(history[-1] if history else None, e.name)
+            value = last.spec_acceptance if last is not None else None
+        if value != e.spec_acceptance:
+            e, changed = dataclasses.replace(e, spec_acceptance=value), True
+        engines.append(e)
+    return dataclasses.replace(snap, engines=tuple(engines)) if changed else snap
 
 
 def _previous(prev: Snapshot | None, name: str) -> EngineReading | None:

@@ -1,10 +1,10 @@
 """Turn one tick's readings and the recent history into the next Snapshot (pure).
 
-The order is the data flow: name agent GPUs by UUID (NVML's index, else one of their own), place
-each engine on its GPUs, serve each engine's running/waiting from its agent's counts (else its
-page), pick each GPU's busy ratio
-(CUPTI where an agent reports, else GPM GRAPHICS_UTIL, else NVML utilization), add every
-area's counter increments, then classify.
+The order is the data flow: merge the agents' raw windows per GPU (agent_union), name agent GPUs
+by UUID (NVML's index, else one of their own), place each engine on its GPUs, serve each engine's
+running/waiting from its agent's counts (else its page), pick each GPU's busy ratio (CUPTI where
+an agent reports, else GPM GRAPHICS_UTIL, else NVML utilization), add every area's counter
+increments, then classify.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from types import MappingProxyType
 from typing import Protocol
 
-from exporter.analysis import activity, busy, engine, verdict
+from exporter.analysis import activity, agent_union, busy, engine, verdict
 from exporter.config import Config
 from exporter.snapshot import Snapshot
 from exporter.snapshot.agent import AgentReading
@@ -200,10 +200,31 @@ ACCUMULATORS: tuple[Accumulate, ...] = (
 )
 
 
+def rederive(raw: Snapshot, prev: Snapshot | None) -> Snapshot:
+    """Return a raw Snapshot with its agents' windows merged and every agent and engine placed on its GPUs."""
+    snap = agent_union.merge_snapshot(raw, prev)
+    return resolve_engine_gpus(resolve_agent_gpus(snap, prev.gpu_uuids if prev is not None else ()))
+
+
+def replay(snapshots: Sequence[Snapshot], cfg: Config) -> list[Snapshot]:
+    """Return recorded Snapshots with the agents' union, spec-decode acceptance and verdicts recomputed.
+
+    A recording made before the feed handed out raw windows keeps its recorded activity.
+    """
+    out: list[Snapshot] = []
+    for snap in snapshots:
+        prev = out[-1] if out else None
+        snap = agent_union.merge_snapshot(snap, prev)
+        if snap.agent is not None and snap.agent.windows:  # merged again: placed again
+            snap = resolve_agent_gpus(snap, prev.gpu_uuids if prev is not None else ())
+        out.append(engine.with_acceptance(out, snap))
+    return verdict.replay(out, cfg)
+
+
 def advance(history: Sequence[Snapshot], raw: Snapshot, cfg: Config) -> Snapshot:
     """Return the next Snapshot from this tick's raw readings and the snapshots before it."""
     prev = history[-1] if history else None
-    snap = resolve_engine_gpus(resolve_agent_gpus(raw, prev.gpu_uuids if prev is not None else ()))
+    snap = engine.with_acceptance(history, rederive(raw, prev))
     snap = engine.serve_counts(snap, prev)
     if prev is not None:
         snap = dataclasses.replace(snap, totals=prev.totals, probe=prev.probe)

@@ -26,10 +26,10 @@ def add_parser(subparsers: Any, config_flags: ConfigFlags) -> argparse.ArgumentP
 
 
 def run(args: argparse.Namespace) -> int:
-    """Read, re-classify with the current thresholds, report; exit 2 when the file is not a recording."""
+    """Read, merge the agents' windows again and re-classify with the current thresholds, report; exit 2 when the file is not a recording."""
     import json
 
-    from exporter.analysis import verdict
+    from exporter.analysis import pipeline
     from exporter.analysis.diagnosis import report
     from exporter.commands.diagnose import emit
     from exporter.snapshot import codec
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"replay: {args.file}: {exc}", file=sys.stderr)
             return 2
-    snaps = verdict.replay(snaps, args.cfg)
+    snaps = pipeline.replay(snaps, args.cfg)
     if args.verdicts:
         for s in snaps:
             row = {"seq": s.seq, "at": s.at, **{str(x.gpu): [x.verdict, *x.reasons] for x in s.verdicts}}

@@ -1,4 +1,9 @@
-"""What the in-process CUPTI agents reported, merged per GPU, for one tick."""
+"""What the in-process agents reported for one tick: raw per-process windows, and their union per GPU.
+
+The agent feed hands out each process's windows as received (`AgentReading.windows`);
+`exporter.analysis.agent_union` merges them per GPU into `AgentReading.activity`, carrying what
+the next tick's union needs in `AgentReading.union`, so `replay` recomputes the union too.
+"""
 
 from __future__ import annotations
 
@@ -29,6 +34,47 @@ class GpuActivity:
     last_window_busy_ns: int = 0  # the newest window alone, for the busy-ratio gauge
     last_window_ns: int = 0
     processes: int = 1  # agents whose windows were merged (>1: a cross-process union)
+
+
+@dataclass(frozen=True)
+class AgentWindow:
+    """One agent process's window on one GPU as received (bounded by the feed, not merged)."""
+
+    pid: int
+    t0: int  # window start, CLOCK_REALTIME ns (windows align across processes)
+    t1: int
+    busy_ns: int  # the process's own busy union
+    graph_busy_ns: int = 0
+    kernels: int = 0
+    memcpys: int = 0
+    memsets: int = 0
+    graphs: int = 0
+    dropped: int = 0
+    gap_counts: tuple[int, ...] = field(default=())  # the process's own idle gaps (exporter.wire.Window.gaps)
+    gap_sum_ns: int = 0
+    iv: tuple[int, ...] = field(default=())  # busy intervals, packed (exporter.wire.pack_intervals)
+    slack_ns: int = 0  # idle ns the packing filled
+
+
+@dataclass(frozen=True)
+class GpuWindows:
+    """One GPU's windows that every running process sent (or that waited long enough), and its agents."""
+
+    gpu: int  # the feed's stable index of the GPU's key (its UUID, else the CUDA ordinal)
+    uuid: str  # as the agents report it ('' when none)
+    running: int = 0  # agents running on this GPU now
+    windows: tuple[AgentWindow, ...] = field(default=())  # ready to merge this tick, any order
+
+
+@dataclass(frozen=True)
+class UnionState:
+    """What the union on one GPU carries to the next tick (computed by exporter.analysis.agent_union)."""
+
+    gpu: int  # as in GpuWindows
+    uuid: str
+    last_end_ns: int | None = None  # where merged activity last ended (idle gaps across windows)
+    last_window_busy_ns: int = 0  # the newest merged window, kept while the agents live
+    last_window_ns: int = 0
 
 
 @dataclass(frozen=True)
@@ -89,12 +135,14 @@ class GraphUse:
 
 @dataclass(frozen=True)
 class AgentReading:
-    """Everything the agents reported since the last tick."""
+    """Everything the agents reported since the last tick (activity and union: computed in analysis)."""
 
-    activity: tuple[GpuActivity, ...] = field(default=())
+    activity: tuple[GpuActivity, ...] = field(default=())  # merged per GPU (older recordings: by the feed)
     agents: tuple[AgentState, ...] = field(default=())
     steps: tuple[EngineSteps, ...] = field(default=())
     graphs: tuple[GraphUse, ...] = field(default=())
     messages: int = 0
     bad_messages: int = 0
     refused: tuple[tuple[str, int], ...] = field(default=())  # (reason, count), every reason
+    windows: tuple[GpuWindows, ...] = field(default=())  # raw, per GPU: what the union merges
+    union: tuple[UnionState, ...] = field(default=())  # carried from tick to tick by the union

@@ -1,4 +1,4 @@
-"""Receive the in-process agents' windows on a unix datagram socket and merge them per GPU.
+"""Receive the in-process agents' windows on a unix datagram socket and hand them out per GPU, raw.
 
 Any number of agents send to one socket (`cfg.agent.socket`, 0660 in a directory only the daemon
 writes: see exporter.sources.unixsock). Each datagram's sender is checked against an allow-list
@@ -10,9 +10,9 @@ overlaps the agent's previous one, idle gaps or steps at an impossible rate). Wh
 counted by reason (`boundwatch_agent_refused_total`); nothing an agent sends can poison a counter.
 
 Windows are aligned to absolute time in every agent, so the windows of several processes sharing
-one GPU line up: a window is merged once every running agent on that GPU has sent it, or
-`merge_wait_s` after the first copy arrived. The merge unions the processes' busy intervals
-(exporter.analysis.intervals.union_busy): two processes' kernels that overlap in time count once.
+one GPU line up: a window is handed out once every running agent on that GPU has sent it, or
+`merge_wait_s` after the first copy arrived, raw, one copy per process (`AgentReading.windows`);
+exporter.analysis.agent_union merges them (two processes' kernels that overlap count once).
 GPUs are keyed by the UUID the agent reports (the CUDA ordinal only when it reports none) and get
 a stable index, so two processes that each call their GPU ordinal 0 stay two GPUs without NVML.
 """
@@ -29,9 +29,8 @@ from dataclasses import dataclass, field
 import structlog
 
 from exporter import wire
-from exporter.analysis import intervals
 from exporter.config import AgentFeedConfig
-from exporter.snapshot.agent import AgentReading, AgentState, EngineSteps, GpuActivity, GraphUse
+from exporter.snapshot.agent import AgentReading, AgentState, AgentWindow, EngineSteps, GpuWindows, GraphUse
 from exporter.sources import unixsock
 from exporter.sources.base import SourceUnavailable
 
@@ -82,10 +81,6 @@ class _Agent:
 class _Gpu:
     index: int = 0  # stable label value while the key is remembered
     last_seen: float = 0.0
-    last_end: int | None = None
-    last_busy: int = 0
-    last_span: int = 0
-    last_at: float = 0.0
 
 
 class _Throttle:
@@ -336,7 +331,7 @@ class AgentFeed:
         return True
 
     async def read(self) -> AgentReading:
-        """Return what the agents reported since the last read, merged per GPU."""
+        """Return what the agents reported since the last read (windows raw, per GPU)."""
         if self._sock is None:
             raise SourceUnavailable(self.start_error or "agent feed not started")
         if self._sock_stat is not None and not self._still_bound():
@@ -354,7 +349,12 @@ class AgentFeed:
         return (st.st_dev, st.st_ino) == (self._sock_stat.st_dev, self._sock_stat.st_ino)
 
     def collect(self) -> AgentReading:
-        """Merge and hand out everything ready now (the synchronous body of read())."""
+        """Hand out everything ready now, raw (the synchronous body of read()).
+
+        A window is ready once every agent running on its GPU has sent it, or `merge_wait_s` after
+        its first copy arrived; each GPU's ready windows go out as received, with the number of
+        agents running on it (exporter.analysis.agent_union merges them).
+        """
         now = self.clock()
         agents = self._agent_states(now)
         running_on: dict[str, set[int]] = {}
@@ -362,104 +362,38 @@ class AgentFeed:
             if now - a.last_seen <= self.cfg.stale_seconds and a.msg.state == "running":
                 for dev, uuid in a.uuids.items():
                     running_on.setdefault(uuid or f"cuda{dev}", set()).add(a.pid)
-        ready: dict[str, list[tuple[int, dict[int, tuple[wire.Window, str]]]]] = {}
+        ready: dict[str, list[AgentWindow]] = {}
         for (key, t0), (first, by_pid) in list(self._pending.items()):
             expected = running_on.get(key, set())
             if expected.issubset(by_pid) or now - first >= self.merge_wait_s:
-                ready.setdefault(key, []).append((t0, by_pid))
+                ready.setdefault(key, []).extend(_raw(pid, w) for pid, (w, _) in by_pid.items())
                 del self._pending[(key, t0)]
                 for pid in by_pid:
                     if pid in self._agents:
                         self._agents[pid].pending = max(0, self._agents[pid].pending - 1)
-        activity = [self._merge(key, sorted(items, key=lambda x: x[0]), now) for key, items in ready.items()]
-        for key, gpu in self._gpus.items():  # keep the latest ratio while the agents are alive
-            if key not in ready and gpu.last_span and key in running_on:
-                activity.append(
-                    GpuActivity(
-                        gpu=gpu.index,
-                        uuid=key if key.startswith("GPU-") else "",
-                        observed_ns=0,
-                        busy_ns=0,
-                        last_window_busy_ns=gpu.last_busy,
-                        last_window_ns=gpu.last_span,
-                        processes=len(running_on[key]),
-                    )
-                )
+        windows = [
+            GpuWindows(
+                gpu=gpu.index,
+                uuid="" if key.startswith("cuda") else key,
+                running=len(running_on.get(key, ())),
+                windows=tuple(ready.get(key, ())),
+            )
+            for key, gpu in self._gpus.items()
+            if key in ready or key in running_on
+        ]
         steps = self._merge_steps()
         reading = AgentReading(
-            activity=tuple(sorted(activity, key=lambda a: (a.uuid, a.gpu))),
             agents=agents,
             steps=steps,
             graphs=self._graph_uses(),
             messages=self._messages,
             bad_messages=self._bad,
             refused=tuple(self._refused.items()),
+            windows=tuple(windows),
         )
         self._messages = self._bad = 0
         self._refused = dict.fromkeys(REFUSED_REASONS, 0)
         return reading
-
-    def _merge(
-        self, key: str, items: list[tuple[int, dict[int, tuple[wire.Window, str]]]], now: float
-    ) -> GpuActivity:
-        gpu = self._gpus[key]  # a key with pending windows is never evicted
-        observed = busy = graph = 0
-        counts = {"kernels": 0, "memcpys": 0, "memsets": 0, "graphs": 0, "dropped": 0}
-        hist = [0] * (len(intervals.IDLE_GAP_BUCKETS_NS) + 1)
-        gap_sum = 0
-        processes = 1
-        for t0, by_pid in items:
-            windows = [w for w, _ in by_pid.values()]
-            span = max(w.t1 for w in windows) - t0
-            processes = max(processes, len(windows))
-            if len(windows) == 1:
-                w = windows[0]
-                wbusy = min(w.busy, span)
-                if any(w.gaps):
-                    for i, c in enumerate(w.gaps):
-                        hist[i] += c
-                    gap_sum += w.gap_sum
-                end = wire.intervals_end(w.iv, t0)
-                if end is not None:
-                    gpu.last_end = max(gpu.last_end or 0, end)
-                wgraph = w.graph_busy
-            else:
-                pw = [
-                    intervals.ProcessWindow(w.busy, tuple(wire.unpack_intervals(w.iv, t0)), w.slack)
-                    for w in windows
-                ]
-                wbusy, merged = intervals.union_busy(pw, span)
-                found, gpu.last_end = intervals.gaps(intervals.clip(merged, t0, t0 + span), gpu.last_end)
-                h, s = intervals.gap_histogram(found)
-                for i, c in enumerate(h):
-                    hist[i] += c
-                gap_sum += s
-                wgraph = min(sum(w.graph_busy for w in windows), wbusy)  # graph spans carry no intervals
-            observed += span
-            busy += wbusy
-            graph += wgraph
-            for w in windows:
-                for k in counts:
-                    counts[k] += getattr(w, k)
-            gpu.last_busy, gpu.last_span, gpu.last_at = wbusy, span, now
-        last_uuid = key if key.startswith("GPU-") else ""
-        return GpuActivity(
-            gpu=gpu.index,
-            uuid=last_uuid,
-            observed_ns=observed,
-            busy_ns=busy,
-            graph_busy_ns=graph,
-            kernels=counts["kernels"],
-            memcpys=counts["memcpys"],
-            memsets=counts["memsets"],
-            graphs=counts["graphs"],
-            dropped=counts["dropped"],
-            idle_gap_counts=tuple(hist),
-            idle_gap_sum_ns=gap_sum,
-            last_window_busy_ns=gpu.last_busy,
-            last_window_ns=gpu.last_span,
-            processes=processes,
-        )
 
     def _take_graphs(self, pid: int, g: wire.GraphCounts) -> None:
         """Add one message's light-hook graph counts to its process's totals for this tick (bounded)."""
@@ -560,6 +494,26 @@ class AgentFeed:
     async def aclose(self) -> None:
         """Close the socket (the daemon calls this on its way out)."""
         self.close()
+
+
+def _raw(pid: int, w: wire.Window) -> AgentWindow:
+    """Return one received window as the Snapshot keeps it (its tuples shared, not copied)."""
+    return AgentWindow(
+        pid=pid,
+        t0=w.t0,
+        t1=w.t1,
+        busy_ns=w.busy,
+        graph_busy_ns=w.graph_busy,
+        kernels=w.kernels,
+        memcpys=w.memcpys,
+        memsets=w.memsets,
+        graphs=w.graphs,
+        dropped=w.dropped,
+        gap_counts=w.gaps,
+        gap_sum_ns=w.gap_sum,
+        iv=w.iv,
+        slack_ns=w.slack,
+    )
 
 
 def _clamp(value: int, hi: int) -> int:

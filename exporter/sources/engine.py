@@ -36,7 +36,7 @@ import re
 import stat
 import struct
 import time
-from collections import Counter, defaultdict, deque
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -47,7 +47,6 @@ import structlog
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.analysis import dedup, engine_page
-from exporter.analysis.engine import window_acceptance
 from exporter.config import Config, EngineConfig
 from exporter.snapshot import Snapshot
 from exporter.snapshot.engine import PAGE_REFUSED_REASONS, EngineReading, GraphConfig
@@ -61,7 +60,6 @@ from exporter.sources.engine_http import PageClient, PageReadError
 log = structlog.get_logger("boundwatch.engine")
 
 DISCOVER_EVERY_SECONDS = 5.0
-SPEC_WINDOW_SECONDS = 10.0
 DEFAULT_PORTS = {"vllm": 8000, "sglang": 30000}
 API_SERVER_TITLE = re.compile(r"^(?:\S*::)?APIServer_(\d+)\b")
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -969,7 +967,6 @@ class EngineSource:
         self._clients: dict[str, PageClient] = {}  # url -> its kept-alive connection (engine thread only)
         self._names: dict[str, str] = {}  # target url -> engine name once its kind is known
         self._readers: dict[str, MultiprocReader] = {}  # multiprocess dir -> its reader (and file index)
-        self._spec: dict[str, deque[tuple[float, float | None, float | None]]] = {}
         self._said_none = False
         self._found: set[str] = set()  # names of the engines discovery found last time
         self._states: dict[str, str] = {}  # engine name -> "up" or the class of its error
@@ -1128,7 +1125,7 @@ class EngineSource:
                 out.append(self._with_processes(target, carried, cpu))
                 continue
             reading = self._read_one(target, data, error, seconds)
-            reading = self._with_acceptance(self._with_processes(target, reading, cpu))
+            reading = self._with_processes(target, reading, cpu)
             if reading.error:
                 self._pages.pop(reading.name, None)  # read again next tick
             elif data is not None:
@@ -1138,17 +1135,6 @@ class EngineSource:
         for name in [n for n in self._pages if n not in names]:
             del self._pages[name]
         return tuple(out)
-
-    def _with_acceptance(self, reading: EngineReading) -> EngineReading:
-        """Fill the spec-decode acceptance over the last SPEC_WINDOW_SECONDS from the counters."""
-        if reading.error or reading.spec_acceptance is not None or reading.spec_draft_tokens_total is None:
-            return reading
-        now = self._clock()
-        hist = self._spec.setdefault(reading.name, deque())
-        hist.append((now, reading.spec_accepted_tokens_total, reading.spec_draft_tokens_total))
-        while len(hist) > 2 and now - hist[1][0] >= SPEC_WINDOW_SECONDS:
-            hist.popleft()
-        return replace(reading, spec_acceptance=window_acceptance(hist))
 
     def _claim(self, target: EngineTarget, kind: str) -> str:
         """Return a configured engine's name: kind:port, made distinct from every other engine's."""

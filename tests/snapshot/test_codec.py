@@ -13,6 +13,7 @@ from exporter.analysis import verdict as v
 from exporter.config import Config
 from exporter.serve import web
 from exporter.snapshot import HistogramValue, ProbeSummary, codec
+from exporter.snapshot.agent import AgentReading, AgentWindow, GpuWindows, UnionState
 from exporter.snapshot.totals import (
     AgentTotals,
     BusyTotals,
@@ -131,3 +132,27 @@ def test_ignores_unknown_fields_from_a_newer_writer() -> None:
     data["added_later"] = 1
     data["engines"][0]["new_figure"] = 2
     assert codec.from_json(data).engines[0].running == 160
+
+
+def test_raw_agent_windows_and_the_union_state_round_trip() -> None:
+    w = AgentWindow(
+        pid=7, t0=10**18, t1=10**18 + 5 * 10**8, busy_ns=10**8, iv=(0, 100_000), gap_counts=(0, 1)
+    )
+    reading = AgentReading(
+        windows=(GpuWindows(gpu=0, uuid="GPU-1", running=2, windows=(w,)),),
+        union=(UnionState(0, "GPU-1", None, 10**8, 5 * 10**8),),
+    )
+    snap = dataclasses.replace(seed_snapshots()[-1], agent=reading)
+    back = codec.from_json(json.loads(json.dumps(codec.to_json(snap))))
+    assert back.agent == reading and isinstance(back.agent.windows[0].windows[0].iv, tuple)
+
+
+def test_a_recording_whose_agent_reading_has_only_merged_activity_still_decodes() -> None:
+    data = codec.to_json(seed_snapshots()[-1], totals=False)
+    data["agent"] = {
+        "activity": [{"gpu": 0, "uuid": "GPU-1", "observed_ns": 500, "busy_ns": 100}],
+        "messages": 2,
+    }
+    back = codec.from_json(json.loads(json.dumps(data)))
+    assert back.agent is not None and back.agent.windows == () and back.agent.union == ()
+    assert back.agent.activity[0].busy_ns == 100

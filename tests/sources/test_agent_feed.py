@@ -1,4 +1,4 @@
-"""The sidecar's agent feed on a real unix datagram socket: merging, unions across processes, states."""
+"""The sidecar's agent feed on a real unix datagram socket: raw windows handed out when ready, through the union, states."""
 
 import asyncio
 import os
@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from exporter import wire
+from exporter.analysis.agent_union import merge
 from exporter.config import AgentFeedConfig
+from exporter.snapshot.agent import AgentReading, AgentWindow
 from exporter.sources.agent_feed import AgentFeed
 
 MS = 1_000_000
@@ -32,6 +34,11 @@ def window(t0: int, busy_ivs: list[tuple[int, int]], **kw: object) -> wire.Windo
     packed, slack = wire.pack_intervals(busy_ivs, t0)
     busy = sum(e - s for s, e in busy_ivs)
     return wire.Window(dev=0, t0=t0, t1=t0 + 500 * MS, busy=busy, iv=packed, slack=slack, **kw)  # type: ignore[arg-type]
+
+
+def raw(reading: AgentReading) -> list[AgentWindow]:
+    """Return every raw window a reading hands out."""
+    return [w for g in reading.windows for w in g.windows]
 
 
 def message(pid: int, windows: tuple[wire.Window, ...] = (), state: str = "running", **kw: object) -> bytes:
@@ -73,7 +80,11 @@ async def test_one_agent_window_reaches_the_reading(feed: AgentFeed) -> None:
     )
     await send(feed.cfg.socket, message(4242, (w,)))
     reading = await feed.read()
-    (a,) = reading.activity
+    (g,) = reading.windows
+    assert (g.gpu, g.uuid, g.running) == (0, UUID, 1)
+    (got,) = g.windows
+    assert (got.pid, got.t0, got.busy_ns, got.iv, got.gap_counts) == (4242, T0, 135 * MS, w.iv, w.gaps)
+    (a,) = merge(reading, None).activity
     assert (a.uuid, a.gpu, a.observed_ns, a.busy_ns) == (UUID, 0, 500 * MS, 135 * MS)
     assert (a.kernels, a.graphs, a.graph_busy_ns, a.idle_gap_counts[6]) == (410, 22, 90 * MS, 2)
     assert a.last_window_busy_ns / a.last_window_ns == pytest.approx(0.27)
@@ -88,9 +99,11 @@ async def test_two_processes_on_one_gpu_are_unioned(feed: AgentFeed) -> None:
     await send(feed.cfg.socket, message(1, ()), message(2, ()))  # both known before their windows
     await feed.read()
     await send(feed.cfg.socket, message(1, (a,)))
-    assert (await feed.read()).activity == ()  # waits for the other process on this GPU
+    assert raw(await feed.read()) == []  # waits for the other process on this GPU
     await send(feed.cfg.socket, message(2, (b,)))
-    (act,) = (await feed.read()).activity
+    reading = await feed.read()
+    assert sorted(w.pid for w in raw(reading)) == [1, 2]
+    (act,) = merge(reading, None).activity
     assert act.busy_ns == 400 * MS  # not 500: the overlap counts once
     assert act.processes == 2
 
@@ -99,9 +112,9 @@ async def test_a_window_missing_from_one_process_is_merged_after_the_wait(feed: 
     await send(feed.cfg.socket, message(1), message(2))
     await feed.read()
     await send(feed.cfg.socket, message(1, (window(T0, [(T0, T0 + 100 * MS)]),)))
-    assert (await feed.read()).activity == ()
+    assert raw(await feed.read()) == []
     feed.test_clock.t += 1.5  # type: ignore[attr-defined]
-    (act,) = (await feed.read()).activity
+    (act,) = merge(await feed.read(), None).activity
     assert act.busy_ns == 100 * MS
 
 
@@ -150,9 +163,11 @@ async def test_engine_steps_are_summed_per_engine(feed: AgentFeed) -> None:
 
 async def test_latest_ratio_is_kept_between_windows_while_the_agent_lives(feed: AgentFeed) -> None:
     await send(feed.cfg.socket, message(1, (window(T0, [(T0, T0 + 450 * MS)]),)))
-    await feed.read()
+    first = merge(await feed.read(), None)
     await send(feed.cfg.socket, message(1))
-    (act,) = (await feed.read()).activity
+    reading = await feed.read()
+    assert [(g.running, g.windows) for g in reading.windows] == [(1, ())]
+    (act,) = merge(reading, first).activity
     assert act.observed_ns == 0 and act.last_window_busy_ns == 450 * MS
 
 

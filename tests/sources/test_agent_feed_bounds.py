@@ -12,11 +12,13 @@ from pathlib import Path
 import pytest
 
 from exporter import wire
+from exporter.analysis.agent_union import merge
 from exporter.config import AgentFeedConfig
 from exporter.sources import agent_feed, unixsock
 from exporter.sources.agent_feed import AgentFeed
 from exporter.sources.base import SourceUnavailable
 from tests.sources.test_agent_feed import MS, T0, UUID, Clock, message, window
+from tests.sources.test_agent_feed import raw as raw_windows
 
 NOBODY = 65534
 OTHER_UUID = "GPU-0a1b2c3d-0000-4000-8000-0123456789ab"
@@ -83,7 +85,7 @@ async def test_new_devices_engines_and_pids_in_every_datagram_stay_bounded(feed:
             feed.test_clock.t += 0.5  # type: ignore[attr-defined]
             reading = feed.collect()
             engines |= {s.engine for s in reading.steps}
-            gpus |= {a.gpu for a in reading.activity} | {a.gpu for a in reading.agents}
+            gpus |= {g.gpu for g in reading.windows} | {a.gpu for a in reading.agents}
             for k, v in reading.refused:
                 total_refused[k] = total_refused.get(k, 0) + v
     reading = feed.collect()
@@ -129,7 +131,7 @@ async def test_the_poison_window_of_the_report_is_rejected(feed: AgentFeed) -> N
     }
     await send(feed.cfg.socket, raw(poison))
     reading = await feed.read()
-    assert reading.bad_messages == 1 and reading.activity == ()
+    assert reading.bad_messages == 1 and raw_windows(reading) == []
 
 
 @pytest.mark.parametrize(
@@ -147,7 +149,7 @@ async def test_windows_outside_physical_limits_are_refused_and_counted(
     await send(feed.cfg.socket, message(1, (w,)))
     feed.test_clock.t += 2  # type: ignore[attr-defined]
     reading = await feed.read()
-    assert reading.activity == () and refused(reading)[reason] == 1
+    assert raw_windows(reading) == [] and refused(reading)[reason] == 1
 
 
 async def test_a_replayed_window_counts_once(feed: AgentFeed) -> None:
@@ -155,7 +157,7 @@ async def test_a_replayed_window_counts_once(feed: AgentFeed) -> None:
     await send(feed.cfg.socket, *([data] * 50))
     feed.test_clock.t += 2  # type: ignore[attr-defined]
     reading = await feed.read()
-    assert sum(a.busy_ns for a in reading.activity) == 400 * MS
+    assert [w.busy_ns for w in raw_windows(reading)] == [400 * MS]
     assert refused(reading)["overlap"] == 49
 
 
@@ -215,7 +217,8 @@ async def test_two_processes_each_with_ordinal_0_are_two_gpus_without_nvml(feed:
     await send(feed.cfg.socket, wire.encode(a), wire.encode(b))
     feed.test_clock.t += 2  # type: ignore[attr-defined]
     reading = await feed.read()
-    by_uuid = {x.uuid: (x.gpu, x.busy_ns) for x in reading.activity}
+    first = merge(reading, None)
+    by_uuid = {x.uuid: (x.gpu, x.busy_ns) for x in first.activity}
     assert by_uuid[UUID][1] == 100 * MS and by_uuid[OTHER_UUID][1] == 300 * MS
     assert by_uuid[UUID][0] != by_uuid[OTHER_UUID][0]
     assert len({s.gpu for s in reading.agents}) == 2
@@ -226,7 +229,7 @@ async def test_two_processes_each_with_ordinal_0_are_two_gpus_without_nvml(feed:
         wire.encode(a.__class__(pid=2, state="running", devices=((0, OTHER_UUID),), windows=(w2,))),
     )
     feed.test_clock.t += 2  # type: ignore[attr-defined]
-    again = {x.uuid: x.gpu for x in (await feed.read()).activity}
+    again = {x.uuid: x.gpu for x in merge(await feed.read(), first).activity}
     assert again == {UUID: by_uuid[UUID][0], OTHER_UUID: by_uuid[OTHER_UUID][0]}
 
 
@@ -315,7 +318,7 @@ async def test_a_sender_outside_the_allow_list_is_dropped_and_counted(shared_dir
         assert _send_as(NOBODY, NOBODY, f.cfg.socket, fake) == ""  # the kernel let it through
         await asyncio.sleep(0.05)
         reading = await f.read()
-        assert reading.agents == () and reading.activity == ()
+        assert reading.agents == () and reading.windows == ()
         assert refused(reading)["peer"] == 1 and reading.messages == 1
         await send(f.cfg.socket, message(1))  # root is allowed
         assert [a.pid for a in (await f.read()).agents] == [1]

@@ -303,7 +303,7 @@ async def test_api_servers_moved_into_a_throttled_cgroup_show_it_at_the_next_rea
     assert ("/kubepods.slice/pod1/ctr", 0.5) in [(c.path, c.quota_cores) for c in after.cgroups]
 
 
-async def test_spec_decode_acceptance_is_taken_over_the_recent_window(tmp_path):
+async def test_spec_decode_counters_are_read_raw_and_their_window_taken_in_the_pipeline(tmp_path):
     page = tmp_path / "spec.prom"
 
     def write(drafted: int, accepted: int) -> None:
@@ -312,16 +312,24 @@ async def test_spec_decode_acceptance_is_taken_over_the_recent_window(tmp_path):
             f'vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="m"}} {accepted}\n'
         )
 
-    source = EngineSource(config(urls=(str(page),), discover=False))
+    cfg = config(urls=(str(page),), discover=False)
+    source = EngineSource(cfg)
+    sampler = Sampler(cfg, [source])
     try:
         write(1000, 900)  # a long history at 90%
-        (first,) = await source.read()
+        first = await sampler.tick()
         write(1200, 950)  # the last 200 drafted tokens: 25% accepted
-        (second,) = await source.read()
+        second = await sampler.tick()
+        (raw,) = await source.read()
     finally:
-        await source.aclose()
-    assert first.spec_acceptance is None
-    assert second.spec_acceptance == pytest.approx(0.25)
+        await sampler.aclose()
+    assert (raw.spec_draft_tokens_total, raw.spec_accepted_tokens_total, raw.spec_acceptance) == (
+        1200,
+        950,
+        None,
+    )
+    assert first.engines[0].spec_acceptance is None
+    assert second.engines[0].spec_acceptance == pytest.approx(0.25)
 
 
 def test_a_multiprocess_dir_inside_another_container_is_reached_through_proc_root(tmp_path):

@@ -85,8 +85,13 @@ class _SourceState:
         self.last_error = ""
         self.pending: asyncio.Future[Any] | None = None
         self.started = 0.0
+        self.ended: float | None = None  # when the pending read finished (perf_counter)
         self.last_reading: Any = None
         self.last_ok: float | None = None
+
+    def finished(self, _future: asyncio.Future[Any]) -> None:
+        """Note when the pending read finished, so its duration does not count the wait for the others."""
+        self.ended = time.perf_counter()
 
 
 class Sampler:
@@ -137,8 +142,17 @@ class Sampler:
         """Return the kept Snapshots, oldest first."""
         return tuple(self._history)
 
-    async def _read(self, source: Source) -> tuple[Any, SourceStatus]:
-        """Read one source, waiting at most the tick budget.
+    def _start(self, source: Source) -> asyncio.Future[Any]:
+        """Return the source's read in flight, starting one unless the last is still running."""
+        state = self._state[source.name]
+        if state.pending is None:
+            state.started, state.ended = time.perf_counter(), None
+            state.pending = asyncio.ensure_future(source.read())
+            state.pending.add_done_callback(state.finished)
+        return state.pending
+
+    def _result(self, source: Source) -> tuple[Any, SourceStatus]:
+        """Return one source's reading and status once the tick's wait is over.
 
         A read still running at the end of the budget goes on in the background and is awaited
         again next tick (never started twice); meanwhile the tick uses the source's last reading
@@ -146,12 +160,10 @@ class Sampler:
         slows its own figures, not the tick, and integrals stay exact through each tick's dt.
         """
         state = self._state[source.name]
-        if state.pending is None:
-            state.started = time.perf_counter()
-            state.pending = asyncio.ensure_future(source.read())
-        done, _ = await asyncio.wait({state.pending}, timeout=self._budget)
-        duration = time.perf_counter() - state.started
-        if not done:
+        future = state.pending
+        assert future is not None
+        if not future.done():
+            duration = time.perf_counter() - state.started
             age = None if state.last_ok is None else self._clock() - state.last_ok
             if age is not None and age <= self._stale:
                 return state.last_reading, SourceStatus(
@@ -160,7 +172,8 @@ class Sampler:
             return None, self._down(
                 source.name, state, f"read still running after {duration:.1f}s", duration, False
             )
-        future, state.pending = state.pending, None
+        duration = (time.perf_counter() if state.ended is None else state.ended) - state.started
+        state.pending = None
         exc = future.exception()
         if exc is not None:
             counted = getattr(exc, "counted", True)  # an absent engine is a state; a driver down counts
@@ -195,7 +208,10 @@ class Sampler:
         """Read every source once and return the new Snapshot."""
         cpu0 = time.process_time()
         mono, at = self._clock(), self._wall()
-        results = await asyncio.gather(*(self._read(s) for s in self.sources))
+        running = {f for f in map(self._start, self.sources) if not f.done()}
+        if running:  # one wait for all the reads (each has the same budget), not a task per source
+            await asyncio.wait(running, timeout=self._budget)
+        results = [self._result(s) for s in self.sources]
         prev = self._history[-1] if self._history else None
         fields: dict[str, Any] = {}
         statuses = []
@@ -249,19 +265,20 @@ class Sampler:
         """Tick on a fixed schedule until stop is set; a late tick skips, never bunches."""
         interval = self.cfg.tick_seconds
         next_at = self._clock()
-        while not stop.is_set():
-            try:
-                await self.tick()
-            except Exception:  # a bug in analysis must not stop sampling
-                log.exception("tick_failed")
-            next_at += interval
-            now = self._clock()
-            if next_at < now:
-                next_at = now + interval - ((now - next_at) % interval)
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=max(0.0, next_at - now))
-            except TimeoutError:
-                pass
+        stopped = asyncio.ensure_future(stop.wait())  # one waiter for the whole run, not a task per tick
+        try:
+            while not stop.is_set():
+                try:
+                    await self.tick()
+                except Exception:  # a bug in analysis must not stop sampling
+                    log.exception("tick_failed")
+                next_at += interval
+                now = self._clock()
+                if next_at < now:
+                    next_at = now + interval - ((now - next_at) % interval)
+                await asyncio.wait({stopped}, timeout=max(0.0, next_at - now))
+        finally:
+            stopped.cancel()
 
     async def start(self) -> None:
         """Start every source that has a start(); one that cannot start reports itself down each tick."""

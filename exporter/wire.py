@@ -386,6 +386,9 @@ def _no_constant(name: str) -> Any:
     raise WireError(f"{name} is not a number on the wire")
 
 
+_DECODER = json.JSONDecoder(parse_constant=_no_constant)  # NaN and Infinity refused
+
+
 def _count(d: Mapping[str, Any], key: str, default: int) -> int:
     """Return an optional non-negative integer key, or default when it is absent."""
     value = d.get(key)
@@ -426,7 +429,10 @@ def decode(data: bytes) -> Message:
     if len(data) > MAX_DATAGRAM_BYTES:
         raise WireError("datagram too large")
     try:
-        body = json.loads(data, parse_constant=_no_constant)
+        if type(data) is bytes:  # as json.loads does, without building a decoder per datagram
+            body = _DECODER.decode(data.decode(json.detect_encoding(data), "surrogatepass"))
+        else:
+            body = json.loads(data, parse_constant=_no_constant)
     except WireError:
         raise
     except (

@@ -184,6 +184,15 @@ async def test_a_slow_read_does_not_hold_the_tick_and_its_last_reading_is_reused
     assert snap.engines[0].running >= 2
 
 
+async def test_each_source_reports_its_own_read_time_not_that_of_the_slowest_in_the_tick():
+    cfg = Config(tick_seconds=0.5, history_seconds=10)
+    slow = Slow(0.15)
+    nvml = NvmlSource(NvmlConfig(), nvml=FakeNvml())  # type: ignore[arg-type]
+    snap = await Sampler(cfg, [nvml, slow]).tick()
+    assert snap.source("engine").duration_seconds >= 0.15
+    assert snap.source("nvml").duration_seconds < 0.1
+
+
 async def test_a_read_that_stays_late_past_the_stale_limit_marks_the_source_down():
     cfg = Config(tick_seconds=0.05, history_seconds=10)
     slow = Slow(0.0)

@@ -231,7 +231,7 @@ def test_light_agent_sends_steps_and_graph_counts_on_the_wire(tmp_path: Path) ->
     steps = [s for m in msgs for s in m.steps]
     assert sum(s.n for s in steps) == 2 and sum(s.run_ns for s in steps) == 8 * 10 * MS
     assert {m.mode for m in msgs} == {"light"} and msgs[-1].state == "stopped"
-    assert agent.tick_ns_max < 50 * MS
+    assert agent.tick_ns_max < 1000 * MS  # never blocks (its speed: light_agent_overhead.py)
 
 
 def test_the_agents_thread_hands_over_steps_of_an_engine_that_never_pauses(tmp_path: Path) -> None:

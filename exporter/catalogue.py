@@ -219,6 +219,14 @@ AGENTS = _m(
     ["gpu", "state"],
     "busy",
 )
+AGENT_SETTINGS_REJECTED = _m(
+    "boundwatch_agent_settings_rejected",
+    "gauge",
+    "BOUNDWATCH_AGENT_* settings the in-process agents found out of bounds or not a number (their "
+    "defaults serve; the agent's detail names them), summed over the agents on each GPU.",
+    ["gpu"],
+    "busy",
+)
 AGENT_MESSAGES_TOTAL = _m(
     "boundwatch_agent_messages_total", "counter", "Agent messages received.", [], "busy"
 )

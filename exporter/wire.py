@@ -39,6 +39,7 @@ from typing import Any
 
 VERSION = 1
 MAX_DATAGRAM_BYTES = 16 * 1024
+MAX_SETTINGS_REJECTED = 64  # more settings than an agent has: a larger count is a bad message
 STATES = ("running", "preempted", "unavailable", "stopped")
 ROLES = ("vllm_worker", "vllm_engine", "sglang_scheduler", "generic")
 MAX_INTERVALS = 600  # busy intervals per window kept for cross-process unions (~8 KiB at worst)
@@ -174,6 +175,7 @@ class Message:
     windows: tuple[Window, ...] = ()
     steps: tuple[Steps, ...] = ()
     sent_dropped: int = 0  # messages this agent could not send since it started
+    settings_rejected: int = 0  # its BOUNDWATCH_AGENT_* settings out of bounds (their defaults serve)
     graphs: GraphCounts | None = None  # light hooks' counts (key "graphs"; absent from older agents)
     v: int = field(default=VERSION)
 
@@ -261,6 +263,8 @@ def encode(msg: Message) -> bytes:
         body["steps"] = [_steps_dict(s) for s in msg.steps]
     if msg.sent_dropped:
         body["sent_dropped"] = msg.sent_dropped
+    if msg.settings_rejected:
+        body["settings_rejected"] = msg.settings_rejected
     if msg.graphs is not None:
         body["graphs"] = _graphs_dict(msg.graphs)
     data = json.dumps(body, separators=(",", ":")).encode()
@@ -479,6 +483,7 @@ def _message(body: Any) -> Message:
         windows=tuple(_window(w) for w in windows_raw),
         steps=tuple(_steps(s) for s in steps_raw),
         sent_dropped=_int(body, "sent_dropped", 0),
+        settings_rejected=_int(body, "settings_rejected", 0, hi=MAX_SETTINGS_REJECTED),
         graphs=_graph_counts(body),
     )
 

@@ -213,6 +213,22 @@ def test_one_datagram_cannot_poison_the_counters(tmp_path: Path) -> None:
     assert refused['{reason="limits"}'] + refused['{reason="clock"}'] >= 2
 
 
+def test_an_agents_rejected_settings_are_counted_per_gpu_and_a_count_past_any_agents_is_refused(
+    tmp_path: Path,
+) -> None:
+    """An agent whose BOUNDWATCH_AGENT_* values were out of bounds says how many; the sidecar shows them."""
+    over = json.loads(agent_message(6, UUID_A, 100 * MS))
+    over["settings_rejected"] = wire.MAX_SETTINGS_REJECTED + 1
+    with running_daemon(tmp_path, engine_pages=()) as daemon:
+        blast(
+            str(tmp_path / "agent.sock"),
+            [agent_message(5, UUID_A, 100 * MS, settings_rejected=2), json.dumps(over).encode()],
+        )
+        page = wait_for(daemon, "boundwatch_agent_settings_rejected", '{gpu="0"}', 2)
+    assert samples(page, "boundwatch_agent_settings_rejected") == {'{gpu="0"}': 2}
+    assert samples(page, "boundwatch_agent_bad_messages_total")[""] == 1
+
+
 # --- row 3 -------------------------------------------------------------------------------------
 
 

@@ -833,6 +833,7 @@ class Agent:
                 windows=tuple(batch),
                 steps=tuple(steps) if i == 0 else (),
                 sent_dropped=self.stats.messages_dropped,
+                settings_rejected=len(self.settings.rejected),
                 graphs=graphs if i == 0 else None,
             )
             self._send_one(msg)

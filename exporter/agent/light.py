@@ -111,6 +111,7 @@ class LightAgent:
                     steps=tuple(chunk),
                     graphs=graphs if i == 0 else None,
                     sent_dropped=self.sender.dropped,
+                    settings_rejected=len(self.settings.rejected),
                 )
             )
 

@@ -9,22 +9,30 @@ from prometheus_client.core import Metric
 from exporter import catalogue as c
 from exporter.export.families import Family, counter, counters, histograms
 from exporter.snapshot import Snapshot
+from exporter.snapshot.agent import AgentState
 
 STATES = ("running", "preempted", "unavailable", "stale")
+
+
+def _placed(snap: Snapshot) -> list[tuple[str, AgentState]]:
+    """Return each agent with the GPU label it reports under ('' while it names no GPU yet)."""
+    if snap.agent is None:
+        return []
+    by_uuid = {g.uuid: g.index for g in snap.gpus}
+    out = []
+    for a in snap.agent.agents:
+        if a.role == "vllm_engine" and a.gpu < 0:
+            continue  # a steps-only agent in vLLM's EngineCore drives no GPU
+        out.append((str(by_uuid.get(a.uuid, a.gpu)) if a.gpu >= 0 or a.uuid in by_uuid else "", a))
+    return out
 
 
 def agents(snap: Snapshot) -> Metric:
     """Render boundwatch_agents{gpu,state}: every state of every GPU an agent reported on, zeros included."""
     family = c.gauge(c.AGENTS)
-    if snap.agent is None:
-        return family
-    by_uuid = {g.uuid: g.index for g in snap.gpus}
     counts: Counter[tuple[str, str]] = Counter()
     gpus: set[str] = set()
-    for a in snap.agent.agents:
-        if a.role == "vllm_engine" and a.gpu < 0:
-            continue  # a steps-only agent in vLLM's EngineCore drives no GPU
-        gpu = str(by_uuid.get(a.uuid, a.gpu)) if a.gpu >= 0 or a.uuid in by_uuid else ""
+    for gpu, a in _placed(snap):
         gpus.add(gpu)
         if a.state in STATES:
             counts[(gpu, a.state)] += 1
@@ -34,7 +42,21 @@ def agents(snap: Snapshot) -> Metric:
     return family
 
 
-FAMILIES: tuple[Family, ...] = (Family(c.AGENTS, agents),)
+def settings_rejected(snap: Snapshot) -> Metric:
+    """Render boundwatch_agent_settings_rejected{gpu}: the agents' out-of-bounds settings, summed per GPU."""
+    family = c.gauge(c.AGENT_SETTINGS_REJECTED)
+    totals: Counter[str] = Counter()
+    for gpu, a in _placed(snap):
+        totals[gpu] += a.settings_rejected
+    for gpu in sorted(totals):
+        family.add_metric([gpu], totals[gpu])
+    return family
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family(c.AGENTS, agents),
+    Family(c.AGENT_SETTINGS_REJECTED, settings_rejected),
+)
 INTEGRATED: tuple[Family, ...] = (
     counters(c.GPU_GRAPH_BUSY_SECONDS_TOTAL, lambda t: t.busy.graph_busy_seconds),
     histograms(c.GPU_IDLE_GAP_SECONDS, lambda t: t.busy.idle_gaps),

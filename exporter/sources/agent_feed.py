@@ -474,6 +474,7 @@ class AgentFeed:
                     lib=a.msg.lib,
                     mode=a.msg.mode,
                     dropped_messages=a.msg.sent_dropped,
+                    settings_rejected=a.msg.settings_rejected,
                 )
             )
         return tuple(sorted(out, key=lambda s: s.pid))

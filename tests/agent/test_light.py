@@ -165,6 +165,21 @@ def test_settings_out_of_bounds_or_not_numbers_get_their_defaults_and_say_so(mon
     assert "flush_s" not in Settings.from_env().rejected
 
 
+def test_the_light_agent_tells_the_sidecar_how_many_settings_it_rejected(tmp_path: Path) -> None:
+    path = str(tmp_path / "agent.sock")
+    rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    rx.bind(path)
+    rx.settimeout(2.0)
+    agent = LightAgent(Settings.from_env(socket=path, flush_s=0.0, lag_max_s=-1.0))
+    try:
+        agent.send([], None)
+        msg = wire.decode(rx.recv(wire.MAX_DATAGRAM_BYTES))
+    finally:
+        agent.sender.close()
+        rx.close()
+    assert msg.settings_rejected == 2 and "flush_s,lag_max_s" in msg.detail
+
+
 @pytest.mark.parametrize("per_step", [True, False])  # CUPTI keeps each step; the light agent folds them
 def test_running_and_waiting_are_integrated_between_steps_by_the_left_rule(per_step: bool) -> None:
     tracker = StepTracker()

@@ -1110,7 +1110,8 @@ class EngineSource:
         """
         budget_end = time.monotonic() + READ_BUDGET_TIMEOUTS * self.cfg.engine.timeout_seconds
         pages = [self._fetch(t, c is None, budget_end) for t, c in zip(self._targets, carry, strict=True)]
-        for url in [u for u in self._clients if u not in {t.url for t in self._targets}]:
+        read_now = {t.url for t in self._targets}
+        for url in [u for u in self._clients if u not in read_now]:
             self._clients.pop(url).close()  # an engine no longer read: its connection goes
         rows = self._table.rows
         cpu = self._cpu.sample(

@@ -2,7 +2,8 @@
 
 `install()` patches `torch.cuda.CUDAGraph` now if torch is imported, else right after `import torch`
 (exporter.agent.importhook), so captures are seen from import time. A replay costs one list-item
-increment on top of torch's own call: no lock, no allocation beyond the int. The device is learnt on
+increment on top of torch's own call: no lock, no allocation beyond the int; the replay hook is in
+only for a slice of each agent tick (exporter.agent.switch). The device is learnt on
 the capturing thread (torch.cuda.current_device(), CUDA is initialised there by definition); this
 module never initialises CUDA itself.
 """
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.agent.importhook import when_imported
+from exporter.agent.switch import SWITCH, Carry
 
 MARK = "__boundwatch_hooks__"
 
@@ -113,7 +115,10 @@ def patch_graph_class(cls: Any) -> bool:
     ):
         new.__name__, new.__qualname__, new.__doc__ = old.__name__, old.__qualname__, old.__doc__
         new.__wrapped__ = old  # type: ignore[attr-defined]
-        setattr(cls, name, new)
+        if name == "replay":  # on every step's path: in for a slice of each tick (exporter.agent.switch)
+            SWITCH.add(cls, name, old, new)
+        else:  # captures: off the steps' path, always counted (graphs_so_far)
+            setattr(cls, name, new)
     setattr(cls, MARK, True)
     return True
 
@@ -208,17 +213,29 @@ class GraphReader:
         self._last_ns = now_ns if now_ns is not None else time.time_ns()
         self._uuid: dict[int, str] = {}
         self._uuid_tries = 0
+        self._carry = Carry()
+        self._replays = 0  # scaled replays counted since the last take
 
-    def take(self, now_ns: int | None = None) -> GraphWindow | None:
-        """Return the window since the last take, or None while the hooks are not installed."""
+    def count(self, scale: float = 1.0) -> None:
+        """Add the replays counted since the last call, times scale, to the window (each agent tick)."""
+        replays = _counts[0]
+        self._replays += self._carry(("replays",), max(0, replays - self._last_replays), scale)
+        self._last_replays = replays
+
+    def take(self, now_ns: int | None = None, scale: float = 1.0) -> GraphWindow | None:
+        """Return the window since the last take, or None while the hooks are not installed.
+
+        scale: what the replays counted since stand for (exporter.agent.switch: the tick's span
+        over the time the replay hook was in).
+        """
         now = now_ns if now_ns is not None else time.time_ns()
         if not _installed["patched"]:
             self._last_ns = now
-            self._last_replays = _counts[0]
+            self._last_replays, self._replays = _counts[0], 0
             return None
-        replays = _counts[0]
-        win = GraphWindow(self._last_ns, now, max(0, replays - self._last_replays), _counts[1])
-        self._last_ns, self._last_replays = now, replays
+        self.count(scale)
+        win = GraphWindow(self._last_ns, now, self._replays, _counts[1])
+        self._last_ns, self._replays = now, 0
         return win
 
     def uuid(self, ordinal: int) -> str:

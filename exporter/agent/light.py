@@ -18,6 +18,7 @@ from exporter.agent import hooks, plugins
 from exporter.agent.sender import Sender
 from exporter.agent.settings import Settings
 from exporter.agent.steps import StepTracker
+from exporter.agent.switch import SWITCH, Switch
 
 STEPS_PER_MESSAGE = 8
 
@@ -26,7 +27,11 @@ class LightAgent:
     """One process's light agent: hooks in, per-window totals out."""
 
     def __init__(
-        self, settings: Settings | None = None, steps: StepTracker | None = None, sender: Sender | None = None
+        self,
+        settings: Settings | None = None,
+        steps: StepTracker | None = None,
+        sender: Sender | None = None,
+        switch: Switch | None = None,
     ) -> None:
         self.settings = settings or Settings.from_env()
         self.state = "stopped"
@@ -38,6 +43,7 @@ class LightAgent:
         self.steps.per_step = False  # fold steps into totals as they are recorded
         self.sender = sender or Sender(self.settings.socket)
         self.graphs = hooks.GraphReader()
+        self.switch = switch or SWITCH  # the hooks this agent swaps in and out (this process's)
         self.tick_ns_max = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -55,33 +61,53 @@ class LightAgent:
         return self.state
 
     def _loop(self) -> None:
-        # One wake-up per flush_s: every wake-up takes the GIL from the engine's thread (a switch whose
-        # tail, on the H200's VM, reached 2 ms when this thread woke at 10 Hz; bench/README.md).
-        while not self._stop.wait(self.settings.flush_s):
-            t = time.perf_counter_ns()
-            try:
-                self.tick()
-            except Exception as exc:  # never let the thread die silently
-                self.detail = f"agent loop: {type(exc).__name__}: {exc}"[:400]
-            self.tick_ns_max = max(self.tick_ns_max, time.perf_counter_ns() - t)
+        # Every wake-up takes the GIL from the engine's thread (a switch whose tail, on the H200's VM,
+        # reached 2 ms when this thread woke at 10 Hz; bench/README.md): one per flush_s, and one more
+        # where the hooks are sampled (in for hook_share of each tick, then out: exporter.agent.switch).
+        share = self.settings.hook_share
+        sw = self.switch
+        cycling = share < 1.0 and sw.start_cycle()
+        out_s, in_s = self.settings.flush_s * (1.0 - share), self.settings.flush_s * share
+        try:
+            while True:
+                if cycling and sw.cycling:
+                    if self._stop.wait(out_s):
+                        break
+                    sw.set_in(True)
+                    if self._stop.wait(in_s):
+                        break
+                    sw.set_in(False)
+                elif self._stop.wait(self.settings.flush_s):
+                    break
+                t = time.perf_counter_ns()
+                try:
+                    self.tick()
+                except Exception as exc:  # never let the thread die silently
+                    self.detail = f"agent loop: {type(exc).__name__}: {exc}"[:400]
+                self.tick_ns_max = max(self.tick_ns_max, time.perf_counter_ns() - t)
+        finally:
+            if cycling:
+                sw.stop_cycle()  # hooks in for good: a CUPTI agent taking over times every step
 
     def tick(self, force: bool = False, final: bool = False) -> None:
         """Send what the hooks counted since the last tick (a heartbeat once a second when nothing)."""
         plugins.flush_pending(self.steps, 0)  # every engine's steps since the last hand-over
+        scale = self.switch.scale()  # what the counts since stand for, the hooks having been in a slice of it
         time.sleep(0)  # hand the GIL back between phases: the engine's thread never waits on a whole tick
-        steps = self.steps.take(final=True)
+        steps = self.steps.take(final=True, scale=scale)
         now = time.monotonic_ns()
         if not steps and not force and now - self._last_send_ns < 1_000_000_000:
+            self.graphs.count(scale)  # sent with the next message, each tick's at its own scale
             return
         self._last_send_ns = now
         time.sleep(0)
-        graphs = self.graph_counts()
+        graphs = self.graph_counts(scale)
         time.sleep(0)
         self.send(steps, graphs)
 
-    def graph_counts(self) -> wire.GraphCounts | None:
+    def graph_counts(self, scale: float = 1.0) -> wire.GraphCounts | None:
         """Return the graph counters' window since the last call, None while the hooks are not installed."""
-        win = self.graphs.take()
+        win = self.graphs.take(scale=scale)
         if win is None:
             return None
         dev = hooks.device()
@@ -152,4 +178,7 @@ class LightAgent:
             "messages_sent": self.sender.sent,
             "messages_dropped": self.sender.dropped,
             "tick_ns_max": self.tick_ns_max,
+            "hook_share": self.settings.hook_share,
+            "hooks_cycling": self.switch.cycling,
+            "hooks_held": self.switch.held,
         }

@@ -20,6 +20,7 @@ from typing import Any
 from exporter.agent import hooks
 from exporter.agent.importhook import when_imported
 from exporter.agent.steps import MODE_EAGER, MODE_GRAPH, MODE_UNKNOWN
+from exporter.agent.switch import SWITCH, SWITCHED
 
 _patched: set[str] = set()
 _steps_started: list[bool] = []
@@ -205,6 +206,12 @@ def wrap_step(
         tracker = _tracker()  # until the first hand-over: mode counts made inside the step are this engine's
         if tracker is not None:
             tracker.engine_here = True
+        if getattr(wrapped, SWITCHED, False):
+            SWITCH.adopt(
+                core
+            )  # its attributes that hold this hook bound (vLLM's step_fn) swap with the class's
+        else:
+            SWITCH.hold("a step hook installed by hand")  # counted always: no count may be scaled
         if prepare is not None:
             try:
                 prepare(core)
@@ -221,6 +228,20 @@ def wrap_step(
     functools.update_wrapper(wrapped, step)
     wrapped.__boundwatch__ = True  # type: ignore[attr-defined]
     return wrapped
+
+
+def hook_step(
+    cls: Any, name: str, engine: str, batch_of: Any, counts_of: Any = None, prepare: Any = None
+) -> bool:
+    """Install wrap_step over cls.name through the switch (sampled: in for a slice of each agent tick).
+
+    Returns False where cls has no such function of its own or it is hooked already.
+    """
+    fn = cls.__dict__.get(name)
+    if fn is None or getattr(fn, "__boundwatch__", False):
+        return False
+    SWITCH.add(cls, name, fn, wrap_step(fn, engine, batch_of, counts_of, prepare=prepare))
+    return True
 
 
 # wrap_step's counters, one list per wrapper (read and written under the GIL, by slot):
@@ -330,8 +351,10 @@ def _record_step(
             estimate = min(estimate, max(wall, end - since))
         acc[_HANDED_AT], acc[_N_HANDED], acc[_WALL_HANDED], acc[_TIMED_HANDED] = end, steps, walls, timed
         acc[_PERIOD] = 0 if tracker.per_step else (acc[_OWN] or STEP_SAMPLE_NS)
-        if tracker.per_step:
-            acc[_STRIDE] = acc[_SKIP] = 0  # CUPTI attaches GPU time to each step: time them all
+        if tracker.per_step or SWITCH.cycling:
+            acc[_STRIDE] = acc[_SKIP] = (
+                0  # CUPTI attaches GPU time to each step; a slice's steps are few: time them all
+            )
         if core_ref[0] is None:
             try:
                 core_ref[0] = weakref.ref(core)
@@ -384,17 +407,30 @@ def _patch_vllm_engine_core(core_mod: Any) -> None:
                 seen.add(sched_cls)
             _patch_schedule(sched_cls, last)
 
-    def step_wrapper(fn: Any) -> Any:
-        return wrap_step(fn, "vllm", batch_of, vllm_counts, prepare=patch_scheduler)
-
     patched_any = False
     for name in ("step", "step_with_batch_queue"):
-        fn = engine_core.__dict__.get(name)
-        if fn is not None and not getattr(fn, "__boundwatch__", False):
-            setattr(engine_core, name, step_wrapper(fn))
-            patched_any = True
+        patched_any |= hook_step(engine_core, name, "vllm", batch_of, vllm_counts, prepare=patch_scheduler)
     if patched_any:
+        _adopt_after_init(engine_core)
         _patched.add("vllm_engine")  # the light agent starts at the first step (EngineCore only)
+
+
+def _adopt_after_init(cls: Any) -> None:
+    """Wrap cls.__init__ so that each instance's attributes bound to a managed hook (step_fn) swap with it."""
+    init = cls.__dict__.get("__init__")
+    if init is None or getattr(init, "__boundwatch__", False):
+        return
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        try:
+            SWITCH.adopt(self)
+        except Exception:
+            pass
+
+    __init__.__boundwatch__ = True  # type: ignore[attr-defined]
+    cls.__init__ = __init__
 
 
 def _patch_schedule(sched_cls: Any, last: list[int]) -> None:
@@ -416,7 +452,7 @@ def _patch_schedule(sched_cls: Any, last: list[int]) -> None:
         return output
 
     schedule_wrapped.__boundwatch__ = True  # type: ignore[attr-defined]
-    sched_cls.schedule = schedule_wrapped
+    SWITCH.add(sched_cls, "schedule", schedule, schedule_wrapped)
 
 
 def _vllm_runner_place(runner: Any) -> tuple[bool, int]:
@@ -466,7 +502,7 @@ def _wrap_execute(cls: Any, slot: list[Any], skip_dummy: bool) -> None:
         return result
 
     execute_model.__boundwatch__ = True  # type: ignore[attr-defined]
-    cls.execute_model = execute_model
+    SWITCH.add(cls, "execute_model", execute, execute_model)
 
 
 def _patch_vllm_runner_v2(mod: Any) -> None:
@@ -487,7 +523,7 @@ def _patch_vllm_runner_v2(mod: Any) -> None:
         return result
 
     dispatch_seen.__boundwatch__ = True  # type: ignore[attr-defined]
-    mod.dispatch_cg_and_sync_dp = dispatch_seen  # the runner's own global (it imported the name)
+    SWITCH.add(mod, "dispatch_cg_and_sync_dp", dispatch, dispatch_seen)  # the runner's own global
     _wrap_execute(cls, slot, skip_dummy=True)
     _patched.add("vllm_runner_v2")
 
@@ -510,7 +546,7 @@ def _patch_vllm_runner_v1(mod: Any) -> None:
         return result
 
     determine_seen.__boundwatch__ = True  # type: ignore[attr-defined]
-    cls._determine_batch_execution_and_padding = determine_seen
+    SWITCH.add(cls, "_determine_batch_execution_and_padding", determine, determine_seen)
     _wrap_execute(cls, slot, skip_dummy=False)  # dummy runs call the dispatch outside execute_model
     _patched.add("vllm_runner_v1")
 
@@ -547,6 +583,7 @@ def _hook_sglang() -> None:
     if "sglang" in _patched:
         return
     _patched.add("sglang")
+    SWITCH.hold("sglang hooks")  # SGLang's hook registry installs them: they cannot be swapped out
     try:
         from sglang.srt.plugins.hook_registry import HookRegistry, HookType  # type: ignore[import-not-found]
     except Exception:

@@ -59,6 +59,9 @@ class Settings:
     mode: str = "light"  # light: Python hooks only, no CUPTI | cupti: the deep mode (also keeps the hooks)
     window_s: float = 0.5
     flush_s: float = 0.5
+    # light hooks on the steps' path are in for this share of each flush_s and out between; counts
+    # are scaled to the tick (exporter.agent.switch). 1 keeps them in: every step counted and timed.
+    hook_share: float = 0.125
     lag_s: float = 1.0
     lag_max_s: float = 3.0  # windows wait up to this long for records that arrive late (core._hold_ns)
     buffer_kib: int = 1024  # raw mode copies a buffer in ~0.1 ms; object mode needs <= 256 KiB
@@ -89,6 +92,7 @@ class Settings:
             mode=mode_from_env(),
             window_s=_envf("WINDOW_S", 0.5),
             flush_s=_envf("FLUSH_S", 0.5),
+            hook_share=_envf("HOOK_SHARE", 0.125),
             lag_s=_envf("LAG_S", 1.0),
             lag_max_s=_envf("LAG_MAX_S", 3.0),
             buffer_kib=_envi("BUFFER_KIB", 1024),
@@ -124,6 +128,7 @@ class Settings:
 BOUNDS: dict[str, tuple[float, float]] = {
     "window_s": (0.05, 60.0),
     "flush_s": (0.05, 60.0),
+    "hook_share": (0.01, 1.0),
     "lag_s": (0.0, 60.0),
     "lag_max_s": (0.0, 600.0),
     "buffer_kib": (8, 65536),

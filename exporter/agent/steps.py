@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from exporter import wire
+from exporter.agent.switch import Carry
 from exporter.analysis.intervals import WindowSummary
 
 STEP_BOUNDS_NS = tuple(round(b * 1e9) for b in wire.STEP_BUCKETS_SECONDS)
@@ -53,6 +54,7 @@ class StepTracker:
         self._taken: dict[tuple[str, int], tuple[tuple[int, ...], list[int]]] = {}
         self._modes_taken: dict[tuple[str, int], tuple[int, int]] = {}
         self._raw: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=MAX_STEPS)
+        self._carry = Carry()  # sampled counts scaled to the tick (exporter.agent.switch)
 
     def record(
         self,
@@ -163,9 +165,14 @@ class StepTracker:
                 if b > a:
                     step[_GPU] += busy_before(b) - busy_before(a)
 
-    def take(self, final: bool = False) -> list[wire.Steps]:
-        """Return per-(engine, DP rank) totals of the steps whose windows have closed (all when final)."""
-        modes = self._take_modes()
+    def take(self, final: bool = False, scale: float = 1.0) -> list[wire.Steps]:
+        """Return per-(engine, DP rank) totals of the steps whose windows have closed (all when final).
+
+        scale: what the light path's counts since the last take stand for (the tick's span over the
+        time the hooks were in: exporter.agent.switch); counts of steps, tokens, sequences, wall
+        time, modes and the histogram are multiplied by it, request-seconds (read every tick) not.
+        """
+        modes = self._take_modes(scale)
         self._fold()
         totals: dict[tuple[str, int], dict[str, Any]] = {}
         if self._steps:
@@ -174,7 +181,7 @@ class StepTracker:
                 while self._steps and (final or self._steps[0][_T1] <= ready_until):
                     self._add(totals, self._steps.popleft())
         out = [self._steps_of(key, t) for key, t in totals.items()]
-        out += self._take_cumulative()
+        out += self._take_cumulative(scale)
         owner = 0 if self.engine_here else os.getppid()
         for key, (graph, eager) in modes.items():
             i = next((j for j, st in enumerate(out) if (st.engine, st.dp) == key), -1)
@@ -186,37 +193,44 @@ class StepTracker:
                 )
         return out
 
-    def _take_modes(self) -> dict[tuple[str, int], tuple[int, int]]:
+    def _take_modes(self, scale: float = 1.0) -> dict[tuple[str, int], tuple[int, int]]:
         out: dict[tuple[str, int], tuple[int, int]] = {}
         for key, m in list(self._modes.items()):
             graph, eager = m[0], m[1]
             g0, e0 = self._modes_taken.get(key, (0, 0))
             if graph > g0 or eager > e0:
                 self._modes_taken[key] = (graph, eager)
-                out[key] = (graph - g0, eager - e0)
+                out[key] = (
+                    self._carry((*key, "mg"), graph - g0, scale),
+                    self._carry((*key, "me"), eager - e0, scale),
+                )
         return out
 
-    def _take_cumulative(self) -> list[wire.Steps]:
-        """Return what the cumulative totals gained since the last take (the light path)."""
+    def _take_cumulative(self, scale: float = 1.0) -> list[wire.Steps]:
+        """Return what the cumulative totals gained since the last take (the light path), scaled."""
         out: list[wire.Steps] = []
+        sc = self._carry
         for key, c in list(self._cum.items()):
             hist = list(self._hist[key])
             prev, prev_hist = self._taken.get(key, ((0,) * 13, [0] * len(hist)))
             if c[0] == prev[0]:
                 continue
             self._taken[key] = (c, hist)
+            buckets = sc.many(
+                (*key, "h"), [max(0, a - b) for a, b in zip(hist, prev_hist, strict=True)], scale
+            )
             out.append(
                 wire.Steps(
                     engine=key[0],
-                    n=c[0] - prev[0],
-                    wall=c[1] - prev[1],
-                    tokens=c[2] - prev[2],
-                    seqs=c[3] - prev[3],
+                    n=sum(buckets),  # the histogram counts n steps (the wire checks it)
+                    wall=sc((*key, "w"), c[1] - prev[1], scale),
+                    tokens=sc((*key, "t"), c[2] - prev[2], scale),
+                    seqs=sc((*key, "s"), c[3] - prev[3], scale),
                     run_ns=c[4] - prev[4],
                     wait_ns=c[5] - prev[5],
-                    graph=c[6] - prev[6],
-                    eager=c[7] - prev[7],
-                    hist=tuple(max(0, a - b) for a, b in zip(hist, prev_hist, strict=True)),
+                    graph=sc((*key, "g"), c[6] - prev[6], scale),
+                    eager=sc((*key, "e"), c[7] - prev[7], scale),
+                    hist=buckets,
                     t0=prev[9] if prev[0] else c[8],  # from the previous take's newest step end
                     t1=c[9],
                     running=c[10],

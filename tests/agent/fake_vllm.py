@@ -97,6 +97,8 @@ class EngineCore:
         load_general_plugins()
         self.vllm_config = vllm_config
         self.scheduler = AsyncScheduler(vllm_config)
+        self.batch_queue = None
+        self.step_fn = self.step if self.batch_queue is None else self.step_with_batch_queue  # as vLLM binds it
 
     def step(self):
         if not self.scheduler.has_requests():

@@ -1,0 +1,261 @@
+"""Sampled light hooks (exporter.agent.switch): swapped in and out whole, the counts of a slice scaled to the tick.
+
+Against a stand-in torch (its CUDAGraph class) and a vLLM-shaped package whose EngineCore binds
+step_fn at init, as vLLM's does; the switch itself with an injected clock.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+from exporter.agent.steps import StepTracker
+from exporter.agent.switch import SWITCHED, Carry, Switch
+from tests.agent import fake_torch, fake_vllm
+
+ROOT = Path(__file__).resolve().parents[2]
+MS = 1_000_000
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1_000 * MS
+
+    def __call__(self) -> int:
+        return self.t
+
+
+def test_the_switch_puts_the_engines_own_functions_back_class_and_bound_alike() -> None:
+    class Core:
+        def __init__(self) -> None:
+            self.step_fn = self.step
+
+        def step(self) -> str:
+            return "own"
+
+    own = Core.__dict__["step"]
+
+    def hooked(self: Core) -> str:
+        return "hooked"
+
+    sw = Switch(Clock())
+    sw.add(Core, "step", own, hooked)
+    core = Core()  # bound at init while the hook is in: its step_fn holds the hook
+    assert core.step_fn() == "hooked" and getattr(hooked, SWITCHED)
+    sw.adopt(core)
+    sw.adopt(core)  # twice: managed once
+    assert sw.start_cycle()
+    sw.set_in(False)
+    assert Core.__dict__["step"] is own and core.step_fn.__func__ is own and core.step_fn() == "own"
+    assert not sw.hooks_in
+    sw.set_in(True)
+    assert Core.__dict__["step"] is hooked and core.step_fn() == "hooked"
+    sw.set_in(False)
+    sw.stop_cycle()  # the agent stopped: in for good, and no further swap takes them out
+    sw.set_in(False)
+    assert core.step_fn() == "hooked" and Core.__dict__["step"] is hooked
+
+
+def test_a_hold_keeps_the_hooks_in_and_stops_the_cycle() -> None:
+    mod = types.SimpleNamespace(f=lambda: "own")
+    own = mod.f
+
+    def hook() -> str:
+        return "hooked"
+
+    sw = Switch(Clock())
+    sw.add(mod, "f", own, hook)
+    assert sw.start_cycle()
+    sw.set_in(False)
+    assert mod.f is own
+    sw.hold("sglang hooks")
+    assert mod.f is hook and not sw.cycling and sw.held == "sglang hooks"
+    assert not sw.start_cycle()  # held for good
+    sw.set_in(False)
+    assert mod.f is hook
+
+
+def test_a_forked_child_puts_the_hooks_back_in_until_an_agent_cycles_them() -> None:
+    mod = types.SimpleNamespace(f=lambda: "own")
+    own = mod.f
+
+    def hook() -> str:
+        return "hooked"
+
+    sw = Switch(Clock())
+    sw.add(mod, "f", own, hook)
+    assert sw.start_cycle()
+    sw.set_in(False)
+    sw.after_fork()  # the child has no agent's thread to put them back
+    assert mod.f is hook and not sw.cycling and not sw.held
+    sw.set_in(False)  # no cycle: nothing takes them out
+    assert mod.f is hook
+    assert sw.start_cycle()  # the child's own agent may cycle them again
+    sw.set_in(False)
+    assert mod.f is own
+
+
+def test_the_scale_is_the_span_over_the_time_the_hooks_were_in() -> None:
+    clock = Clock()
+    sw = Switch(clock)
+    assert sw.start_cycle()
+    clock.t += 500 * MS
+    assert sw.scale() == 1.0  # in the whole time: counts are exact
+    sw.set_in(False)
+    clock.t += 437 * MS
+    sw.set_in(True)
+    clock.t += 63 * MS
+    sw.set_in(False)
+    assert abs(sw.scale() - 500 / 63) < 1e-9
+    clock.t += 500 * MS  # out the whole tick: nothing was counted, nothing to scale
+    assert sw.scale() == 1.0
+    sw.set_in(True)
+    clock.t += 100 * MS
+    sw.set_in(False)
+    clock.t += 100 * MS
+    sw.set_in(True)
+    clock.t += 100 * MS  # still in at the scale: its time so far counts
+    assert abs(sw.scale() - 300 / 200) < 1e-9
+
+
+def test_carry_scales_counts_to_integers_without_drift() -> None:
+    c = Carry()
+    got = sum(c(("k",), 7, 500 / 63) for _ in range(1000))
+    assert abs(got - 7 * 1000 * 500 / 63) <= 1
+    assert c(("new",), 5, 1.0) == 5
+    parts = c.many(("h",), (3, 0, 1), 2.5)
+    assert parts == (7, 0, 2)  # 7.5, 0, 2.5: the halves carried
+    assert c.many(("h",), (3, 0, 1), 2.5) == (8, 0, 3)
+
+
+def test_scaled_light_steps_keep_the_histogram_counting_n_and_request_seconds_unscaled() -> None:
+    t = StepTracker()
+    t.per_step = False
+    t.record("vllm", 0, 10 * MS, tokens=40, seqs=40, running=8, waiting=0, n=10)
+    t.take(scale=1.0)
+    t.record("vllm", 490 * MS, 500 * MS, tokens=40, seqs=40, running=8, waiting=0, n=10)
+    (s,) = t.take(scale=8.0)
+    assert s.n == 80 and sum(s.hist) == s.n  # the wire refuses a histogram that does not count n
+    assert (s.tokens, s.seqs, s.wall) == (320, 320, 80 * MS)
+    assert s.run_ns == 8 * 490 * MS  # read at each tick and integrated over real time: not scaled
+
+
+def run(tmp_path: Path, code: str) -> dict:  # type: ignore[type-arg]
+    fake_torch.write(tmp_path / "fake")
+    fake_vllm.write(tmp_path / "fake")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BOUNDWATCH")}
+    env["PYTHONPATH"] = f"{tmp_path / 'fake'}{os.pathsep}{ROOT}"
+    env["BOUNDWATCH_AGENT_SOCKET"] = str(tmp_path / "agent.sock")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+REPLAYS = """
+import json, threading, time
+from exporter.agent import hooks
+from exporter.agent.light import LightAgent
+from exporter.agent.settings import Settings
+from exporter.agent.switch import SWITCH
+hooks.install()
+import torch
+own = torch.cuda.CUDAGraph.__dict__["replay"].__wrapped__  # the stand-in's own (the hook is in at import)
+sent = []
+class Sender:
+    dropped = sent_n = 0
+    def next_seq(self):
+        return 0
+    def send(self, m):
+        sent.append(m)
+    def close(self):
+        pass
+agent = LightAgent(Settings(socket="", flush_s=0.1, hook_share=0.25), sender=Sender())
+agent.start()
+g = torch.cuda.CUDAGraph()
+states, n = set(), 0
+end = time.monotonic() + 3.0
+while time.monotonic() < end:
+    for _ in range(20):
+        g.replay()
+    n += 20
+    states.add(torch.cuda.CUDAGraph.__dict__["replay"] is own)
+    time.sleep(0.0005)
+agent.stop()
+print(json.dumps({"true": n, "sent": sum(m.graphs.replays for m in sent if m.graphs), "states": sorted(states),
+                  "cycling": SWITCH.cycling, "back": torch.cuda.CUDAGraph.__dict__["replay"] is not own}))
+"""
+
+
+def test_replays_counted_in_slices_add_up_to_the_true_count(tmp_path: Path) -> None:
+    out = run(tmp_path, REPLAYS)
+    assert out["states"] == [False, True]  # the stand-in's own replay ran between slices, the hook in them
+    assert abs(out["sent"] - out["true"]) <= 0.15 * out["true"]  # a ratio estimate over 30 ticks
+    assert out["back"] and not out["cycling"]  # stopped: the hook is in for good
+
+
+ENGINE = """
+import json, time
+import vllm.plugins
+from vllm.config import VllmConfig
+from exporter import agent as agent_pkg
+from exporter.agent.light import LightAgent
+from exporter.agent.settings import Settings
+from exporter.agent.switch import SWITCH
+vllm.plugins.load_general_plugins()
+from vllm.v1.engine.core import EngineCore
+sent = []
+class Sender:
+    dropped = sent_n = 0
+    def next_seq(self):
+        return 0
+    def send(self, m):
+        sent.append(m)
+    def close(self):
+        pass
+agent_pkg._agent = LightAgent(Settings(socket="", role="vllm_engine", flush_s=0.1, hook_share=0.25), sender=Sender())
+agent_pkg._agent.start()
+core = EngineCore(VllmConfig(max_num_seqs=4))
+own = EngineCore.__dict__["step"].__wrapped__
+steps, seen = 0, set()
+end = time.monotonic() + 3.0
+while time.monotonic() < end:
+    core.scheduler.add_request(f"r{steps}", decode_steps=1)
+    steps += core.step_fn()[1]           # vLLM's busy loop calls the bound step_fn
+    seen.add(core.step_fn.__func__ is own)
+agent_pkg._agent.stop()
+got = [s for m in sent for s in m.steps]
+print(json.dumps({"true": steps, "n": sum(s.n for s in got), "tokens": sum(s.tokens for s in got),
+                  "seqs": sum(s.seqs for s in got), "seen": sorted(seen), "held": SWITCH.held,
+                  "hist_ok": all(sum(s.hist) == s.n for s in got)}))
+"""
+
+
+def test_a_vllm_engine_cores_bound_step_fn_is_swapped_and_its_steps_scaled(tmp_path: Path) -> None:
+    out = run(tmp_path, ENGINE)
+    assert out["held"] == "" and out["seen"] == [False, True]  # the bound step_fn swapped with the class
+    assert abs(out["n"] - out["true"]) <= 0.15 * out["true"]
+    assert out["tokens"] == out["seqs"] and out["hist_ok"]  # one token per sequence: ratios survive the scale
+
+
+def test_a_step_hook_installed_by_hand_holds_the_hooks_in(tmp_path: Path) -> None:
+    code = """
+import json
+from exporter import agent as agent_pkg
+from exporter.agent import plugins
+from exporter.agent.light import LightAgent
+from exporter.agent.settings import Settings
+from exporter.agent.switch import SWITCH
+class Core:
+    def step(self):
+        return {}, True
+Core.step = plugins.wrap_step(Core.step, "vllm", lambda core, n: (n, n))
+agent_pkg._agent = LightAgent(Settings(socket="", flush_s=0.1))
+agent_pkg._agent.start()
+Core().step()
+print(json.dumps({"held": SWITCH.held, "cycling": SWITCH.cycling}))
+agent_pkg._agent.stop()
+"""
+    out = run(tmp_path, code)
+    assert out == {"held": "a step hook installed by hand", "cycling": False}

@@ -6,7 +6,8 @@ every workload once:
 - decode_b1 / decode_b8: a CUDA graph of about 800 kernels (200 layers of matmul, relu, scale, add)
   replayed once per step, the step's tokens copied back (a sync), as an engine's decode loop does. With
   the light agent the step goes through the vLLM plugin's step wrapper (timing, scheduler counts) and
-  every replay through the CUDAGraph hook.
+  every replay through the CUDAGraph hook, both installed as shipped: in for the agent's hook_share of
+  each tick (exporter.agent.switch), the engine's own functions between.
 - decode_8b: one decode step of a Llama-3-8B-shaped model at batch 1 (32 layers, 14 GB of bf16
   weights read a step), captured in a CUDA graph: a realistic step length for the same wrapper.
 - *_hook_only / *_wrapper_only (same process): the replay hook alone, the step wrapper alone.
@@ -26,7 +27,9 @@ agent socket (messages are received and counted, as a sidecar would).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import operator
 import os
 import socket
 import statistics
@@ -73,13 +76,24 @@ class Engine:
 
 def engine_class(light: bool) -> type[Engine]:
     """Return an Engine class whose step goes through the plugin's wrapper when the agent is on."""
-    cls = type("EngineCore", (Engine,), {})
+    cls = type("EngineCore", (Engine,), {"step": Engine.step})
     if light:
         from exporter.agent import plugins
 
         batch_of = lambda core, n: (core.scheduler.batch * n, core.scheduler.batch * n)  # noqa: E731
-        cls.step = plugins.wrap_step(Engine.step, "vllm", batch_of, plugins.vllm_counts)  # type: ignore[method-assign]
+        # through the switch, as the vLLM plugin installs it: sampled, in for hook_share of each tick
+        plugins.hook_step(cls, "step", "vllm", batch_of, plugins.vllm_counts)
     return cls
+
+
+def call_step(engine: Any) -> Any:
+    """Return engine.step as a callable that looks the method up at each call (no Python frame of its own).
+
+    The light agent swaps its step hook in and out of the class (exporter.agent.switch), as vLLM's
+    engine core sees through its step_fn (adopted by the switch): a bound method taken once would
+    keep whichever was in at that moment.
+    """
+    return functools.partial(operator.methodcaller("step"), engine)
 
 
 def timed_loop(fn: Any, seconds: float) -> dict[str, Any]:
@@ -206,16 +220,18 @@ def gpu_workloads(light: bool, seconds: float) -> dict[str, Any]:
 
         decode_step, raw_step = captured_steps(torch, body)
         engine = cls(batch, decode_step)
-        out[f"decode_b{batch}"] = timed_loop(engine.step, seconds)
+        out[f"decode_b{batch}"] = timed_loop(call_step(engine), seconds)
         if light:  # the same step without the wrapper and the replay hook, side by side in this process
             bare = Engine(batch, raw_step)
-            out[f"decode_b{batch}_same_process"] = interleaved(bare.step, engine.step, seconds)
+            out[f"decode_b{batch}_same_process"] = interleaved(call_step(bare), call_step(engine), seconds)
             # Which part costs: the replay hook alone (no step wrapper), the step wrapper alone (replay unhooked).
             hook_only = Engine(batch, decode_step)
-            out[f"decode_b{batch}_hook_only_same_process"] = interleaved(bare.step, hook_only.step, seconds)
+            out[f"decode_b{batch}_hook_only_same_process"] = interleaved(
+                call_step(bare), call_step(hook_only), seconds
+            )
             wrapper_only = cls(batch, raw_step)
             out[f"decode_b{batch}_wrapper_only_same_process"] = interleaved(
-                bare.step, wrapper_only.step, seconds
+                call_step(bare), call_step(wrapper_only), seconds
             )
     out.update(big_decode(torch, cls, light, seconds))
     small = torch.zeros(16, device="cuda")
@@ -262,9 +278,11 @@ def big_decode(torch: Any, cls: Any, light: bool, seconds: float) -> dict[str, A
     out: dict[str, Any] = {}
     step, raw_step, ws = llama8b_step(torch)
     engine = cls(1, step)
-    out["decode_8b"] = timed_loop(engine.step, seconds)
+    out["decode_8b"] = timed_loop(call_step(engine), seconds)
     if light:
-        out["decode_8b_same_process"] = interleaved(Engine(1, raw_step).step, engine.step, seconds, block=4)
+        out["decode_8b_same_process"] = interleaved(
+            call_step(Engine(1, raw_step)), call_step(engine), seconds, block=4
+        )
     ws.clear()  # free the 14 GB of weights before the next workload
     torch.cuda.empty_cache()
     return out
@@ -287,10 +305,10 @@ def child(mode: str, seconds: float) -> dict[str, Any]:
     def cpu_body() -> int:
         return sum(range(200))
 
-    res["cpu_steps"] = timed_loop(engine_class(light)(8, cpu_body).step, seconds)
+    res["cpu_steps"] = timed_loop(call_step(engine_class(light)(8, cpu_body)), seconds)
     if light:
         res["cpu_steps_same_process"] = interleaved(
-            Engine(8, cpu_body).step, engine_class(True)(8, cpu_body).step, seconds
+            call_step(Engine(8, cpu_body)), call_step(engine_class(True)(8, cpu_body)), seconds
         )
     res["pause"] = pause_probe(min(seconds, 5.0))
     if light:

@@ -18,11 +18,23 @@ light agent running (its thread, its tracker), each variant against the bare ste
 - hook: the bare step replaying through the light CUDAGraph hook;
 - light: wrap_step as shipped with the hooked replay;
 - vllm_light: the vLLM plugin's own EngineCore patch (scheduler patched at the first step, no
-  frame of its own) with the hooked replay: what a vLLM engine core runs.
+  frame of its own) with the hooked replay.
+
+Those variants keep their hooks in all the time (the switch stopped: exporter.agent.switch), so
+each is a part's full cost. The sampled ones run as shipped, the agent's thread swapping the hooks
+in for hook_share of each tick and out between:
+
+- light_sampled: the step hook through the switch (plugins.hook_step) with the sampled replay hook;
+- vllm_sampled: the vLLM plugin's EngineCore patch with the sampled replay hook: what a vLLM
+  engine core runs.
+
+Every step is called through an attribute lookup at each call (light_agent_overhead.call_step), as
+vLLM's step_fn is, so a hook swapped out of the class is out of the step.
 
 Pairs of blocks (bare, variant) alternate their order; the result per variant is the median of the
 paired per-step differences with a distribution-free 95% interval of that median (order statistics),
-and the same as a share of the bare step. It also times the clock reads themselves and names the
+and the same as a share of the bare step; and their mean with a normal 95% interval (the figure for
+the sampled variants, whose hooks are in for one block in eight: a median skips those). It also times the clock reads themselves and names the
 machine's clocksource (a clock read that leaves the vDSO costs microseconds in a VM).
 
     python bench/light_step_parts.py --out /tmp/light_parts.json [--seconds 5] [--only cpu,b1,8b]
@@ -79,6 +91,9 @@ def paired(raw: Any, variant: Any, seconds: float, block: int) -> dict[str, Any]
         i += 1
     med, lo, hi = median_ci(diffs)
     raw_us = statistics.median(raws)
+    # The mean, for the sampled variants: their hooks are in for 1/8 of the blocks, which a median skips.
+    mean = statistics.fmean(diffs)
+    half = 1.96 * statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else math.nan
     return {
         "pairs": len(diffs),
         "block_steps": block,
@@ -87,6 +102,9 @@ def paired(raw: Any, variant: Any, seconds: float, block: int) -> dict[str, Any]
         "added_us_ci95": [round(lo, 3), round(hi, 3)],
         "cost_pct": round(100 * med / raw_us, 4),
         "cost_pct_ci95": [round(100 * lo / raw_us, 4), round(100 * hi / raw_us, 4)],
+        "added_us_mean": round(mean, 3),
+        "added_us_mean_ci95": [round(mean - half, 3), round(mean + half, 3)],
+        "cost_pct_mean": round(100 * mean / raw_us, 4),
     }
 
 
@@ -112,19 +130,33 @@ def clock_costs() -> dict[str, Any]:
     return out
 
 
-def variants(raw_step: Any, hooked_step: Any, batch: int) -> dict[str, Any]:
-    """Return name -> a step callable for every variant, over the same captured graph."""
+def variants(raw_step: Any, hooked_step: Any, batch: int, sampled: bool) -> dict[str, Any]:
+    """Return name -> a step callable for every variant, over the same captured graph.
+
+    sampled False: the parts, each with its hooks in for good; True: the hooks as shipped (sampled).
+    """
     import light_agent_overhead as lao
 
     from exporter.agent import plugins
+    from exporter.agent.switch import SWITCHED
+
+    batch_of = lambda core, n: (core.scheduler.batch * n, core.scheduler.batch * n)  # noqa: E731
 
     def wrap(period_ns: int, body: Any, time_every: int = plugins.TIME_EVERY) -> Any:
         cls = type("EngineCore", (lao.Engine,), {})
-        batch_of = lambda core, n: (core.scheduler.batch * n, core.scheduler.batch * n)  # noqa: E731
-        cls.step = plugins.wrap_step(  # type: ignore[method-assign]
+        step = plugins.wrap_step(
             lao.Engine.step, "vllm", batch_of, plugins.vllm_counts, sample_ns=period_ns, time_every=time_every
         )
-        return cls(batch, body).step
+        setattr(
+            step, SWITCHED, True
+        )  # installed by hand but counted here as a part: not a hold on the switch
+        cls.step = step  # type: ignore[method-assign]
+        return lao.call_step(cls(batch, body))
+
+    def hooked(body: Any) -> Any:
+        cls = type("EngineCore", (lao.Engine,), {"step": lao.Engine.step})
+        plugins.hook_step(cls, "step", "vllm", batch_of, plugins.vllm_counts)
+        return lao.call_step(cls(batch, body))
 
     def vllm_patched(body: Any) -> Any:
         import types
@@ -132,7 +164,11 @@ def variants(raw_step: Any, hooked_step: Any, batch: int) -> dict[str, Any]:
         cls = type("EngineCore", (lao.Engine,), {"step": lao.Engine.step})
         plugins._patched.discard("vllm_engine")  # once per process otherwise; one class per workload here
         plugins._patch_vllm_engine_core(types.SimpleNamespace(EngineCore=cls))
-        return cls(batch, body).step
+        return lao.call_step(cls(batch, body))
+
+    if sampled:
+        return {"aa_sampled": lao.call_step(lao.Engine(batch, raw_step)), "light_sampled": hooked(hooked_step),
+                "vllm_sampled": vllm_patched(hooked_step)}  # fmt: skip
 
     def frame(clock: Any = None, only_self: bool = False) -> Any:
         inner = lao.Engine.step
@@ -158,17 +194,17 @@ def variants(raw_step: Any, hooked_step: Any, batch: int) -> dict[str, Any]:
 
         acc = [0]
         cls = type("EngineCore", (lao.Engine,), {"step": w})
-        return cls(batch, raw_step).step
+        return lao.call_step(cls(batch, raw_step))
 
     return {
-        "aa": lao.Engine(batch, raw_step).step,
+        "aa": lao.call_step(lao.Engine(batch, raw_step)),
         "frame": frame(),
         "frame_self": frame(only_self=True),
         "frame_time_ns": frame(time.time_ns),
         "wrap_fast": wrap(10**15, raw_step),
         "wrap_time_all": wrap(0, raw_step, time_every=1),
         "wrap_shipped": wrap(0, raw_step),
-        "hook": lao.Engine(batch, hooked_step).step,
+        "hook": lao.call_step(lao.Engine(batch, hooked_step)),
         "light": wrap(0, hooked_step),
         "vllm_light": vllm_patched(hooked_step),
     }
@@ -224,11 +260,21 @@ def measure(hooked: Any, raw: Any, batch: int, block: int, seconds: float, name:
     """Return variant -> its paired cost against the bare step over raw."""
     import light_agent_overhead as lao
 
-    bare = lao.Engine(batch, raw).step
+    from exporter.agent.switch import SWITCH
+
+    bare = lao.call_step(lao.Engine(batch, raw))
     rows = {}
-    for vname, fn in variants(raw, hooked, batch).items():
-        rows[vname] = paired(bare, fn, seconds, block)
-        print(name, vname, json.dumps(rows[vname]), flush=True)
+    for sampled in (False, True):
+        if sampled:
+            rows["switch"] = {"cycling": SWITCH.start_cycle(), "held": SWITCH.held}
+            time.sleep(
+                1.0
+            )  # the agent's thread, in a plain wait while the switch was stopped, picks the cycle up
+        else:
+            SWITCH.stop_cycle()  # every hook in for good: each part's full cost
+        for vname, fn in variants(raw, hooked, batch, sampled).items():
+            rows[vname] = paired(bare, fn, seconds, block)
+            print(name, vname, json.dumps(rows[vname]), flush=True)
     return rows
 
 
@@ -249,8 +295,11 @@ def main() -> int:
     print(json.dumps(res.get("clocks")))
     for load in ("cpu_step", "decode_b1", "decode_8b"):
         for vname, r in res.get(load, {}).items():
+            if vname == "switch":
+                continue
             print(
-                f"| {load} | {vname} | {r['raw_step_us']} | {r['added_us']} {r['added_us_ci95']} | {r['cost_pct']}% |"
+                f"| {load} | {vname} | {r['raw_step_us']} | {r['added_us']} {r['added_us_ci95']} | {r['cost_pct']}% "
+                f"| {r['added_us_mean']} {r['added_us_mean_ci95']} | {r['cost_pct_mean']}% |"
             )
     return 0
 

@@ -465,4 +465,3 @@ def normalise_engines(snap: Snapshot, max_label_chars: int = 128) -> Snapshot:
                 e = _failed(e, exc)
         engines.append(e)
     return replace(snap, engines=tuple(engines))
-

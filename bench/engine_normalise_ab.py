@@ -58,6 +58,7 @@ def load_base(base: str) -> Any:
     spec = importlib.util.spec_from_file_location("engine_base", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules["engine_base"] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 

@@ -372,9 +372,9 @@ def reading_from_page(
     source: str = "http",
     limits: PageLimits = DEFAULT_LIMITS,
 ) -> EngineReading:
-    """Return the normalised reading of one page (raw_from_page, then analysis.engine_page.read_raw)."""
+    """Return the normalised reading of one page (raw_from_page, then analysis.engine_page.read_raw), no raw page kept."""
     raw = raw_from_page(text, name=name, url=url, source=source, limits=limits)
-    return engine_page.read_raw(raw, limits.max_label_chars)
+    return replace(engine_page.read_raw(raw, limits.max_label_chars), raw=None)
 
 
 def raw_from_bytes(
@@ -411,9 +411,9 @@ def reading_from_bytes(
     source: str = "http",
     limits: PageLimits = DEFAULT_LIMITS,
 ) -> EngineReading:
-    """Return the normalised reading of a page as read (raw_from_bytes, then analysis.engine_page.read_raw)."""
+    """Return the normalised reading of a page as read (raw_from_bytes, then read_raw), no raw page kept."""
     raw = raw_from_bytes(data, name=name, url=url, source=source, limits=limits)
-    return engine_page.read_raw(raw, limits.max_label_chars)
+    return replace(engine_page.read_raw(raw, limits.max_label_chars), raw=None)
 
 
 def read_page_file(path: str, limits: PageLimits = DEFAULT_LIMITS) -> bytes:
@@ -640,10 +640,10 @@ def raw_from_multiproc(
 def reading_from_multiproc(
     path: str | MultiprocReader, *, name: str = "", url: str = "", kind: str | None = None
 ) -> EngineReading:
-    """Return the normalised reading of an engine's multiprocess files (raw_from_multiproc, then read_raw)."""
+    """Return the normalised reading of an engine's multiprocess files (raw_from_multiproc, then read_raw), no raw page kept."""
     raw = raw_from_multiproc(path, name=name, url=url, kind=kind)
     limits = path.limits if isinstance(path, MultiprocReader) else DEFAULT_LIMITS
-    return engine_page.read_raw(raw, limits.max_label_chars)
+    return replace(engine_page.read_raw(raw, limits.max_label_chars), raw=None)
 
 
 # --- discovery ----------------------------------------------------------------------------

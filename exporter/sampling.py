@@ -3,7 +3,8 @@
 A source that fails or times out marks itself down in that tick's Snapshot (and logs once per
 change of state); the others carry on. History is a bounded ring of Snapshots: those the
 verdict's windows still read are whole, older ones are compact records (`compact`), so memory
-per GPU stays small and flat however long the history.
+per GPU stays small and flat however long the history. Only the newest Snapshot keeps its totals
+and its engines' raw pages (`retire`).
 """
 
 from __future__ import annotations
@@ -76,6 +77,14 @@ def compact(snap: Snapshot) -> Snapshot:
         probe=snap.probe,
         gpu_uuids=snap.gpu_uuids,
     )
+
+
+def retire(snap: Snapshot) -> Snapshot:
+    """Return what the Snapshot before the newest keeps: no totals, and no engine's raw page (analysis read it)."""
+    engines = snap.engines
+    if any(e.raw is not None for e in engines):
+        engines = tuple(dataclasses.replace(e, raw=None) if e.raw is not None else e for e in engines)
+    return dataclasses.replace(snap, totals=EMPTY, engines=engines)
 
 
 class _SourceState:
@@ -233,9 +242,8 @@ class Sampler:
         snap = advance(tuple(self._history), raw, self.cfg)
         if self.probes is not None:  # the self-test runs in a subprocess, only while all is idle
             snap = dataclasses.replace(snap, probe=self.probes.tick((*self._history, snap)))
-        if self._history:  # only the newest Snapshot's counters are ever read: older ones keep none
-            older = self._history[-1]
-            self._history[-1] = dataclasses.replace(older, totals=EMPTY)
+        if self._history:  # only the newest Snapshot's counters and pages are read: older ones keep none
+            self._history[-1] = retire(self._history[-1])
         self._history.append(snap)
         for source in self.sources:  # a source that reads by what the last tick found (engine pages)
             follow = getattr(source, "follow", None)

@@ -11,8 +11,9 @@ from exporter.config import Config, NvmlConfig
 from exporter.sampling import Sampler
 from exporter.snapshot.engine import EngineReading, ThreadLoad
 from exporter.snapshot.host import CgroupCpu, ProcessCpu
-from exporter.snapshot.totals import GpuSource, Totals
+from exporter.snapshot.totals import EngineMethod, GpuSource, Totals
 from exporter.sources.base import BlockingReader, SourceUnavailable
+from exporter.sources.engine import raw_from_page
 from exporter.sources.nvml import NvmlSource
 from tests.fakes.nvml_standin import FakeGpu, FakeNvml
 
@@ -134,6 +135,39 @@ async def test_history_keeps_counters_on_the_newest_snapshot_only_and_they_still
     hist = sampler.history()
     assert all(s.totals == Totals() for s in hist[:-1])
     assert hist[-1].totals.busy.observed_seconds[GpuSource(7, "nvml")] == pytest.approx(5.0)
+
+
+class PageSource:
+    """An engine source that hands a page on raw, as the real one does, its counter moving each tick."""
+
+    name = "engine"
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    async def read(self):
+        self.n += 1
+        page = (
+            f'vllm:num_requests_running{{engine="0",model_name="m"}} 3\n'
+            f'vllm:iteration_tokens_total_count{{engine="0",model_name="m"}} {10 * self.n}\n'
+        )
+        return (raw_from_page(page, name="vllm:8000"),)
+
+    def close(self) -> None:
+        pass
+
+
+async def test_only_the_newest_snapshot_keeps_the_engines_raw_pages_and_every_one_is_normalised():
+    clock = Clock()
+    sampler = Sampler(Config(), [PageSource()], clock=clock)
+    for _ in range(6):
+        await sampler.tick()
+        clock.t += 0.5
+    hist = sampler.history()
+    assert [s.engines[0].raw is not None for s in hist] == [False] * 5 + [True]
+    newest = hist[-1].engines[0]
+    assert (newest.running, newest.iteration_count, newest.steps.total) == (3.0, 60.0, 60.0)
+    assert hist[-1].totals.engine.steps[EngineMethod("vllm:8000", "upper_bound")] == pytest.approx(50.0)
 
 
 async def test_run_ticks_on_schedule_until_stopped():

@@ -174,13 +174,20 @@ def served_counts(
     return e
 
 
-def serve_counts(snap: Snapshot, prev: Snapshot | None = None) -> Snapshot:
-    """Return the Snapshot with each engine's running / waiting served by its agent or its page (served_counts)."""
+def serve_counts(
+    snap: Snapshot, prev: Snapshot | None = None, only: frozenset[str] | None = None
+) -> Snapshot:
+    """Return the Snapshot with each engine's running / waiting served by its agent or its page (served_counts).
+
+    `only`: the engines to serve (a replay serves those whose page it normalised again), else all.
+    """
     if not snap.engines:
         return snap
     alive = {a.pid for a in snap.agent.agents if a.state not in GONE} if snap.agent is not None else set()
     engines = tuple(
-        e if e.error else served_counts(e, _counted(snap, e), _previous(prev, e.name), alive)
+        e
+        if e.error or (only is not None and e.name not in only)
+        else served_counts(e, _counted(snap, e), _previous(prev, e.name), alive)
         for e in snap.engines
     )
     return dataclasses.replace(snap, engines=engines)

@@ -4,6 +4,12 @@ Pure: the input is any iterable of samples with `.name`, `.labels` and `.value` 
 prometheus_client's parser or its multiprocess collector yields), the output a dataclass.
 Names and their history are in `research/vllm-metrics.md`; renamed metrics are read under
 every name they had, the newest first.
+
+The engine source reads and bounds each page and hands it on raw (`EngineReading.raw`, a
+`RawPage`); the pipeline turns it into the reading's figures every tick (`normalise_engines`:
+`read_raw`, then the step count of `dedup.step_count`), so `replay` normalises a recorded page
+again. One engine whose page fails to normalise becomes an error reading, counted as unparsable,
+and never hides the others.
 """
 
 from __future__ import annotations
@@ -14,8 +20,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
-from exporter.analysis.dedup import collapse_pid_series
-from exporter.snapshot.engine import EngineReading, StepCount
+from exporter.analysis.dedup import collapse_pid_series, step_count
+from exporter.snapshot import Snapshot
+from exporter.snapshot.engine import PAGE_REFUSED_REASONS, EngineReading, RawPage, StepCount
 
 # The sample names boundwatch reads, by engine. A tuple means "the first name present wins"
 # (renames: newest first).
@@ -92,7 +99,7 @@ class SampleLike(Protocol):
     @property
     def name(self) -> str: ...
     @property
-    def labels(self) -> Mapping[str, str]: ...
+    def labels(self) -> Mapping[str, str] | tuple[tuple[str, str], ...]: ...
     @property
     def value(self) -> float: ...
 
@@ -352,3 +359,109 @@ def _sglang(
         api_server_count_source="page",
         data_parallel_engines=max(1, len(dp)),
     )
+
+
+# The figures of a reading that its page gives (`read_raw` takes them from `normalise`); the rest
+# (processes, cgroups, placements, what the read lost) the source fills.
+PAGE_FIGURES: tuple[str, ...] = (
+    "model",
+    "running",
+    "waiting",
+    "kv_cache_usage",
+    "kv_cache_pid_series",
+    "prompt_tokens_total",
+    "generation_tokens_total",
+    "preemptions_total",
+    "spec_draft_tokens_total",
+    "spec_accepted_tokens_total",
+    "spec_drafts_total",
+    "spec_acceptance",
+    "iteration_count",
+    "iteration_tokens_sum",
+    "forward_passes",
+    "graph_passes_total",
+    "eager_passes_total",
+    "dp_attention_steps_total",
+    "multiprocess",
+    "data_parallel_engines",
+    "api_server_count",
+    "api_server_count_source",
+)
+MAX_ERROR_CHARS = 300
+
+
+def cut(text: str, limit: int) -> str:
+    """Return text cut to a length, marked with an ellipsis when cut."""
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+def _server_count(raw: RawPage, reading: EngineReading) -> tuple[int | None, str]:
+    """Return the API-server count and where it came from: the process table, the files, the page."""
+    if raw.servers is not None:
+        return raw.servers
+    count, how = reading.api_server_count, reading.api_server_count_source
+    if count is None and reading.kind == "vllm" and raw.iteration_count_by_pid:
+        return len(raw.iteration_count_by_pid), "multiproc_files"
+    if count is None and raw.lone_server:
+        return 1, "processes"
+    return count, how
+
+
+def read_raw(reading: EngineReading, max_label_chars: int = 128) -> EngineReading:
+    """Return a reading with the figures its raw page gives (normalise) and its step count (the page kept)."""
+    raw = reading.raw
+    if raw is None:
+        return reading
+    page = normalise(
+        raw.samples,
+        name=reading.name,
+        url=reading.url,
+        source=reading.source,
+        multiprocess=raw.multiprocess,
+        kind=raw.kind,
+    )
+    figures = {f: getattr(page, f) for f in PAGE_FIGURES}
+    figures["model"] = cut(page.model, max_label_chars)
+    per_pid = raw.iteration_count_by_pid if page.kind == "vllm" else ()
+    out = replace(reading, **figures, kind=page.kind, iteration_count_by_pid=per_pid)
+    count, how = _server_count(raw, out)
+    out = replace(out, api_server_count=count, api_server_count_source=how)
+    return replace(out, steps=step_count(out))
+
+
+def _failed(reading: EngineReading, exc: Exception) -> EngineReading:
+    """Return the error reading of an engine whose page could not be normalised (counted as unparsable)."""
+    lost = dict(reading.page_refused)
+    lost["unparsable"] = lost.get("unparsable", 0) + 1
+    raw = reading.raw
+    count: tuple[int | None, str] = (reading.api_server_count, reading.api_server_count_source)
+    if raw is not None and raw.servers is not None:
+        count = raw.servers
+    elif raw is not None and raw.lone_server:
+        count = (1, "processes")
+    return replace(
+        reading,
+        raw=None,
+        api_server_count=count[0],
+        api_server_count_source=count[1],
+        page_refused=tuple((r, lost[r]) for r in PAGE_REFUSED_REASONS if lost.get(r, 0) > 0),
+        error=cut(f"page not normalised: {type(exc).__name__}: {exc}", MAX_ERROR_CHARS),
+    )
+
+
+def normalise_engines(snap: Snapshot, max_label_chars: int = 128) -> Snapshot:
+    """Return the Snapshot with every raw engine reading normalised (read_raw); one that fails is an error reading.
+
+    A reading normalised before (a recording, a replay) is normalised again from its page.
+    """
+    if not any(e.raw is not None for e in snap.engines):
+        return snap
+    engines = []
+    for e in snap.engines:
+        if e.raw is not None:  # a failed read has none
+            try:
+                e = read_raw(e, max_label_chars)
+            except Exception as exc:  # one engine's page must not hide the others
+                e = _failed(e, exc)
+        engines.append(e)
+    return replace(snap, engines=tuple(engines))

@@ -1,6 +1,7 @@
 """Turn one tick's readings and the recent history into the next Snapshot (pure).
 
-The order is the data flow: merge the agents' raw windows per GPU (agent_union), name agent GPUs
+The order is the data flow: normalise each engine's raw page into its figures and step count
+(engine_page.normalise_engines), merge the agents' raw windows per GPU (agent_union), name agent GPUs
 by UUID (NVML's index, else one of their own), place each engine on its GPUs, serve each engine's
 running/waiting from its agent's counts (else its page), pick each GPU's busy ratio (CUPTI where
 an agent reports, else GPM GRAPHICS_UTIL, else NVML utilization), add every area's counter
@@ -14,7 +15,7 @@ from collections.abc import Sequence
 from types import MappingProxyType
 from typing import Protocol
 
-from exporter.analysis import activity, agent_union, busy, engine, verdict
+from exporter.analysis import activity, agent_union, busy, engine, engine_page, verdict
 from exporter.config import Config
 from exporter.snapshot import Snapshot
 from exporter.snapshot.agent import AgentReading
@@ -207,23 +208,43 @@ def rederive(raw: Snapshot, prev: Snapshot | None) -> Snapshot:
 
 
 def replay(snapshots: Sequence[Snapshot], cfg: Config) -> list[Snapshot]:
-    """Return recorded Snapshots with the agents' union, spec-decode acceptance and verdicts recomputed.
+    """Return recorded Snapshots with the engines' pages, the agents' union, spec-decode acceptance and verdicts recomputed.
 
-    A recording made before the feed handed out raw windows keeps its recorded activity.
+    A recording made before the feed handed out raw windows keeps its recorded activity; one made
+    before the engine source handed out raw pages keeps its recorded engine figures.
     """
     out: list[Snapshot] = []
     for snap in snapshots:
         prev = out[-1] if out else None
+        snap, paged = _normalised_again(snap, cfg)
         snap = agent_union.merge_snapshot(snap, prev)
         if snap.agent is not None and snap.agent.windows:  # merged again: placed again
             snap = resolve_agent_gpus(snap, prev.gpu_uuids if prev is not None else ())
-        out.append(engine.with_acceptance(out, snap))
+        snap = engine.with_acceptance(out, snap)
+        out.append(engine.serve_counts(snap, prev, only=paged) if paged else snap)
     return verdict.replay(out, cfg)
+
+
+def _normalised_again(snap: Snapshot, cfg: Config) -> tuple[Snapshot, frozenset[str]]:
+    """Return a recorded Snapshot with its engines' raw pages normalised again, and those engines' names.
+
+    Their running / waiting are served again too (by the caller), so they start from the page's.
+    """
+    paged = frozenset(e.name for e in snap.engines if e.raw is not None)
+    if not paged:
+        return snap, paged
+    engines = tuple(
+        dataclasses.replace(e, counts_source="page", core_counts=()) if e.name in paged else e
+        for e in snap.engines
+    )
+    snap = dataclasses.replace(snap, engines=engines)
+    return engine_page.normalise_engines(snap, cfg.engine.max_label_chars), paged
 
 
 def advance(history: Sequence[Snapshot], raw: Snapshot, cfg: Config) -> Snapshot:
     """Return the next Snapshot from this tick's raw readings and the snapshots before it."""
     prev = history[-1] if history else None
+    raw = engine_page.normalise_engines(raw, cfg.engine.max_label_chars)
     snap = engine.with_acceptance(history, rederive(raw, prev))
     snap = engine.serve_counts(snap, prev)
     if prev is not None:

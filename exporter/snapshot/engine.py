@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from exporter.snapshot.host import CgroupCpu, ProcessCpu, ThreadCpu
 
@@ -144,6 +145,37 @@ class CoreCounts:
     max_num_seqs: int | None = None
 
 
+class PageSample(NamedTuple):
+    """One sample of an engine's page or files as read and bounded: name, label pairs, value."""
+
+    name: str
+    labels: tuple[tuple[str, str], ...]
+    value: float
+
+
+@dataclass(frozen=True)
+class RawPage:
+    """What one read of an engine's page (or multiprocess files) gave, before it is normalised.
+
+    `samples` are the wanted samples only (the page cut to the names boundwatch reads, within the
+    byte, line and kept-line budgets, values and labels bounded): tens to hundreds per engine.
+    `kind` is the kind the engine was known as before the read (multiprocess files), None when the
+    samples say; `multiprocess` what the whole page looked like (None: cannot tell);
+    `iteration_count_by_pid` each API server's iteration count from the files. `servers` is the
+    API-server count the process table gives (count, "processes" | "cmdline"), which beats the
+    page's; `lone_server`: the engine's main process serves HTTP itself (one server, when the
+    page does not say). analysis.engine_page.read_raw turns it into the reading's figures; only
+    the newest Snapshot keeps it (sampling drops it from older ones).
+    """
+
+    samples: tuple[PageSample, ...]
+    kind: str | None = None
+    multiprocess: bool | None = None
+    iteration_count_by_pid: tuple[tuple[int, float], ...] = field(default=())
+    servers: tuple[int, str] | None = None
+    lone_server: bool = False
+
+
 @dataclass(frozen=True)
 class EngineReading:
     """One engine at one tick; None where the engine does not expose a figure.
@@ -205,6 +237,7 @@ class EngineReading:
     counts_source: str = "page"
     core_counts: tuple[CoreCounts, ...] = field(default=())
     page_refused: tuple[tuple[str, int], ...] = field(default=())  # this read's losses by reason, nonzero
+    raw: RawPage | None = None  # the read as read, normalised in analysis (the newest Snapshot only)
     error: str = ""  # why this tick's read failed ("" = it did not); figures are then None
 
     def servers(self) -> tuple[tuple[str, ProcessCpu], ...]:

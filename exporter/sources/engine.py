@@ -5,6 +5,9 @@ read on the source's own thread: engine_http.py), a page from a file, or, when
 the engine runs in prometheus multiprocess mode on this host, its PROMETHEUS_MULTIPROC_DIR files
 directly (no request to the serving process, and per-API-server histogram counts); then the CPU
 of each API-server process and its busiest thread, and the cgroups of the engine's processes.
+A reading holds the page raw (`EngineReading.raw`: the wanted samples, bounded, and the
+API-server count the process table gives): analysis.engine_page normalises it into the engine's
+figures and step count in the pipeline, so a replay normalises a recorded page again.
 Every `DISCOVER_EVERY_SECONDS` discovery lists the pids and reads only the processes that are new,
 re-parented or young; engines are found again only when the table changed. CPU is sampled every tick.
 
@@ -46,10 +49,10 @@ from urllib.parse import urlparse
 import structlog
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.analysis import dedup, engine_page
+from exporter.analysis import engine_page
 from exporter.config import Config, EngineConfig
 from exporter.snapshot import Snapshot
-from exporter.snapshot.engine import PAGE_REFUSED_REASONS, EngineReading, GraphConfig
+from exporter.snapshot.engine import PAGE_REFUSED_REASONS, EngineReading, GraphConfig, PageSample, RawPage
 from exporter.snapshot.host import CgroupCpu, ProcessCpu
 from exporter.sources import placement, procs
 from exporter.sources.base import BlockingReader, SourceUnavailable
@@ -312,7 +315,12 @@ def _no_engine_metrics(text: str) -> PageError:
     return PageError("no vllm: or sglang: metrics on the page (is this an engine's /metrics?)")
 
 
-def reading_from_page(
+def _page_samples(samples: Iterable[Sample]) -> tuple[PageSample, ...]:
+    """Return samples in the Snapshot's compact form (label pairs, not a dict per sample)."""
+    return tuple(PageSample(s.name, tuple(s.labels.items()), s.value) for s in samples)
+
+
+def raw_from_page(
     text: str,
     *,
     name: str = "",
@@ -320,7 +328,7 @@ def reading_from_page(
     source: str = "http",
     limits: PageLimits = DEFAULT_LIMITS,
 ) -> EngineReading:
-    """Return the normalised reading of one page (steps filled in for what the page alone says)."""
+    """Return the raw reading of one page: its wanted samples, bounded, and what the read lost (not normalised)."""
     kept = engine_page.prefilter(text).split("\n")
     truncated = len(kept) > limits.max_kept_lines + 1  # the last is the empty string after the final newline
     if truncated:
@@ -334,7 +342,8 @@ def reading_from_page(
     samples, refused = sanitise(parsed, limits)
     lost.update(refused)
     values = sum(refused[r] for r in VALUE_REASONS)
-    if engine_page.detect_kind(samples) is None:
+    kind = engine_page.detect_kind(samples)
+    if kind is None:
         if values:
             raise PageError(
                 f"every engine sample on the page was refused ({values}: NaN, negative or too large)", lost
@@ -342,20 +351,33 @@ def reading_from_page(
         error = _no_engine_metrics(text)
         error.refused.update(lost)
         raise error
-    reading = engine_page.normalise(
-        samples, name=name, url=url, source=source, multiprocess=engine_page.looks_multiprocess(text)
-    )
-    reading = replace(
-        reading,
-        model=bounded(reading.model, limits.max_label_chars),
+    raw = RawPage(_page_samples(samples), multiprocess=engine_page.looks_multiprocess(text))
+    return EngineReading(
+        name=name or kind,
+        kind=kind,
+        url=url,
+        source=source,
         rejected_values=values,
         page_truncated=truncated,
         page_refused=refused_tuple(lost),
+        raw=raw,
     )
-    return replace(reading, steps=dedup.step_count(reading))
 
 
-def reading_from_bytes(
+def reading_from_page(
+    text: str,
+    *,
+    name: str = "",
+    url: str = "",
+    source: str = "http",
+    limits: PageLimits = DEFAULT_LIMITS,
+) -> EngineReading:
+    """Return the normalised reading of one page (raw_from_page, then analysis.engine_page.read_raw), no raw page kept."""
+    raw = raw_from_page(text, name=name, url=url, source=source, limits=limits)
+    return replace(engine_page.read_raw(raw, limits.max_label_chars), raw=None)
+
+
+def raw_from_bytes(
     data: bytes,
     *,
     name: str = "",
@@ -363,12 +385,12 @@ def reading_from_bytes(
     source: str = "http",
     limits: PageLimits = DEFAULT_LIMITS,
 ) -> EngineReading:
-    """Return the reading of a page as read (bytes): cut to the budgets, decoded per engine, then parsed."""
+    """Return the raw reading of a page as read (bytes): cut to the budgets, decoded per engine, then parsed."""
     data, cut = cut_page(data, limits)
     text, replaced = decode_page(data)
     lost: Counter[str] = Counter({cut: 1} if cut else {}) + Counter(undecodable=replaced)
     try:
-        reading = reading_from_page(text, name=name, url=url, source=source, limits=limits)
+        reading = raw_from_page(text, name=name, url=url, source=source, limits=limits)
     except PageError as exc:
         exc.refused.update(lost)
         raise
@@ -379,6 +401,19 @@ def reading_from_bytes(
         page_decode_errors=replaced,
         page_refused=refused_tuple(lost),
     )
+
+
+def reading_from_bytes(
+    data: bytes,
+    *,
+    name: str = "",
+    url: str = "",
+    source: str = "http",
+    limits: PageLimits = DEFAULT_LIMITS,
+) -> EngineReading:
+    """Return the normalised reading of a page as read (raw_from_bytes, then read_raw), no raw page kept."""
+    raw = raw_from_bytes(data, name=name, url=url, source=source, limits=limits)
+    return replace(engine_page.read_raw(raw, limits.max_label_chars), raw=None)
 
 
 def read_page_file(path: str, limits: PageLimits = DEFAULT_LIMITS) -> bytes:
@@ -576,32 +611,39 @@ def multiproc_dir_usable(path: str | None) -> bool:
     return bool(glob.glob(os.path.join(path, "*.db")))
 
 
-def reading_from_multiproc(
+def raw_from_multiproc(
     path: str | MultiprocReader, *, name: str = "", url: str = "", kind: str | None = None
 ) -> EngineReading:
-    """Return the normalised reading of an engine's multiprocess files (a reader keeps its index)."""
+    """Return the raw reading of an engine's multiprocess files (a reader keeps its index), not normalised."""
     reader = path if isinstance(path, MultiprocReader) else MultiprocReader(path)
     path = reader.path
     raw, per_pid_raw = reader.read()
     samples, refused = sanitise(raw, reader.limits)
     refused.update(reader.refused)
     per_pid = tuple((pid, c) for pid, c in per_pid_raw if 0.0 <= c <= MAX_COUNTER)
-    if engine_page.detect_kind(samples) is None and kind is None:
+    found = kind or engine_page.detect_kind(samples)
+    if found is None:
         raise PageError(bounded(f"no vllm: or sglang: metrics in {path}"), refused)
-    reading = engine_page.normalise(
-        samples, name=name, url=url, source="multiproc_files", multiprocess=True, kind=kind
-    )
-    reading = replace(
-        reading,
-        model=bounded(reading.model, reader.limits.max_label_chars),
+    page = RawPage(_page_samples(samples), kind=kind, multiprocess=True, iteration_count_by_pid=per_pid)
+    return EngineReading(
+        name=name or found,
+        kind=found,
+        url=url,
+        source="multiproc_files",
         rejected_values=sum(refused[r] for r in VALUE_REASONS),
         page_truncated=reader.truncated,
         page_refused=refused_tuple(refused),
+        raw=page,
     )
-    reading = replace(reading, iteration_count_by_pid=per_pid if reading.kind == "vllm" else ())
-    if reading.kind == "vllm" and reading.api_server_count is None and per_pid:
-        reading = replace(reading, api_server_count=len(per_pid), api_server_count_source="multiproc_files")
-    return replace(reading, steps=dedup.step_count(reading))
+
+
+def reading_from_multiproc(
+    path: str | MultiprocReader, *, name: str = "", url: str = "", kind: str | None = None
+) -> EngineReading:
+    """Return the normalised reading of an engine's multiprocess files (raw_from_multiproc, then read_raw), no raw page kept."""
+    raw = raw_from_multiproc(path, name=name, url=url, kind=kind)
+    limits = path.limits if isinstance(path, MultiprocReader) else DEFAULT_LIMITS
+    return replace(engine_page.read_raw(raw, limits.max_label_chars), raw=None)
 
 
 # --- discovery ----------------------------------------------------------------------------
@@ -1171,12 +1213,12 @@ class EngineSource:
                     reader = self._readers[target.multiproc_dir] = MultiprocReader(
                         target.multiproc_dir, limits
                     )
-                reading = reading_from_multiproc(reader, name=name, url=target.url, kind=target.kind)
+                reading = raw_from_multiproc(reader, name=name, url=target.url, kind=target.kind)
             elif _is_file(target.url):
                 page = read_page_file(_file_path(target.url), limits)
-                reading = reading_from_bytes(page, name=name, url=target.url, source="file", limits=limits)
+                reading = raw_from_bytes(page, name=name, url=target.url, source="file", limits=limits)
             elif data is not None:
-                reading = reading_from_bytes(data, name=name, url=target.url, limits=limits)
+                reading = raw_from_bytes(data, name=name, url=target.url, limits=limits)
             else:
                 reason = error or target.extra.get("no_url") or "no page"
                 name = name or self._claim(target, kind)
@@ -1198,12 +1240,18 @@ class EngineSource:
         if target.root_pid is None:
             return reading
         servers = tuple(cpu[pid] for pid in target.api_server_pids if pid in cpu)
-        count, how = reading.api_server_count, reading.api_server_count_source
+        known: tuple[int, str] | None = None
         if target.servers_titled:
-            count, how = len(target.api_server_pids), "processes"
+            known = (len(target.api_server_pids), "processes")
         elif target.api_server_count_cmdline:
-            count, how = target.api_server_count_cmdline, "cmdline"
-        elif count is None and target.api_server_pids == (target.root_pid,):
+            known = (target.api_server_count_cmdline, "cmdline")
+        lone = target.api_server_pids == (target.root_pid,)
+        count, how = reading.api_server_count, reading.api_server_count_source
+        if reading.raw is not None:  # the page's own count is known once analysis normalises it
+            reading = replace(reading, raw=replace(reading.raw, servers=known, lone_server=lone))
+        elif known is not None:
+            count, how = known
+        elif count is None and lone:
             count, how = 1, "processes"
         cgroups: dict[str, CgroupCpu] = {}
         now = time.monotonic()
@@ -1220,7 +1268,7 @@ class EngineSource:
                 if cg is not None:
                     cgroups[path] = cg
         servers = tuple(replace(s, cgroup=self._cgroup_of(s.pid)) for s in servers)
-        reading = replace(
+        return replace(
             reading,
             api_servers=servers,
             api_server_count=count,
@@ -1232,7 +1280,6 @@ class EngineSource:
             graph_config=target.graph_config,
             placements=placement.placements(self.proc_root, target.engine_pids, self._table.rows),
         )
-        return replace(reading, steps=dedup.step_count(reading))
 
     def _cgroup_of(self, pid: int) -> str:
         """Return a process's cgroup path, read once per discovery period (or per tick, once dropped)."""

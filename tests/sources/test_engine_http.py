@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from exporter.analysis.engine_page import read_raw
 from exporter.sources.engine_http import PageClient, PageReadError
 
 PAGE = b'vllm:num_requests_running{engine="0"} 3\n' * 20
@@ -246,5 +247,6 @@ async def test_the_engine_source_reads_its_engine_over_one_connection_tick_after
         readings = [await source.read() for _ in range(4)]
     finally:
         await source.aclose()
+    readings = [(read_raw(r),) for (r,) in readings]
     assert [(r.error, r.running, r.waiting) for (r,) in readings] == [("", 3.0, 1.0)] * 4
     assert (source.page_reads, engine.connections, engine.requests) == (4, 1, 4)

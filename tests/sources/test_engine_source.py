@@ -17,6 +17,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from engine_fixtures import FIXTURES, HERE, PAGES, PROC
 
 from exporter import catalogue
+from exporter.analysis.engine_page import read_raw
 from exporter.config import Config, EngineConfig, HostConfig
 from exporter.sampling import Sampler
 from exporter.serve.web import make_app
@@ -95,6 +96,8 @@ async def test_configured_file_and_dead_url_read_as_one_good_and_one_failed_engi
         good, bad = await source.read()
     finally:
         await source.aclose()
+    assert good.raw is not None and good.api_server_count is None  # the source hands the page on raw
+    good = read_raw(good)
     assert (good.name, good.source, good.api_server_count) == ("vllm:vllm-sim-0.11-asc4", "file", 4)
     assert bad.error and bad.running is None and bad.name == f"unknown:{dead.split(':')[2].split('/')[0]}"
 
@@ -259,7 +262,7 @@ async def test_a_local_multiprocess_engine_is_read_from_its_files_with_processes
     source = EngineSource(cfg, proc_root=str(proc_root), cgroup_root=str(FIXTURES / "cgroup" / "v2"))
     try:
         await source.read()
-        readings = {r.name: r for r in await source.read()}
+        readings = {r.name: read_raw(r) for r in await source.read()}
     finally:
         await source.aclose()
     v = readings["vllm:8001"]
@@ -323,6 +326,8 @@ async def test_spec_decode_counters_are_read_raw_and_their_window_taken_in_the_p
         (raw,) = await source.read()
     finally:
         await sampler.aclose()
+    assert raw.raw is not None and raw.spec_draft_tokens_total is None  # normalised in the pipeline
+    raw = read_raw(raw)
     assert (raw.spec_draft_tokens_total, raw.spec_accepted_tokens_total, raw.spec_acceptance) == (
         1200,
         950,

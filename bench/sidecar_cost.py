@@ -19,6 +19,11 @@ process's /proc times, latency, bytes on the wire and series per page.
 DIR (an unpacked older commit), each with its own agent stand-in and socket, both reading the same
 engine: the two CPU figures share the machine's load, so their ratio holds where single timings
 on a shared machine do not. `--pairs N` repeats each GPU count N times.
+
+Switches for the daemon part (environment): `BW_COST_STATS=PATH` (per-thread and per-part CPU, see
+bench/cost_stats.py), `BW_COST_CAPTURE=PATH` (40 ticks' pipeline inputs), `BW_COST_PROFILE=PATH`
+(yappi, or cProfile of the event loop with a `.cprof` suffix), `BW_COST_TRACEMALLOC=PATH` (every 30 s
+the source lines holding most memory, to PATH.<gpus>).
 """
 
 from __future__ import annotations
@@ -311,6 +316,31 @@ def thread_cpu() -> dict[str, float]:
     return out
 
 
+def trace_memory(path: str, every: float = 30.0, top: int = 30) -> None:
+    """Trace allocations from now on and write, every `every` s, the `top` source lines holding most memory."""
+    import tracemalloc
+
+    tracemalloc.start(1)
+
+    def write() -> None:
+        rows: list[dict[str, Any]] = []
+        while True:
+            time.sleep(every)
+            stats = tracemalloc.take_snapshot().statistics("lineno")
+            rows.append(
+                {
+                    "t": time.monotonic(),
+                    "traced_mib": round(sum(s.size for s in stats) / 2**20, 2),
+                    "top": [[str(s.traceback[0]), round(s.size / 2**20, 3), s.count] for s in stats[:top]],
+                }
+            )
+            with open(path + ".tmp", "w") as f:
+                json.dump(rows, f, indent=1)
+            os.replace(path + ".tmp", path)
+
+    threading.Thread(target=write, name="bench-tracemalloc", daemon=True).start()
+
+
 def part_daemon(port: int, sock_path: str, gpus: int) -> None:
     """Run the real daemon with the NVML stand-in for N GPUs."""
     import asyncio
@@ -330,6 +360,9 @@ def part_daemon(port: int, sock_path: str, gpus: int) -> None:
     capture = os.environ.get("BW_COST_CAPTURE")  # a path: the pipeline's inputs of 40 ticks, pickled
     if capture:
         capture_ticks(capture, gpus)
+    traced = os.environ.get("BW_COST_TRACEMALLOC")  # a path: the 30 lines holding most memory, every 30 s
+    if traced:
+        trace_memory(f"{traced}.{gpus}")
     profile = os.environ.get("BW_COST_PROFILE")  # a path: profile every thread's CPU (yappi, if installed)
     stats = os.environ.get("BW_COST_STATS")  # a path: each thread's CPU and the time in gc, at the end
     if not profile:

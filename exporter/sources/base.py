@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import contextlib
+import queue
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -73,29 +75,70 @@ class BlockingReader:
     """Run one blocking read at a time in a private thread, with a timeout.
 
     A read still running when the next tick comes is not started again: the tick fails
-    with ReadTimeout, so a hung driver call costs one thread, never a growing pile.
+    with ReadTimeout, so a hung driver call costs one thread, never a growing pile. The
+    hand-off is one queue put and one `call_soon_threadsafe` (no executor, no concurrent
+    future and its condition, no chained future); the thread is a daemon, so a hung read
+    never holds up the process's exit.
     """
 
     def __init__(self, name: str, timeout: float) -> None:
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"bw-{name}")
+        self._thread_name = f"bw-{name}_0"  # the name ThreadPoolExecutor gave its one worker
         self._timeout = timeout
-        self._inflight: concurrent.futures.Future[Any] | None = None
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._busy = False  # a read is queued or running in the thread
+        self._closed = False
 
     async def run(self, fn: Callable[[], T]) -> T:
         """Run fn in the reader's thread and return its result, or raise ReadTimeout."""
-        if self._inflight is not None and not self._inflight.done():
+        if self._busy:
             raise ReadTimeout("previous read still running")
-        future = self._pool.submit(fn)
-        self._inflight = future
-        try:  # asyncio.timeout: no waiter future of its own, as wait_for has, so one loop turn less
+        if self._closed:
+            raise RuntimeError("cannot schedule new reads after close")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._busy = True
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name=self._thread_name, daemon=True)
+            self._thread.start()
+        self._jobs.put((fn, future, loop))
+        try:  # a timeout cancels `future`; the read goes on in the thread and its result is dropped
             async with asyncio.timeout(self._timeout):
-                return await asyncio.wrap_future(future)
+                return await future
         except TimeoutError as exc:
             raise ReadTimeout(f"read took longer than {self._timeout:.2f}s") from exc
 
+    def _work(self) -> None:
+        """Run the queued reads one by one, handing each result back to its event loop."""
+        while (job := self._jobs.get()) is not None:
+            fn, future, loop = job
+            if self._closed:  # queued but not started when the reader closed: dropped
+                return
+            try:
+                result, error = fn(), None
+            except BaseException as exc:  # as an executor does: the awaiting side re-raises it
+                result, error = None, exc
+            self._busy = False
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(_deliver, future, result, error)
+
     def close(self) -> None:
         """Stop the thread without waiting for a hung read."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._closed = True
+        self._jobs.put(None)
+
+
+_Job = tuple[Callable[[], Any], "asyncio.Future[Any]", asyncio.AbstractEventLoop]
+
+
+def _deliver(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    """Set a read's outcome on its future, unless the awaiting side gave up (timeout, cancel)."""
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
 
 
 def cpu_seconds() -> float:

@@ -1,0 +1,117 @@
+"""CPU of a tick's thread hand-offs: the Sampler with 0-3 of its four null sources read through `BlockingReader` threads.
+
+Each variant runs a tree's real `Sampler.run` for `--ticks` ticks at 50 ms in a fresh process
+with four sources that cost nothing themselves: N read through `BlockingReader` threads (as NVML,
+host and the engine are), 4 - N on the event loop (as the agent feed is), and the pipeline's
+`advance` replaced by one that returns its input; the process's utime + stime per tick, in us.
+Rounds alternate the order of the variants (and of the trees, when several are given: before,after),
+so all meet the same load. The slope over N is what one source's thread hand-off costs a tick.
+
+    .venv/bin/python bench/handoff_cost.py --rounds 6 --out bench/results/handoff_cost.json
+    .venv/bin/python bench/handoff_cost.py /tmp/base,. --threaded 3 --rounds 8 --out bench/results/handoff_ab.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+CHILD = r"""
+import asyncio, resource, sys
+sys.path.insert(0, sys.argv[1])
+import exporter.sampling as sampling
+from exporter.config import load
+from exporter.sources.base import BlockingReader
+
+sampling.advance = lambda history, raw, cfg: raw
+ticks, threaded = int(sys.argv[2]), int(sys.argv[3])
+
+class Threaded:
+    def __init__(self, name):
+        self.name, self._reader = name, BlockingReader(name, 1.0)
+    async def read(self):
+        return await self._reader.run(lambda: None)
+    def close(self):
+        self._reader.close()
+
+class OnLoop:
+    def __init__(self, name):
+        self.name = name
+    async def read(self):
+        return None
+    def close(self):
+        pass
+
+async def main() -> None:
+    cfg = load(overrides={"tick_seconds": 0.05, "probe.enabled": False}, environ={})
+    names = ["nvml", "host", "engine", "agent"]
+    sources = [Threaded(n) if i < threaded else OnLoop(n) for i, n in enumerate(names)]
+    stop = asyncio.Event()
+    seen = []
+    def on_tick(snap):
+        seen.append(resource.getrusage(resource.RUSAGE_SELF))
+        if len(seen) > ticks + 20:
+            stop.set()
+    s = sampling.Sampler(cfg, sources, on_tick=on_tick)
+    await s.run(stop)
+    s.close()
+    r0, r1 = seen[20], seen[-1]
+    print((r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime) / (len(seen) - 21) * 1e6)
+
+asyncio.run(main())
+"""
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument(
+        "trees", nargs="?", default=ROOT, help="source trees, comma-separated (default: this one)"
+    )
+    ap.add_argument(
+        "--threaded", default="3,2,1,0", help="how many sources read through threads, per variant"
+    )
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--ticks", type=int, default=300)
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    trees = [os.path.abspath(t) for t in args.trees.split(",")]
+    variants = [(t, int(n)) for n in args.threaded.split(",") for t in trees]
+    got: dict[str, list[float]] = {f"{t} {n}": [] for t, n in variants}
+    for r in range(args.rounds):
+        for tree, n in variants if r % 2 == 0 else variants[::-1]:
+            out = subprocess.run(
+                [sys.executable, "-c", CHILD, tree, str(args.ticks), str(n)],
+                capture_output=True,
+                text=True,
+                check=True,
+                env=dict(os.environ, PYTHONPATH=tree),
+            )
+            got[f"{tree} {n}"].append(float(out.stdout.strip().splitlines()[-1]))
+        print(f"round {r}: " + ", ".join(f"{k} threaded {v[-1]:.0f} us" for k, v in got.items()), flush=True)
+    med = {k: statistics.median(v) for k, v in got.items()}
+    print("median us per tick: " + ", ".join(f"{k} threaded {m:.0f}" for k, m in med.items()))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(
+                {
+                    "us_per_tick": got,
+                    "median": med,
+                    "argv": sys.argv[1:],
+                    "cpus": os.cpu_count(),
+                    "at": time.strftime("%Y-%m-%d %H:%M:%S"),
+                },
+                f,
+                indent=1,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -11,7 +11,10 @@ every workload once:
 - decode_8b: one decode step of a Llama-3-8B-shaped model at batch 1 (32 layers, 14 GB of bf16
   weights read a step), captured in a CUDA graph: a realistic step length for the same wrapper.
 - *_hook_only / *_wrapper_only (same process): the replay hook alone, the step wrapper alone.
-- eager: a launch-bound loop of tiny eager kernels (x.add_), synchronised every 256 launches.
+- eager: a launch-bound loop of tiny eager kernels (x.add_), synchronised every 256 launches;
+  eager_same_process: the same loop as an engine's step, bare against the step wrapper in one process.
+- agent_thread_cpu_pct: the CPU the agent's own thread used over a light child's life (from /proc), the
+  most of the GIL it can have taken from the workloads' thread.
 - cpu_steps: the same step wrapper around a pure-Python step (runs without torch or a GPU).
 - pause_after_decode / pause: a pure-Python loop that records the longest gap between its iterations,
   after the decode loops and after the CPU-step flood (~300k steps/s) (the agent's thread
@@ -244,6 +247,10 @@ def gpu_workloads(light: bool, seconds: float) -> dict[str, Any]:
     r = timed_loop(eager, seconds)
     r["kernels_per_s"] = r["per_s"] * 256
     out["eager"] = r
+    if light:  # the launch-bound loop as an eager engine's step, bare against the step wrapper, side by side
+        out["eager_same_process"] = interleaved(
+            call_step(Engine(1, eager)), call_step(cls(1, eager)), seconds
+        )
     return out
 
 
@@ -288,6 +295,19 @@ def big_decode(torch: Any, cls: Any, light: bool, seconds: float) -> dict[str, A
     return out
 
 
+def agent_thread_cpu_s() -> float | None:
+    """Return the CPU seconds the agent's thread (boundwatch-agent) has used so far; None if it has none."""
+    total = None
+    for t in threading.enumerate():
+        if t.name != "boundwatch-agent" or t.ident is None:
+            continue
+        try:
+            total = (total or 0.0) + time.clock_gettime(time.pthread_getcpuclockid(t.ident))
+        except OSError:
+            continue
+    return total
+
+
 def child(mode: str, seconds: float) -> dict[str, Any]:
     res: dict[str, Any] = {"mode": mode, "pid": os.getpid()}
     light = mode == "light"
@@ -296,6 +316,7 @@ def child(mode: str, seconds: float) -> dict[str, Any]:
         from exporter import agent
 
         res["agent_state"] = agent.start(role="generic")  # before torch: the hooks see every capture
+    started = time.monotonic()
     res["gpu"] = gpu_workloads(light, seconds)
     if "skipped" in res["gpu"]:
         print(res["gpu"]["skipped"], file=sys.stderr, flush=True)
@@ -316,6 +337,13 @@ def child(mode: str, seconds: float) -> dict[str, Any]:
 
         a = agent.current()
         res["agent"] = a.describe() if a is not None else None
+        cpu = agent_thread_cpu_s()  # the most of the GIL the agent's thread can have taken from the workloads
+        wall = time.monotonic() - started
+        res["agent_thread"] = {
+            "cpu_s": round(cpu, 6) if cpu is not None else None,
+            "wall_s": round(wall, 2),
+            "cpu_pct": round(100 * cpu / wall, 4) if cpu is not None else None,
+        }
         res["agent_mode"] = getattr(a, "mode", "")
         agent.stop()
     return res
@@ -383,6 +411,11 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "raw_us_median": round(statistics.median(v["raw_us"] for v in vs), 3),
             "processes": len(vs),
         }
+    threads = [
+        r["agent_thread"]["cpu_pct"] for r in runs if (r.get("agent_thread") or {}).get("cpu_pct") is not None
+    ]
+    if threads:  # the agent thread's CPU over the child's life: an upper bound of its GIL share
+        out["agent_thread_cpu_pct"] = {"median": round(statistics.median(threads), 4), "max": max(threads)}
     nones = [r for r in runs if r.get("mode") == "none" and "error" not in r]
     if len(nones) >= 2:  # the noise floor: two processes of the same code
         a, b = nones[0], nones[1]

@@ -171,7 +171,7 @@ class Sender:
         sent.append(m)
     def close(self):
         pass
-agent = LightAgent(Settings(socket="", flush_s=0.1, hook_share=0.25), sender=Sender())
+agent = LightAgent(Settings(socket="", flush_s=0.05, hook_share=0.5), sender=Sender())
 agent.start()
 g = torch.cuda.CUDAGraph()
 states, n = set(), 0
@@ -191,7 +191,9 @@ print(json.dumps({"true": n, "sent": sum(m.graphs.replays for m in sent if m.gra
 def test_replays_counted_in_slices_add_up_to_the_true_count(tmp_path: Path) -> None:
     out = run(tmp_path, REPLAYS)
     assert out["states"] == [False, True]  # the stand-in's own replay ran between slices, the hook in them
-    assert abs(out["sent"] - out["true"]) <= 0.15 * out["true"]  # a ratio estimate over 30 ticks
+    # a ratio estimate over 60 ticks, the hooks in half of each (an unscaled count would be off by half);
+    # sampled in half rather than an eighth, so a loaded 2-core machine's scheduling stays within 15%
+    assert abs(out["sent"] - out["true"]) <= 0.15 * out["true"], out
     assert out["back"] and not out["cycling"]  # stopped: the hook is in for good
 
 
@@ -214,7 +216,7 @@ class Sender:
         sent.append(m)
     def close(self):
         pass
-agent_pkg._agent = LightAgent(Settings(socket="", role="vllm_engine", flush_s=0.1, hook_share=0.25), sender=Sender())
+agent_pkg._agent = LightAgent(Settings(socket="", role="vllm_engine", flush_s=0.05, hook_share=0.5), sender=Sender())
 agent_pkg._agent.start()
 core = EngineCore(VllmConfig(max_num_seqs=4))
 own = EngineCore.__dict__["step"].__wrapped__
@@ -235,7 +237,7 @@ print(json.dumps({"true": steps, "n": sum(s.n for s in got), "tokens": sum(s.tok
 def test_a_vllm_engine_cores_bound_step_fn_is_swapped_and_its_steps_scaled(tmp_path: Path) -> None:
     out = run(tmp_path, ENGINE)
     assert out["held"] == "" and out["seen"] == [False, True]  # the bound step_fn swapped with the class
-    assert abs(out["n"] - out["true"]) <= 0.15 * out["true"]
+    assert abs(out["n"] - out["true"]) <= 0.15 * out["true"], out  # as the replays' test: 60 ticks, half in
     assert out["tokens"] == out["seqs"] and out["hist_ok"]  # one token per sequence: ratios survive the scale
 
 

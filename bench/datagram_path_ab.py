@@ -21,8 +21,9 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CHILD = r"""
 import json, os, socket, sys, tempfile, time
@@ -128,17 +129,10 @@ def main() -> int:
                     flush=True,
                 )
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(
-                {
-                    "rows": rows,
-                    "argv": sys.argv[1:],
-                    "cpus": os.cpu_count(),
-                    "at": time.strftime("%Y-%m-%d %H:%M:%S"),
-                },
-                f,
-                indent=1,
-            )
+        sys.path.insert(0, ROOT)
+        from bench.ab import write_results
+
+        write_results(args.out, {"rows": rows})
     return 0
 
 

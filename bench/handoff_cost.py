@@ -14,12 +14,10 @@ so all meet the same load. The slope over N is what one source's thread hand-off
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -98,18 +96,10 @@ def main() -> int:
     med = {k: statistics.median(v) for k, v in got.items()}
     print("median us per tick: " + ", ".join(f"{k} threaded {m:.0f}" for k, m in med.items()))
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(
-                {
-                    "us_per_tick": got,
-                    "median": med,
-                    "argv": sys.argv[1:],
-                    "cpus": os.cpu_count(),
-                    "at": time.strftime("%Y-%m-%d %H:%M:%S"),
-                },
-                f,
-                indent=1,
-            )
+        sys.path.insert(0, ROOT)
+        from bench.ab import write_results
+
+        write_results(args.out, {"us_per_tick": got, "median": med})
     return 0
 
 

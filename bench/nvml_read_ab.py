@@ -12,12 +12,12 @@ the source's own per-field overhead plus the stand-in's; on a real driver each c
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
-import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CHILD = r"""
 import statistics, sys, time
@@ -73,17 +73,10 @@ def main() -> int:
         ]
         print(f"{g} GPUs median: " + ", ".join(f"{t} {m:.0f} us" for t, m in zip(trees, meds, strict=True)))
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(
-                {
-                    "rows": rows,
-                    "argv": sys.argv[1:],
-                    "cpus": os.cpu_count(),
-                    "at": time.strftime("%Y-%m-%d %H:%M:%S"),
-                },
-                f,
-                indent=1,
-            )
+        sys.path.insert(0, ROOT)
+        from bench.ab import write_results
+
+        write_results(args.out, {"rows": rows})
     return 0
 
 

@@ -1,10 +1,7 @@
 """The light agent: CUDAGraph hooks against a stand-in torch, no CUPTI loaded, GRAPH_TRACE safety, integrals."""
 
-import json
 import os
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,6 +12,7 @@ from exporter.agent.light import LightAgent
 from exporter.agent.settings import Settings, resolve_mode
 from exporter.agent.steps import MODE_EAGER, MODE_GRAPH, StepTracker
 from tests.agent import fake_torch
+from tests.agent.fresh import run_fresh
 
 ROOT = Path(__file__).resolve().parents[2]
 MS = 1_000_000
@@ -23,14 +21,7 @@ T0 = 1_764_400_000_000_000_000
 
 def run(tmp_path: Path, code: str, env: dict[str, str] | None = None) -> dict:  # type: ignore[type-arg]
     """Run code in a fresh interpreter with the fake torch importable; return the JSON it prints last."""
-    fake_torch.write(tmp_path / "fake")
-    full = {k: v for k, v in os.environ.items() if not k.startswith("BOUNDWATCH")}
-    full["PYTHONPATH"] = f"{tmp_path / 'fake'}{os.pathsep}{ROOT}"
-    full["BOUNDWATCH_AGENT_SOCKET"] = str(tmp_path / "agent.sock")
-    full.update(env or {})
-    r = subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    return run_fresh(tmp_path, code, [fake_torch], env)  # type: ignore[no-any-return]
 
 
 def test_hooks_installed_before_import_count_every_capture_and_replay(tmp_path: Path) -> None:

@@ -1,7 +1,6 @@
 """SGLang's way in against a small SGLang-shaped package: HookRegistry hooks on run_batch and _forward_raw."""
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -11,6 +10,7 @@ from exporter import wire
 from exporter.config import AgentFeedConfig
 from exporter.sources.agent_feed import AgentFeed
 from tests.agent import fake_sglang
+from tests.agent.fresh import fresh_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,12 +27,9 @@ print(json.dumps({"pid": os.getpid(), "role": role}))
 
 
 def test_scheduler_steps_counts_and_graph_modes_reach_the_feed(tmp_path: Path) -> None:
-    fake_sglang.write(tmp_path / "fake")
+    env = fresh_env(tmp_path, [fake_sglang])
     rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     rx.bind(str(tmp_path / "agent.sock"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BOUNDWATCH")}
-    env["PYTHONPATH"] = f"{tmp_path / 'fake'}{os.pathsep}{ROOT}"
-    env["BOUNDWATCH_AGENT_SOCKET"] = str(tmp_path / "agent.sock")
     try:
         r = subprocess.run([sys.executable, "-c", CODE], env=env, capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr

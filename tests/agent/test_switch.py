@@ -4,16 +4,13 @@ Against a stand-in torch (its CUDAGraph class) and a vLLM-shaped package whose E
 step_fn at init, as vLLM's does; the switch itself with an injected clock.
 """
 
-import json
-import os
-import subprocess
-import sys
 import types
 from pathlib import Path
 
 from exporter.agent.steps import StepTracker
 from exporter.agent.switch import SWITCHED, Carry, Switch
 from tests.agent import fake_torch, fake_vllm
+from tests.agent.fresh import run_fresh
 
 ROOT = Path(__file__).resolve().parents[2]
 MS = 1_000_000
@@ -58,7 +55,8 @@ def test_the_switch_puts_the_engines_own_functions_back_class_and_bound_alike() 
     assert core.step_fn() == "hooked" and Core.__dict__["step"] is hooked
 
 
-def test_a_hold_keeps_the_hooks_in_and_stops_the_cycle() -> None:
+def one_site_cycling() -> tuple[types.SimpleNamespace, object, object, Switch]:
+    """Return a module-like owner whose f is hooked, its own f, the hook, and a Switch cycling it."""
     mod = types.SimpleNamespace(f=lambda: "own")
     own = mod.f
 
@@ -68,6 +66,11 @@ def test_a_hold_keeps_the_hooks_in_and_stops_the_cycle() -> None:
     sw = Switch(Clock())
     sw.add(mod, "f", own, hook)
     assert sw.start_cycle()
+    return mod, own, hook, sw
+
+
+def test_a_hold_keeps_the_hooks_in_and_stops_the_cycle() -> None:
+    mod, own, hook, sw = one_site_cycling()
     sw.set_in(False)
     assert mod.f is own
     sw.hold("sglang hooks")
@@ -78,15 +81,7 @@ def test_a_hold_keeps_the_hooks_in_and_stops_the_cycle() -> None:
 
 
 def test_a_forked_child_puts_the_hooks_back_in_until_an_agent_cycles_them() -> None:
-    mod = types.SimpleNamespace(f=lambda: "own")
-    own = mod.f
-
-    def hook() -> str:
-        return "hooked"
-
-    sw = Switch(Clock())
-    sw.add(mod, "f", own, hook)
-    assert sw.start_cycle()
+    mod, own, hook, sw = one_site_cycling()
     sw.set_in(False)
     sw.after_fork()  # the child has no agent's thread to put them back
     assert mod.f is hook and not sw.cycling and not sw.held
@@ -143,14 +138,7 @@ def test_scaled_light_steps_keep_the_histogram_counting_n_and_request_seconds_un
 
 
 def run(tmp_path: Path, code: str) -> dict:  # type: ignore[type-arg]
-    fake_torch.write(tmp_path / "fake")
-    fake_vllm.write(tmp_path / "fake")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BOUNDWATCH")}
-    env["PYTHONPATH"] = f"{tmp_path / 'fake'}{os.pathsep}{ROOT}"
-    env["BOUNDWATCH_AGENT_SOCKET"] = str(tmp_path / "agent.sock")
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    return run_fresh(tmp_path, code, [fake_torch, fake_vllm], timeout=120)  # type: ignore[no-any-return]
 
 
 REPLAYS = """
@@ -162,16 +150,9 @@ from exporter.agent.switch import SWITCH
 hooks.install()
 import torch
 own = torch.cuda.CUDAGraph.__dict__["replay"].__wrapped__  # the stand-in's own (the hook is in at import)
-sent = []
-class Sender:
-    dropped = sent_n = 0
-    def next_seq(self):
-        return 0
-    def send(self, m):
-        sent.append(m)
-    def close(self):
-        pass
-agent = LightAgent(Settings(socket="", flush_s=0.05, hook_share=0.5), sender=Sender())
+from tests.agent.fresh import ListSender
+sent = (sender := ListSender()).sent
+agent = LightAgent(Settings(socket="", flush_s=0.05, hook_share=0.5), sender=sender)
 agent.start()
 g = torch.cuda.CUDAGraph()
 states, n = set(), 0
@@ -207,16 +188,9 @@ from exporter.agent.settings import Settings
 from exporter.agent.switch import SWITCH
 vllm.plugins.load_general_plugins()
 from vllm.v1.engine.core import EngineCore
-sent = []
-class Sender:
-    dropped = sent_n = 0
-    def next_seq(self):
-        return 0
-    def send(self, m):
-        sent.append(m)
-    def close(self):
-        pass
-agent_pkg._agent = LightAgent(Settings(socket="", role="vllm_engine", flush_s=0.05, hook_share=0.5), sender=Sender())
+from tests.agent.fresh import ListSender
+sent = (sender := ListSender()).sent
+agent_pkg._agent = LightAgent(Settings(socket="", role="vllm_engine", flush_s=0.05, hook_share=0.5), sender=sender)
 agent_pkg._agent.start()
 core = EngineCore(VllmConfig(max_num_seqs=4))
 own = EngineCore.__dict__["step"].__wrapped__

@@ -2,10 +2,7 @@
 (the `vllm serve` case of issue 16), workers in both layouts, the step's graph mode from either runner."""
 
 import json
-import os
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +11,7 @@ from exporter import wire
 from exporter.config import AgentFeedConfig
 from exporter.sources.agent_feed import AgentFeed
 from tests.agent import fake_vllm
+from tests.agent.fresh import run_fresh
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,13 +53,7 @@ print(json.dumps({"child": pid, "before": before}))
 
 
 def run(tmp_path: Path, code: str) -> dict:  # type: ignore[type-arg]
-    fake_vllm.write(tmp_path / "fake")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BOUNDWATCH")}
-    env["PYTHONPATH"] = f"{tmp_path / 'fake'}{os.pathsep}{ROOT}"
-    env["BOUNDWATCH_AGENT_SOCKET"] = str(tmp_path / "agent.sock")
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    return run_fresh(tmp_path, code, [fake_vllm])  # type: ignore[no-any-return]
 
 
 def receive_all(rx: socket.socket) -> list[bytes]:

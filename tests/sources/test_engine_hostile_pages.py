@@ -19,13 +19,8 @@ from exporter.config import Config, EngineConfig, HostConfig
 from exporter.export.collectors import counter_series
 from exporter.sampling import Sampler
 from exporter.serve.web import make_app
-from exporter.sources.engine import (
-    DEFAULT_LIMITS,
-    EngineSource,
-    PageError,
-    reading_from_bytes,
-    reading_from_page,
-)
+from exporter.sources.engine import EngineSource
+from exporter.sources.engine_page import DEFAULT_LIMITS, PageError, reading_from_bytes, reading_from_page
 
 RUNNING = catalogue.ENGINE_RUNNING_REQUEST_SECONDS_TOTAL.name
 
@@ -241,7 +236,7 @@ def test_a_page_of_garbage_is_the_module_error_not_a_crash():
 
 
 async def test_configured_engines_never_share_a_name_with_each_other_or_a_discovered_one():
-    from exporter.sources.engine import EngineTarget
+    from exporter.sources.engine_discovery import EngineTarget
 
     pages = Pages()
     pages.body["a"] = page(running="1")

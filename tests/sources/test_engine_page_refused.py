@@ -22,7 +22,8 @@ from exporter.config import Config, EngineConfig, HostConfig
 from exporter.sampling import Sampler
 from exporter.serve.web import make_app
 from exporter.snapshot.engine import PAGE_REFUSED_REASONS
-from exporter.sources.engine import EngineSource, MultiprocReader, reading_from_multiproc
+from exporter.sources.engine import EngineSource
+from exporter.sources.engine_page import MultiprocReader, reading_from_multiproc
 
 REFUSED = "boundwatch_engine_page_refused_total"
 

@@ -23,7 +23,8 @@ from exporter.sampling import Sampler
 from exporter.serve.web import make_app
 from exporter.snapshot.engine import demand
 from exporter.snapshot.totals import EngineServer
-from exporter.sources.engine import EngineSource, configured_target, discover, merge_targets
+from exporter.sources.engine import EngineSource
+from exporter.sources.engine_discovery import configured_target, discover, merge_targets
 
 RUNNING = catalogue.ENGINE_RUNNING_REQUEST_SECONDS_TOTAL.name
 

@@ -16,7 +16,7 @@ from exporter.commands import ConfigFlags
 from exporter.snapshot.engine import EngineReading
 
 if TYPE_CHECKING:
-    from exporter.sources.engine import EngineTarget
+    from exporter.sources.engine_discovery import EngineTarget
 
 HELP = "read an engine's /metrics (URL, page file or PROMETHEUS_MULTIPROC_DIR) and print what boundwatch makes of it"
 
@@ -45,7 +45,7 @@ def add_parser(subparsers: Any, config_flags: ConfigFlags) -> argparse.ArgumentP
 
 def _local_engine(reading: EngineReading, proc_root: str) -> EngineTarget | None:
     """Return the engine on this host that serves the reading's port, if discovery finds it."""
-    from exporter.sources.engine import discover
+    from exporter.sources.engine_discovery import discover
 
     port = urlparse(reading.url).port if reading.url.startswith(("http://", "https://")) else None
     if port is None:

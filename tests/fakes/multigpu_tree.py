@@ -59,7 +59,8 @@ def _orchestrate(spec: list[dict]) -> None:
     from exporter.config import Config
     from exporter.snapshot.engine import EngineReading
     from exporter.sources import placement, procs
-    from exporter.sources.engine import EngineSource, discover
+    from exporter.sources.engine import EngineSource
+    from exporter.sources.engine_discovery import discover
 
     shim = tempfile.mkdtemp()
     os.symlink(os.path.abspath(__file__), os.path.join(shim, "vllm"))

@@ -6,7 +6,6 @@ one bad engine must never hide the others, poison a counter or take the source d
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 
@@ -19,29 +18,11 @@ from exporter.config import Config, EngineConfig, HostConfig
 from exporter.export.collectors import counter_series
 from exporter.sampling import Sampler
 from exporter.serve.web import make_app
-from exporter.sources.engine import (
-    DEFAULT_LIMITS,
-    EngineSource,
-    PageError,
-    reading_from_bytes,
-    reading_from_page,
-)
+from exporter.sources.engine import EngineSource
+from exporter.sources.engine_page import DEFAULT_LIMITS
+from tests.fakes.vllm_pages import page
 
 RUNNING = catalogue.ENGINE_RUNNING_REQUEST_SECONDS_TOTAL.name
-
-
-def page(running: str = "10", waiting: str = "2", prompt: str = "100", extra: str = "") -> bytes:
-    return (
-        "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
-        "# TYPE vllm:num_requests_running gauge\n"
-        f'vllm:num_requests_running{{engine="0",model_name="m"}} {running}\n'
-        "# TYPE vllm:num_requests_waiting gauge\n"
-        f'vllm:num_requests_waiting{{engine="0",model_name="m"}} {waiting}\n'
-        "# TYPE vllm:prompt_tokens_total counter\n"
-        f'vllm:prompt_tokens_total{{engine="0",model_name="m"}} {prompt}\n'
-        f"{extra}"
-        "process_cpu_seconds_total 1.0\n"
-    ).encode()
 
 
 class Pages:
@@ -142,36 +123,6 @@ async def test_a_nan_for_one_tick_never_reaches_the_request_seconds_and_the_snap
     assert float(line.rsplit(" ", 1)[1]) == pytest.approx(total)
 
 
-@pytest.mark.parametrize(
-    "value, field",
-    [
-        ("NaN", "running"),
-        ("+Inf", "running"),
-        ("-Inf", "waiting"),
-        ("-3", "waiting"),
-        ("1e300", "running"),  # no engine runs 1e300 requests
-    ],
-)
-def test_nan_infinite_negative_and_implausible_values_are_refused_and_counted(value, field):
-    args = {"running": "10", "waiting": "2", field: value}
-    r = reading_from_page(page(**args).decode())
-    assert getattr(r, field) is None
-    assert r.rejected_values == 1
-    assert r.prompt_tokens_total == 100.0  # the rest of the page is read
-
-
-def test_a_negative_counter_is_refused():
-    r = reading_from_page(page(prompt="-12").decode())
-    assert (r.prompt_tokens_total, r.rejected_values, r.running) == (None, 1, 10.0)
-
-
-def test_the_line_budget_counts_every_line_of_the_page():
-    body = b"".join(b"# a comment\n" for _ in range(100)) + b'vllm:num_requests_running{engine="0"} 1\n'
-    assert reading_from_bytes(body).running == 1.0
-    with pytest.raises(PageError):  # past a budget of 100 lines only the comments are left
-        reading_from_bytes(body, limits=dataclasses.replace(DEFAULT_LIMITS, max_lines=100))
-
-
 async def test_a_page_past_the_line_budget_is_read_in_part_and_the_source_stays_up():
     lines = 600_000  # about 30 MB of lines the reader keeps
     body = b"# TYPE vllm:num_requests_running gauge\n" + b"".join(
@@ -192,16 +143,6 @@ async def test_a_page_past_the_line_budget_is_read_in_part_and_the_source_stays_
     (r,) = snap.engines
     assert r.error == "" and r.page_truncated
     assert r.running == DEFAULT_LIMITS.max_kept_lines - 1  # the kept lines within the budget, TYPE first
-
-
-def test_the_byte_budget_is_configurable_and_cuts_at_a_line_end():
-    line = b'vllm:num_requests_running{engine="%d"} 1\n'
-    body = b"".join(line % i for i in range(10_000))
-    limits = dataclasses.replace(DEFAULT_LIMITS, max_bytes=4096)
-    r = reading_from_bytes(body, limits=limits)
-    assert r.page_truncated
-    kept = body[:4096]
-    assert r.running == kept[: kept.rfind(b"\n") + 1].count(b"\n")
 
 
 async def test_a_hundred_thousand_model_names_give_a_bounded_engine_info_label():
@@ -229,19 +170,8 @@ async def test_a_hundred_thousand_model_names_give_a_bounded_engine_info_label()
     assert info and all(len(x) < 400 for x in info)
 
 
-def test_long_label_values_are_cut_at_the_edge():
-    long = "x" * 10_000
-    r = reading_from_page(page().decode().replace('model_name="m"', f'model_name="{long}"'))
-    assert r.model == "x" * 128
-
-
-def test_a_page_of_garbage_is_the_module_error_not_a_crash():
-    with pytest.raises(PageError):
-        reading_from_bytes(b'vllm:num_requests_running{engine="0" 1\n\x00\xff{{{')
-
-
 async def test_configured_engines_never_share_a_name_with_each_other_or_a_discovered_one():
-    from exporter.sources.engine import EngineTarget
+    from exporter.sources.engine_discovery import EngineTarget
 
     pages = Pages()
     pages.body["a"] = page(running="1")

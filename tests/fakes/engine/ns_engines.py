@@ -22,7 +22,8 @@ import time
 from exporter.config import Config, EngineConfig, HostConfig
 from exporter.sampling import Sampler
 from exporter.serve.web import make_app
-from exporter.sources.engine import EngineSource, discover
+from exporter.sources.engine import EngineSource
+from exporter.sources.engine_discovery import discover
 
 HOLD = "import sys; sys.stdin.read()"  # a process that waits until its parent goes
 # A wrapper script (not recognised as an engine) that starts titled children and, given a port,

@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import math
-import struct
-from pathlib import Path
 
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
-from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.catalogue import METRICS
@@ -22,7 +19,7 @@ from exporter.config import Config, EngineConfig, HostConfig
 from exporter.sampling import Sampler
 from exporter.serve.web import make_app
 from exporter.snapshot.engine import PAGE_REFUSED_REASONS
-from exporter.sources.engine import EngineSource, MultiprocReader, reading_from_multiproc
+from exporter.sources.engine import EngineSource
 
 REFUSED = "boundwatch_engine_page_refused_total"
 
@@ -169,25 +166,3 @@ async def test_a_tick_that_reuses_a_late_read_adds_nothing_and_the_late_read_cou
                 assert await tick() == (False, 3.0)
         finally:
             await source.aclose()
-
-
-def _db(path: Path, name: str, value: float) -> None:
-    """Write one vLLM gauge sample into a prometheus_client multiprocess file."""
-    d = MmapedDict(str(path))
-    key = mmap_key(name, name, ["engine", "model_name"], ["0", "m"], "")
-    d.write_value(key, value, 1.0)
-    d.close()
-
-
-def test_multiprocess_files_count_refused_values_and_files_over_the_byte_budget(tmp_path: Path) -> None:
-    """NaN and infinite values in one process's file count by reason; a file over the byte budget counts as bytes."""
-    _db(tmp_path / "gauge_livemostrecent_100.db", "vllm:num_requests_running", 4.0)
-    _db(tmp_path / "gauge_livemostrecent_101.db", "vllm:num_requests_waiting", math.nan)
-    _db(tmp_path / "gauge_livemostrecent_102.db", "vllm:kv_cache_usage_perc", -math.inf)
-    big = tmp_path / "counter_103.db"
-    big.write_bytes(struct.pack("i", 1 << 30) + b"\0" * 4)  # claims 1 GiB used
-    reader = MultiprocReader(str(tmp_path))
-    r = reading_from_multiproc(reader)
-    assert r.running == 4.0 and r.waiting is None
-    assert dict(r.page_refused) == {"nan": 1, "infinite": 1, "bytes": 1}
-    assert r.rejected_values == 2 and r.page_truncated

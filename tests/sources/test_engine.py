@@ -1,4 +1,7 @@
-"""The engine source end to end: discovery, pages over HTTP, the daemon's sampler, API-server saturation."""
+"""The engine source end to end: rediscovery, pages over HTTP, the daemon's sampler, API-server saturation.
+
+Discovery itself is tested in test_engine_discovery*.py, one read of a page in test_engine_page*.py.
+"""
 
 from __future__ import annotations
 
@@ -23,7 +26,8 @@ from exporter.sampling import Sampler
 from exporter.serve.web import make_app
 from exporter.snapshot.engine import demand
 from exporter.snapshot.totals import EngineServer
-from exporter.sources.engine import EngineSource, configured_target, discover, merge_targets
+from exporter.sources.engine import EngineSource
+from exporter.sources.engine_discovery import discover
 
 RUNNING = catalogue.ENGINE_RUNNING_REQUEST_SECONDS_TOTAL.name
 
@@ -39,22 +43,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def test_discovery_finds_every_engine_with_its_api_servers_and_multiprocess_dir():
-    targets = {t.name: t for t in discover(str(PROC))}
-    assert sorted(targets) == ["sglang:30001", "vllm:8001", "vllm:8002", "vllm:8003", "vllm:8004"]
-    v = targets["vllm:8001"]
-    assert v.url == "http://127.0.0.1:8001/metrics"
-    assert v.api_server_pids == (4101, 4102) and v.api_server_count_cmdline == 2
-    assert v.multiproc_dir == "/tmp/vllm-mp-a1"
-    assert set(v.engine_pids) == {4100, 4101, 4102, 4103, 4104, 4105}
-    assert targets["vllm:8002"].api_server_pids == (4500,)  # one API server: the main process serves
-    assert targets["vllm:8003"].api_server_pids == (4601, 4602)  # launched by a wrapper script
-    assert targets["sglang:30001"].multiproc_dir == "/tmp/sglang-mp"
-    # vLLM 0.10 sets no titles: its API servers are the children holding the listening socket.
-    assert targets["vllm:8004"].api_server_pids == (4701, 4702)
-    assert targets["vllm:8004"].api_server_count_cmdline == 2
 
 
 async def test_discovery_runs_again_only_when_the_process_table_changed(tmp_path, monkeypatch):
@@ -80,13 +68,6 @@ async def test_discovery_runs_again_only_when_the_process_table_changed(tmp_path
         assert {t.name for t in source.targets} == {t.name for t in discover(str(root))}
     finally:
         await source.aclose()
-
-
-def test_a_configured_url_on_a_discovered_port_joins_that_engine():
-    merged = merge_targets([configured_target("http://localhost:8001/metrics")], discover(str(PROC)))
-    joined = [t for t in merged if t.url == "http://localhost:8001/metrics"]
-    assert len(joined) == 1 and joined[0].root_pid == 4100 and joined[0].name == "vllm:8001"
-    assert len(merged) == 5
 
 
 async def test_configured_file_and_dead_url_read_as_one_good_and_one_failed_engine():
@@ -335,23 +316,6 @@ async def test_spec_decode_counters_are_read_raw_and_their_window_taken_in_the_p
     )
     assert first.engines[0].spec_acceptance is None
     assert second.engines[0].spec_acceptance == pytest.approx(0.25)
-
-
-def test_a_multiprocess_dir_inside_another_container_is_reached_through_proc_root(tmp_path):
-    import shutil
-
-    import vllm_sim
-
-    proc_root = tmp_path / "proc"
-    shutil.copytree(PROC, proc_root, symlinks=True)
-    inside = proc_root / "4101" / "root" / "tmp" / "vllm-mp-a1"  # the engine's /tmp, seen from the host
-    inside.mkdir(parents=True)
-    vllm_sim.run_engine(str(inside), n_servers=1, steps=5, concurrency=2)
-    targets = {t.name: t for t in discover(str(proc_root))}
-    assert targets["vllm:8001"].multiproc_dir == str(inside)
-    assert (
-        targets["sglang:30001"].multiproc_dir == "/tmp/sglang-mp"
-    )  # not reachable: kept as found, HTTP used
 
 
 def test_inspect_of_a_local_engine_lists_its_api_server_processes(fake_vllm, capsys):

@@ -1,0 +1,366 @@
+"""Which processes on the host are engines: vLLM and SGLang, their API servers, ports and multiprocess dirs.
+
+`discover` reads the process table (or takes the one the caller holds) and returns one
+`EngineTarget` per engine: its page's URL (from the flags, a listening socket, or the kind's
+default port), its root and every descendant process, its API servers (titled `APIServer_<i>`,
+or the children holding the listening socket), its multiprocess dir (reached through
+/proc/<pid>/root when it is in another container), its CUDA_VISIBLE_DEVICES, the batch limit and
+the CUDA graph settings its command line gives. API servers whose parent is not recognised (a
+wrapper script) are grouped into engines by their multiprocess dir and socket; engines that
+would share a name are made distinct and only one of them reads the page. `configured_target`,
+`merge_targets` and `name_for` join the configured URLs with what discovery found.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from urllib.parse import urlparse
+
+from exporter.snapshot.engine import GraphConfig
+from exporter.sources import procs
+from exporter.sources.engine_flags import graph_config
+from exporter.sources.engine_page import multiproc_dir_usable
+
+DEFAULT_PORTS = {"vllm": 8000, "sglang": 30000}
+API_SERVER_TITLE = re.compile(r"^(?:\S*::)?APIServer_(\d+)\b")
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+@dataclass
+class EngineTarget:
+    """One engine to read: where its page is, and the processes behind it when they are on this host."""
+
+    url: str  # http(s) URL, file:// URL or path of a page; "" when only the files are known
+    kind: str | None = None  # "vllm" | "sglang"; None until the page says
+    name: str = ""
+    root_pid: int | None = None
+    api_server_pids: tuple[int, ...] = ()  # in server-index order
+    engine_pids: tuple[int, ...] = ()  # root and every descendant (API servers, EngineCore, workers)
+    api_server_count_cmdline: int | None = None
+    multiproc_dir: str | None = None
+    cuda_visible_devices: str | None = None
+    configured: bool = False
+    servers_titled: bool = False  # api_server_pids are processes titled APIServer_<i>
+    port_known: bool = False  # the port came from the flags or a listening socket, not the default
+    max_num_seqs: int | None = None  # the engine's own batch limit, from its command line
+    graph_config: GraphConfig | None = None  # what its command line says about CUDA graphs
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+def _flag(cmdline: Sequence[str], *names: str) -> str | None:
+    """Return the value of a command-line flag (`--x v` or `--x=v`), or None."""
+    for i, arg in enumerate(cmdline):
+        for name in names:
+            if arg == name and i + 1 < len(cmdline):
+                return cmdline[i + 1]
+            if arg.startswith(name + "="):
+                return arg.split("=", 1)[1]
+    return None
+
+
+def engine_kind_of(info: procs.ProcInfo) -> str | None:
+    """Return "vllm" or "sglang" when a process is an engine's main (serving) process."""
+    args = info.cmdline
+    for i, arg in enumerate(args):
+        base = arg.rsplit("/", 1)[-1]
+        if base == "vllm" and i + 1 < len(args) and args[i + 1] == "serve":
+            return "vllm"
+        if arg == "vllm.entrypoints.openai.api_server" and "-m" in args[:i]:
+            return "vllm"
+        if arg == "vllm.entrypoints.cli.main" and "-m" in args[:i] and args[i + 1 : i + 2] == ("serve",):
+            return "vllm"
+        if arg == "sglang.launch_server" or (
+            base == "sglang" and i + 1 < len(args) and args[i + 1] == "serve"
+        ):
+            return "sglang" if "--enable-metrics" in args else None
+    return None
+
+
+def _url_of(kind: str, cmdline: Sequence[str], port: int | None = None) -> tuple[str, int]:
+    flag = _flag(cmdline, "--port")
+    if port is None:
+        port = int(flag) if flag and flag.isdigit() and 0 < int(flag) < 65536 else DEFAULT_PORTS[kind]
+    host = _flag(cmdline, "--host") or "127.0.0.1"
+    if host in ("0.0.0.0", "::", "", "localhost"):
+        host = "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}/metrics", port
+
+
+MAX_CONFIG_BYTES = 1 << 20
+_YAML_MAX_NUM_SEQS = re.compile(rb"^\s*max[-_]num[-_]seqs\s*:\s*(\d+)\s*(?:#.*)?$", re.MULTILINE)
+
+
+def _config_value(proc_root: str, pid: int, path: str) -> str | None:
+    """Return max-num-seqs from a vLLM --config YAML file as the process sees it (a flat key only)."""
+    where = os.path.join(proc_root, str(pid), "root" if path.startswith("/") else "cwd", path.lstrip("/"))
+    try:
+        fd = os.open(where, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # never a FIFO or a device
+            return None
+        data = os.read(fd, MAX_CONFIG_BYTES)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    found = _YAML_MAX_NUM_SEQS.search(data)
+    return found.group(1).decode() if found else None
+
+
+def batch_limit(proc_root: str, pid: int | None, kind: str, cmdline: Sequence[str]) -> int | None:
+    """Return the engine's own batch limit from its command line (vLLM --max-num-seqs, SGLang --max-running-requests).
+
+    vLLM's --config YAML is read for a flat `max-num-seqs` key; when neither says, None (the
+    default depends on the version and the hardware, so it is not guessed).
+    """
+    if kind == "sglang":
+        value = _flag(cmdline, "--max-running-requests", "--max_running_requests")
+    else:
+        value = _flag(cmdline, "--max-num-seqs", "--max_num_seqs")
+        config = _flag(cmdline, "--config")
+        if value is None and config and pid is not None:
+            value = _config_value(proc_root, pid, config)
+    if value and value.isdigit() and 0 < int(value) <= 10_000_000:
+        return int(value)
+    return None
+
+
+def _listening_port(proc_root: str, kind: str, pids: Iterable[int]) -> int | None:
+    """Return the port the engine's processes listen on (the kind's default first), None if none is seen."""
+    ports: set[int] = set()
+    for pid in pids:
+        ports |= procs.listening_ports(proc_root, pid)
+    if not ports:
+        return None
+    return DEFAULT_PORTS[kind] if DEFAULT_PORTS[kind] in ports else min(ports)
+
+
+@dataclass(frozen=True)
+class _Engine:
+    """An engine found in the table: its root process and, for unrecognised parents, its API servers."""
+
+    root: int
+    kind: str
+    servers: tuple[procs.ProcInfo, ...] | None = None  # None: the root's titled descendants
+    rooted: bool = True  # the root is the engine's main process (its flags and descendants are the engine's)
+
+
+def discover(proc_root: str, table: Sequence[procs.ProcInfo] | None = None) -> list[EngineTarget]:
+    """Find the engines running on this host, their API servers, processes and multiprocess dirs.
+
+    `table` is the process table when the caller holds one (read now otherwise).
+    """
+    table = list(procs.processes(proc_root)) if table is None else list(table)
+    by_pid = {p.pid: p for p in table}
+    roots: dict[int, str] = {}
+    for p in table:
+        kind = engine_kind_of(p)
+        if kind and not (p.ppid in by_pid and engine_kind_of(by_pid[p.ppid]) == kind):
+            roots[p.pid] = kind
+    found = [_Engine(root, kind) for root, kind in sorted(roots.items())]
+    found += _unrecognised(proc_root, table, by_pid, roots)
+    return _distinct(proc_root, [_target(proc_root, table, by_pid, e) for e in found])
+
+
+def _unrecognised(
+    proc_root: str, table: Sequence[procs.ProcInfo], by_pid: dict[int, procs.ProcInfo], roots: dict[int, str]
+) -> list[_Engine]:
+    """Return the engines of API servers whose parent was not recognised (a wrapper script launched vLLM).
+
+    Servers under one parent are one engine when they share a multiprocess dir and a listening
+    socket and their indices differ; otherwise (unrelated processes that took the same title)
+    each group, or each server, is an engine of its own. A parent that is an init (pid 1) never
+    stands for an engine, since every orphan of the host is its child.
+    """
+    by_parent: dict[int, list[procs.ProcInfo]] = defaultdict(list)
+    for p in table:
+        if API_SERVER_TITLE.match(p.title) and not any(a.pid in roots for a in _ancestors(by_pid, p.pid)):
+            by_parent[p.ppid].append(p)
+    out: list[_Engine] = []
+    for parent, servers in sorted(by_parent.items()):
+        groups: dict[tuple[str, frozenset[int]], list[procs.ProcInfo]] = defaultdict(list)
+        for s in servers:
+            env = procs.read_environ(proc_root, s.pid).get(MULTIPROC_ENV, "")
+            groups[(env, frozenset(procs.listening_sockets(proc_root, s.pid)))].append(s)
+        engines: list[list[procs.ProcInfo]] = []
+        for group in groups.values():
+            indices = [_server_index(s) for s in group]
+            engines += [group] if len(set(indices)) == len(indices) else [[s] for s in group]
+        if len(engines) == 1 and parent != 1 and parent in by_pid:
+            out.append(_Engine(parent, "vllm"))
+            continue
+        for group in engines:
+            group.sort(key=lambda s: (_server_index(s), s.pid))
+            out.append(_Engine(min(s.pid for s in group), "vllm", tuple(group), rooted=False))
+    return out
+
+
+def _server_index(info: procs.ProcInfo) -> int:
+    match = API_SERVER_TITLE.match(info.title)
+    return int(match.group(1)) if match else -1
+
+
+def _target(
+    proc_root: str, table: Sequence[procs.ProcInfo], by_pid: dict[int, procs.ProcInfo], e: _Engine
+) -> EngineTarget:
+    """Return the target of one engine found in the table."""
+    info = by_pid.get(e.root)
+    cmdline = info.cmdline if info and e.rooted else ()
+    if e.servers is None:
+        desc = procs.descendants(table, e.root)
+        servers = sorted((_server_index(d), d.pid) for d in desc if API_SERVER_TITLE.match(d.title))
+        pids = (e.root, *(d.pid for d in desc))
+    else:
+        servers = [(_server_index(s), s.pid) for s in e.servers]
+        pids = tuple(
+            dict.fromkeys(
+                p for s in e.servers for p in (s.pid, *(d.pid for d in procs.descendants(table, s.pid)))
+            )
+        )
+    server_set = {pid for _, pid in servers}
+    port: int | None = None
+    port_known = _flag(cmdline, "--port") is not None
+    if not port_known:
+        port = _listening_port(proc_root, e.kind, server_set or {e.root})
+        port_known = port is not None
+    url, port = _url_of(e.kind, cmdline, port)
+    asc = _flag(cmdline, "--api-server-count", "-asc")
+    mp_dir = cuda = None
+    for pid in [*server_set, *pids]:
+        env = procs.read_environ(proc_root, pid)
+        if mp_dir is None and env.get(MULTIPROC_ENV):
+            mp_dir = resolve_in(proc_root, pid, env[MULTIPROC_ENV])
+        if cuda is None and pid not in server_set:
+            cuda = env.get("CUDA_VISIBLE_DEVICES")
+    if servers:
+        server_pids: tuple[int, ...] = tuple(pid for _, pid in servers)
+    elif e.kind == "sglang" or asc in (None, "1"):
+        server_pids = (e.root,)  # the main process serves HTTP itself
+    else:  # several API servers without titles (vLLM 0.10): the children holding the listening socket
+        server_pids = _socket_holders(proc_root, e.root, list(pids[1:]), port)
+    return EngineTarget(
+        url=url,
+        kind=e.kind,
+        name=f"{e.kind}:{port}",
+        root_pid=e.root,
+        api_server_pids=server_pids,
+        engine_pids=pids,
+        api_server_count_cmdline=int(asc) if asc and asc.isdigit() else None,
+        multiproc_dir=mp_dir,
+        cuda_visible_devices=cuda,
+        servers_titled=bool(servers),
+        port_known=port_known,
+        max_num_seqs=batch_limit(proc_root, e.root, e.kind, cmdline),
+        graph_config=graph_config(e.kind, cmdline),
+    )
+
+
+def _distinct(proc_root: str, targets: list[EngineTarget]) -> list[EngineTarget]:
+    """Give engines that would share a name distinct names, and never let two read the same page.
+
+    Of the engines named alike, the one whose port is known (from its flags or its sockets) and
+    that shares the daemon's network namespace keeps the name and the URL; the others are named
+    `<name>-2`, `-3`... and read only their multiprocess files, if any.
+    """
+    here = procs.net_namespace(proc_root, "self")
+    by_name: dict[str, list[int]] = defaultdict(list)
+    for i, t in enumerate(targets):
+        by_name[t.name].append(i)
+    out = list(targets)
+    for name, indices in by_name.items():
+        if len(indices) == 1:
+            continue
+        ranked = sorted(
+            indices,
+            key=lambda i: (
+                not targets[i].port_known,
+                procs.net_namespace(proc_root, targets[i].root_pid or 0) != here,
+                targets[i].root_pid or 0,
+            ),
+        )
+        for k, i in enumerate(ranked[1:], start=2):
+            out[i] = replace(
+                targets[i],
+                name=f"{name}-{k}",
+                url="",
+                extra={**targets[i].extra, "no_url": f"its port is not known apart from {name}'s"},
+            )
+    return out
+
+
+def _socket_holders(proc_root: str, root: int, children: Sequence[int], port: int) -> tuple[int, ...]:
+    """Return the children that hold the engine's listening socket (its API servers)."""
+    listening = procs.listening_inodes(proc_root, root, port)
+    if not listening:
+        return ()
+    return tuple(pid for pid in sorted(children) if procs.socket_inodes(proc_root, pid) & listening)
+
+
+def resolve_in(proc_root: str, pid: int, path: str) -> str:
+    """Return a path as this process can reach it: as is, or through /proc/<pid>/root (another container)."""
+    if multiproc_dir_usable(path):
+        return path
+    inside = os.path.join(proc_root, str(pid), "root", path.lstrip("/"))
+    return inside if multiproc_dir_usable(inside) else path
+
+
+def _ancestors(by_pid: dict[int, procs.ProcInfo], pid: int) -> list[procs.ProcInfo]:
+    out = []
+    seen = {pid}
+    cur = by_pid.get(pid)
+    while cur is not None and cur.ppid not in seen:
+        seen.add(cur.ppid)
+        cur = by_pid.get(cur.ppid)
+        if cur is not None:
+            out.append(cur)
+    return out
+
+
+def configured_target(url: str) -> EngineTarget:
+    """Return the target for a configured URL or page path."""
+    return EngineTarget(url=url, configured=True)
+
+
+def _port_of(url: str) -> int | None:
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https"):
+        return None
+    return parsed.port or (443 if parsed.scheme == "https" else 80)
+
+
+def merge_targets(configured: Iterable[EngineTarget], found: Iterable[EngineTarget]) -> list[EngineTarget]:
+    """Join configured URLs with discovered engines on the same port (configured URL wins)."""
+    found = list(found)
+    out = []
+    for c in configured:
+        port = _port_of(c.url)
+        host = urlparse(c.url).hostname
+        local = host in ("127.0.0.1", "localhost", "::1")
+        twin = next((f for f in found if local and port is not None and _port_of(f.url) == port), None)
+        if twin is not None:
+            found.remove(twin)
+            out.append(replace(twin, url=c.url, configured=True))
+        else:
+            out.append(c)
+    return out + found
+
+
+def name_for(target: EngineTarget, kind: str) -> str:
+    """Return a stable, bounded engine label: kind:port, or kind:file-stem for pages on disk."""
+    if target.name:
+        return target.name
+    port = _port_of(target.url)
+    if port is not None:
+        return f"{kind}:{port}"
+    stem = Path(urlparse(target.url).path if target.url.startswith("file://") else target.url).stem
+    return f"{kind}:{stem[:64]}" if stem else kind

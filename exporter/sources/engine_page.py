@@ -1,0 +1,589 @@
+"""An engine's page as the engine source reads it: cut, decoded, parsed and bounded, handed on raw.
+
+A page comes as bytes (over HTTP through `page_client`, or from a file, `read_page_file`) or
+as an engine's PROMETHEUS_MULTIPROC_DIR files, read directly the way its /metrics would show
+them (`MultiprocReader`, per-API-server histogram counts). Everything an engine says is bounded
+where it enters (`PageLimits`): a read stops at a byte and a line budget (the reading is then
+marked truncated), undecodable bytes are replaced, label values are cut, and NaN, infinite,
+negative or implausible values are refused; each reading counts what its read lost by reason
+(`page_refused`, exported as boundwatch_engine_page_refused_total). `raw_from_page`,
+`raw_from_bytes` and `raw_from_multiproc` return the raw reading (`EngineReading.raw`: the wanted
+samples, bounded); `analysis.engine_page` normalises it (`reading_from_*` do both, for one-shot
+reads). A page that is not an engine's raises `PageError`, saying what the page holds.
+"""
+
+from __future__ import annotations
+
+import glob
+import http.client
+import json
+import math
+import os
+import re
+import struct
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.analysis import engine_page
+from exporter.config import EngineConfig
+from exporter.snapshot.engine import PAGE_REFUSED_REASONS, EngineReading, PageSample, RawPage
+from exporter.sources.engine_http import PageClient, PageReadError
+
+# Sample names read from multiprocess files: the page's names, with the histogram count
+# derived from its buckets (the files hold buckets and sum, never _count).
+_FILE_WANTED = frozenset(
+    {n for n in engine_page.WANTED if n != engine_page.VLLM_ITER_COUNT}
+    | {"vllm:iteration_tokens_total_bucket"}
+)
+
+
+class Sample(NamedTuple):
+    """One metric sample (the shape prometheus_client's parser yields)."""
+
+    name: str
+    labels: dict[str, str]
+    value: float
+
+
+# --- pages --------------------------------------------------------------------------------
+
+
+class PageError(ValueError):
+    """An engine's page (or files) cannot be read as an engine's metrics; `refused`: what the read lost."""
+
+    def __init__(self, message: str, refused: Mapping[str, int] | None = None) -> None:
+        super().__init__(message)
+        self.refused: Counter[str] = Counter(refused or {})
+
+
+@dataclass(frozen=True)
+class PageLimits:
+    """The budget of one read of an engine's page, and the longest label value kept."""
+
+    max_bytes: int = 8 * 1024 * 1024
+    max_lines: int = 50_000
+    max_label_chars: int = 128
+    max_kept_lines: int = 5_000  # lines of the names boundwatch reads: the parser's cost is per kept line
+
+    @classmethod
+    def of(cls, cfg: EngineConfig) -> PageLimits:
+        """Return the limits an engine configuration sets (kept lines: a tenth of the line budget)."""
+        return cls(
+            cfg.max_page_bytes, cfg.max_page_lines, cfg.max_label_chars, max(100, cfg.max_page_lines // 10)
+        )
+
+
+DEFAULT_LIMITS = PageLimits()
+MAX_ERROR_CHARS = 300  # an error text (a parser quotes the bad line) is cut to this
+MAX_REQUESTS = 1e7  # running or waiting requests beyond this are no real engine's
+MAX_COUNTER = float(2**53)  # beyond this a float counter no longer counts by one
+MAX_MULTIPROC_FILES = 4096
+VALUE_REASONS = ("nan", "infinite", "negative", "too_large")  # the page_refused reasons of refused values
+_REQUEST_GAUGES = frozenset(
+    (
+        *engine_page.VLLM_RUNNING,
+        *engine_page.VLLM_WAITING,
+        *engine_page.SGLANG_RUNNING,
+        *engine_page.SGLANG_WAITING,
+    )
+)
+
+
+def cut_page(data: bytes, limits: PageLimits = DEFAULT_LIMITS) -> tuple[bytes, str]:
+    """Return a page cut at a line end to the byte and line budgets, and the budget that cut it ("" if none)."""
+    cut = ""
+    if len(data) > limits.max_bytes:
+        data = data[: limits.max_bytes]
+        data = data[: data.rfind(b"\n") + 1]
+        cut = "bytes"
+    if data.count(b"\n") >= limits.max_lines:
+        pos = -1
+        for _ in range(limits.max_lines):
+            pos = data.find(b"\n", pos + 1)
+        if pos + 1 < len(data):
+            data = data[: pos + 1]
+            cut = cut or "lines"
+    return data, cut
+
+
+def decode_page(data: bytes) -> tuple[str, int]:
+    """Return a page as text (undecodable bytes replaced) and how many replacement characters it gained."""
+    try:
+        return data.decode("utf-8"), 0
+    except UnicodeDecodeError:
+        text = data.decode("utf-8", errors="replace")
+        return text, max(1, text.count("\ufffd"))
+
+
+def bounded(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """Return text cut to a length, marked with an ellipsis when cut."""
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+def refusal(value: float, top: float = MAX_COUNTER) -> str:
+    """Return why a value is refused (nan, infinite, negative, too_large), or "" when it is kept."""
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "infinite"
+    if value < 0.0:
+        return "negative"
+    return "too_large" if value > top else ""
+
+
+def sanitise(
+    samples: Iterable[Sample], limits: PageLimits = DEFAULT_LIMITS
+) -> tuple[list[Sample], Counter[str]]:
+    """Drop NaN, infinite, negative and implausible values; cut label names and values; count both by reason."""
+    out: list[Sample] = []
+    refused: Counter[str] = Counter()
+    n = limits.max_label_chars
+    for s in samples:
+        top = MAX_REQUESTS if s.name in _REQUEST_GAUGES else MAX_COUNTER
+        if not 0.0 <= s.value <= top:  # False for NaN too
+            refused[refusal(s.value, top)] += 1
+            continue
+        if any(len(k) > n or len(v) > n for k, v in s.labels.items()):
+            s = Sample(s.name, {k[:n]: v[:n] for k, v in s.labels.items()}, s.value)
+            refused["label"] += 1
+        out.append(s)
+    return out, refused
+
+
+def refused_tuple(refused: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
+    """Return the nonzero counts of a read's losses in PAGE_REFUSED_REASONS order."""
+    return tuple((r, int(refused[r])) for r in PAGE_REFUSED_REASONS if refused.get(r, 0) > 0)
+
+
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LABEL_PAIR = r'[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*"'
+# name, {labels} (optional, an optional trailing comma), value, timestamp (optional)
+_PLAIN_SAMPLE = re.compile(
+    rf"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{{((?:{_LABEL_PAIR}(?:,{_LABEL_PAIR})*,?)?)\}})?"
+    r"[ \t]+([^ \t]+)(?:[ \t]+([^ \t]+))?"
+)
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+_ESCAPE = re.compile(r'\\[\\n"]')
+_UNESCAPED = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
+
+
+def _plain_value(token: str) -> float | None:
+    """Return a sample value as prometheus_client's parser reads it, None for a shape left to that parser."""
+    if "_" in token or len(token) > 32:  # "1_0" is an error there; a long integer overflows there
+        return None
+    try:
+        return float(token)
+    except ValueError:
+        return None
+
+
+def plain_samples(body: str) -> list[Sample] | None:
+    """Return the samples of a page whose lines all have the plain shape, else None.
+
+    The plain shape: `name{label="value",...} value [timestamp]` and `# TYPE name type` lines, as
+    engines write them. Read by two regular expressions, which gives the samples that
+    prometheus_client's parser gives, several times cheaper; any other line (odd spacing,
+    quoted names, a counter TYPE without `_total`, a bad value) returns None, and the caller
+    leaves the whole page to prometheus_client's parser, its result and its errors.
+    """
+    out: list[Sample] = []
+    for raw in body.split("\n"):
+        line = raw.strip()
+        if not line:
+            continue
+        if line[0] == "#":
+            parts = line.split(None, 3)
+            if (
+                len(parts) != 4
+                or parts[1] != "TYPE"
+                or '"' in line
+                or not _METRIC_NAME.fullmatch(parts[2])
+                or (parts[3] == "counter" and not parts[2].endswith("_total"))
+            ):
+                return None
+            continue
+        m = _PLAIN_SAMPLE.fullmatch(line)
+        if m is None:
+            return None
+        name, label_text, value_token, stamp = m.groups()
+        value = _plain_value(value_token)
+        if value is None or (stamp is not None and _plain_value(stamp) is None):
+            return None
+        labels: dict[str, str] = {}
+        if label_text:
+            pairs = _LABEL.findall(label_text)
+            for key, v in pairs:
+                if key.startswith("__"):
+                    return None
+                labels[key] = _ESCAPE.sub(lambda e: _UNESCAPED[e.group(0)], v) if "\\" in v else v
+            if len(labels) != len(pairs):  # a label named twice: an error there
+                return None
+        out.append(Sample(name, labels, value))
+    return out
+
+
+def parse_page(text: str, *, prefilter: bool = True) -> list[Sample]:
+    """Parse a metrics page, cut down to the wanted lines first: plain lines by `plain_samples`, else prometheus_client's parser."""
+    body = engine_page.prefilter(text) if prefilter else text
+    plain = plain_samples(body)
+    if plain is not None:
+        return plain
+    out: list[Sample] = []
+    try:
+        for fam in text_string_to_metric_families(body):
+            out.extend(Sample(s.name, dict(s.labels), float(s.value)) for s in fam.samples)
+    except Exception as exc:  # the parser raises ValueError, IndexError, KeyError... on a bad line
+        raise PageError(bounded(f"bad page: {type(exc).__name__}: {exc}")) from exc
+    return out
+
+
+def _no_engine_metrics(text: str) -> PageError:
+    """Return the error for a page without a sample boundwatch reads, saying what the page does hold."""
+    for prefix in ("vllm:", "sglang:"):
+        families = {
+            line[7:].split(" ", 1)[0]
+            for line in text.splitlines()
+            if line.startswith(f"# TYPE {prefix}") or line.startswith(f"# HELP {prefix}")
+        }
+        if families or f"\n{prefix}" in f"\n{text}":
+            read = ", ".join(n for n in engine_page.WANTED if n.startswith(prefix))
+            return PageError(
+                bounded(
+                    f"the page has {len(families) or 'some'} {prefix} families but none that boundwatch "
+                    f"reads ({read})",
+                    1000,
+                )
+            )
+    return PageError("no vllm: or sglang: metrics on the page (is this an engine's /metrics?)")
+
+
+def _page_samples(samples: Iterable[Sample]) -> tuple[PageSample, ...]:
+    """Return samples in the Snapshot's compact form (label pairs, not a dict per sample)."""
+    return tuple(PageSample(s.name, tuple(s.labels.items()), s.value) for s in samples)
+
+
+def raw_from_page(
+    text: str,
+    *,
+    name: str = "",
+    url: str = "",
+    source: str = "http",
+    limits: PageLimits = DEFAULT_LIMITS,
+) -> EngineReading:
+    """Return the raw reading of one page: its wanted samples, bounded, and what the read lost (not normalised)."""
+    kept = engine_page.prefilter(text).split("\n")
+    truncated = len(kept) > limits.max_kept_lines + 1  # the last is the empty string after the final newline
+    if truncated:
+        kept = [*kept[: limits.max_kept_lines], ""]
+    lost: Counter[str] = Counter(lines=1) if truncated else Counter()
+    try:
+        parsed = parse_page("\n".join(kept), prefilter=False)
+    except PageError as exc:
+        exc.refused.update(lost + Counter(unparsable=1))
+        raise
+    samples, refused = sanitise(parsed, limits)
+    lost.update(refused)
+    values = sum(refused[r] for r in VALUE_REASONS)
+    kind = engine_page.detect_kind(samples)
+    if kind is None:
+        if values:
+            raise PageError(
+                f"every engine sample on the page was refused ({values}: NaN, negative or too large)", lost
+            )
+        error = _no_engine_metrics(text)
+        error.refused.update(lost)
+        raise error
+    raw = RawPage(_page_samples(samples), multiprocess=engine_page.looks_multiprocess(text))
+    return EngineReading(
+        name=name or kind,
+        kind=kind,
+        url=url,
+        source=source,
+        rejected_values=values,
+        page_truncated=truncated,
+        page_refused=refused_tuple(lost),
+        raw=raw,
+    )
+
+
+def reading_from_page(
+    text: str,
+    *,
+    name: str = "",
+    url: str = "",
+    source: str = "http",
+    limits: PageLimits = DEFAULT_LIMITS,
+) -> EngineReading:
+    """Return the normalised reading of one page (raw_from_page, then analysis.engine_page.read_raw), no raw page kept."""
+    raw = raw_from_page(text, name=name, url=url, source=source, limits=limits)
+    return replace(engine_page.read_raw(raw, limits.max_label_chars), raw=None)
+
+
+def raw_from_bytes(
+    data: bytes,
+    *,
+    name: str = "",
+    url: str = "",
+    source: str = "http",
+    limits: PageLimits = DEFAULT_LIMITS,
+) -> EngineReading:
+    """Return the raw reading of a page as read (bytes): cut to the budgets, decoded per engine, then parsed."""
+    data, cut = cut_page(data, limits)
+    text, replaced = decode_page(data)
+    lost: Counter[str] = Counter({cut: 1} if cut else {}) + Counter(undecodable=replaced)
+    try:
+        reading = raw_from_page(text, name=name, url=url, source=source, limits=limits)
+    except PageError as exc:
+        exc.refused.update(lost)
+        raise
+    lost.update(dict(reading.page_refused))
+    return replace(
+        reading,
+        page_truncated=bool(cut) or reading.page_truncated,
+        page_decode_errors=replaced,
+        page_refused=refused_tuple(lost),
+    )
+
+
+def reading_from_bytes(
+    data: bytes,
+    *,
+    name: str = "",
+    url: str = "",
+    source: str = "http",
+    limits: PageLimits = DEFAULT_LIMITS,
+) -> EngineReading:
+    """Return the normalised reading of a page as read (raw_from_bytes, then read_raw), no raw page kept."""
+    raw = raw_from_bytes(data, name=name, url=url, source=source, limits=limits)
+    return replace(engine_page.read_raw(raw, limits.max_label_chars), raw=None)
+
+
+def read_page_file(path: str, limits: PageLimits = DEFAULT_LIMITS) -> bytes:
+    """Return at most the byte budget of a page file, plus one byte so a longer page reads as cut."""
+    with open(path, "rb") as fh:
+        return fh.read(limits.max_bytes + 1)
+
+
+# What a failed HTTP read raises: PageClient's own errors, the protocol's, a timeout, the socket's.
+READ_ERRORS = (PageReadError, http.client.HTTPException, TimeoutError, OSError, ValueError)
+
+
+def page_client(url: str, timeout: float, limits: PageLimits = DEFAULT_LIMITS) -> PageClient:
+    """Return a client that reads a page over HTTP no further than the byte and line budgets (plus a chunk)."""
+    return PageClient(url, timeout, limits.max_bytes, limits.max_lines)
+
+
+def describe_error(exc: BaseException, timeout: float | None = None) -> str:
+    """Return what a failed read means in words: refused, no answer, a bad page, an HTTP status."""
+    if isinstance(exc, PageError | PageReadError):
+        return bounded(str(exc))
+    if isinstance(exc, TimeoutError):
+        return f"no answer within {timeout:g} s" if timeout else "no answer in time"
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused (nothing listens on that port)"
+    text = str(exc)
+    return bounded(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
+
+
+# --- multiprocess files ---------------------------------------------------------------------
+
+
+def _pid_of(filename: str) -> str:
+    return os.path.basename(filename)[:-3].rsplit("_", 1)[-1]
+
+
+_INT = struct.Struct("i")
+_TWO_DOUBLES = struct.Struct("dd")
+
+
+@dataclass
+class _FileIndex:
+    """Where the wanted keys of one multiprocess file sit: keys are only ever appended, never moved."""
+
+    scanned_to: int = 8  # the file's `used` mark when it was last scanned
+    entries: list[tuple[int, str, tuple[tuple[str, str], ...], bool]] = field(default_factory=list)
+    # (offset of value+timestamp, sample name, labels without le, is a histogram bucket)
+
+
+def _scan(data: bytes, start: int, used: int, index: _FileIndex) -> None:
+    """Index the wanted keys between start and used (the layout of prometheus_client's MmapedDict)."""
+    pos = start
+    while pos < used:
+        (length,) = _INT.unpack_from(data, pos)
+        if length <= 0 or pos + 4 + length > used:
+            raise RuntimeError("multiprocess file is corrupt or being written")
+        key = data[pos + 4 : pos + 4 + length]
+        value_pos = pos + 4 + length + (8 - (length + 4) % 8)
+        pos = value_pos + 16
+        if not key.startswith((b'["vllm:', b'["sglang:')):
+            continue
+        parts = key.split(b'"', 4)
+        if len(parts) < 5 or parts[3].decode() not in _FILE_WANTED:
+            continue
+        _, sample, raw_labels, _help = json.loads(key)
+        labels = {str(k): str(v) for k, v in raw_labels.items()}
+        bucket = sample.endswith("_bucket")
+        if bucket:
+            labels = {k: v for k, v in labels.items() if k != "le"}
+            sample = sample[: -len("_bucket")] + "_count"
+        index.entries.append((value_pos, sample, tuple(sorted(labels.items())), bucket))
+    index.scanned_to = used
+
+
+class MultiprocReader:
+    """Read an engine's PROMETHEUS_MULTIPROC_DIR the way its /metrics would, for the wanted names only.
+
+    The first read indexes where the wanted keys sit in each file; later reads only unpack those
+    values (and index keys appended since), so a tick costs a read of each file and a few dozen
+    unpacks, and nothing in the serving processes.
+    """
+
+    def __init__(self, path: str, limits: PageLimits = DEFAULT_LIMITS) -> None:
+        self.path = path
+        self.limits = limits
+        self.truncated = False  # the last read skipped files over the budgets
+        self.refused: Counter[str] = Counter()  # what the last read refused or skipped, by reason
+        self._index: dict[str, _FileIndex] = {}
+
+    def read(self) -> tuple[list[Sample], tuple[tuple[int, float], ...]]:
+        """Return the merged samples and each process's iteration_tokens_total count.
+
+        Counters and histograms are summed over processes, gauges merged by their multiprocess
+        mode. A gauge in mode 'all' (vLLM 0.10-0.11 kv_cache_usage_perc, one series per pid) is
+        taken from the process that wrote the freshest 'mostrecent' gauge of the same engine: the
+        one that received the last scheduler stats. Without one, its pid series are kept, as
+        /metrics shows them.
+        """
+        counters: dict[tuple[str, tuple[tuple[str, str], ...]], float] = defaultdict(float)
+        gauges: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[float, float]] = {}
+        per_pid_gauges: dict[tuple[str, tuple[tuple[str, str], ...]], dict[str, float]] = defaultdict(dict)
+        freshest: dict[tuple[tuple[str, str], ...], tuple[float, str]] = {}  # labels -> (timestamp, pid)
+        per_pid: dict[int, float] = defaultdict(float)
+        seen = set()
+        files = sorted(glob.glob(os.path.join(self.path, "*.db")))
+        self.truncated = len(files) > MAX_MULTIPROC_FILES
+        self.refused = Counter(files=max(0, len(files) - MAX_MULTIPROC_FILES))
+        for filename in files[:MAX_MULTIPROC_FILES]:
+            seen.add(filename)
+            base = os.path.basename(filename)
+            typ = base.split("_", 1)[0]
+            mode = base.split("_")[1] if typ == "gauge" else ""
+            pid = _pid_of(filename)
+            try:
+                with open(filename, "rb") as fh:
+                    head = fh.read(8)
+                    if len(head) < 8:
+                        continue
+                    (used,) = _INT.unpack_from(head, 0)
+                    if used > self.limits.max_bytes:
+                        self.truncated = True
+                        self.refused["bytes"] += 1
+                        continue
+                    data = head + fh.read(max(0, used - 8))
+                index = self._index.get(filename)
+                if index is None or used < index.scanned_to:  # new, or replaced by a new process
+                    index = self._index[filename] = _FileIndex()
+                if used > index.scanned_to:
+                    _scan(data, index.scanned_to, used, index)
+            except (OSError, RuntimeError, ValueError, AttributeError, TypeError, struct.error):
+                self._index.pop(filename, None)
+                continue  # a file being created or removed under us
+            for value_pos, sample, lkey, bucket in index.entries:
+                value, ts = _TWO_DOUBLES.unpack_from(data, value_pos)
+                if not 0.0 <= value <= MAX_COUNTER:  # NaN, infinite or negative in one process's file
+                    self.refused[refusal(value)] += 1
+                    continue
+                if bucket and pid.isdigit():
+                    per_pid[int(pid)] += value
+                if typ != "gauge":
+                    counters[(sample, lkey)] += value
+                elif mode in ("all", "liveall"):
+                    per_pid_gauges[(sample, lkey)][pid] = value
+                elif mode in ("mostrecent", "livemostrecent"):
+                    prev = gauges.get((sample, lkey))
+                    if prev is None or ts >= prev[1]:
+                        gauges[(sample, lkey)] = (value, ts)
+                    if ts > freshest.get(lkey, (0.0, ""))[0]:
+                        freshest[lkey] = (ts, pid)
+                else:
+                    prev = gauges.get((sample, lkey))
+                    gauges[(sample, lkey)] = (
+                        value if prev is None else _COMBINE.get(mode, _last)(prev[0], value),
+                        0.0,
+                    )
+        for gone in set(self._index) - seen:
+            del self._index[gone]
+        samples = [Sample(n, dict(lk), v) for (n, lk), v in counters.items()]
+        samples += [Sample(n, dict(lk), v) for (n, lk), (v, _) in gauges.items()]
+        for (n, lk), by_pid in per_pid_gauges.items():
+            fresh_pid = freshest.get(lk, (0.0, ""))[1]
+            if fresh_pid in by_pid:
+                samples.append(Sample(n, dict(lk), by_pid[fresh_pid]))
+            else:
+                samples += [Sample(n, {**dict(lk), "pid": p}, v) for p, v in by_pid.items()]
+        return samples, tuple(sorted(per_pid.items()))
+
+
+def read_multiproc_dir(path: str) -> tuple[list[Sample], tuple[tuple[int, float], ...]]:
+    """Read a PROMETHEUS_MULTIPROC_DIR once (see MultiprocReader)."""
+    return MultiprocReader(path).read()
+
+
+def _last(_a: float, b: float) -> float:
+    return b
+
+
+_COMBINE: dict[str, Callable[[float, float], float]] = {
+    "sum": lambda a, b: a + b,
+    "livesum": lambda a, b: a + b,
+    "max": max,
+    "livemax": max,
+    "min": min,
+    "livemin": min,
+}
+
+
+def multiproc_dir_usable(path: str | None) -> bool:
+    """Say whether a multiprocess dir exists, can be read and holds engine files."""
+    if not path or not os.path.isdir(path) or not os.access(path, os.R_OK):
+        return False
+    return bool(glob.glob(os.path.join(path, "*.db")))
+
+
+def raw_from_multiproc(
+    path: str | MultiprocReader, *, name: str = "", url: str = "", kind: str | None = None
+) -> EngineReading:
+    """Return the raw reading of an engine's multiprocess files (a reader keeps its index), not normalised."""
+    reader = path if isinstance(path, MultiprocReader) else MultiprocReader(path)
+    path = reader.path
+    raw, per_pid_raw = reader.read()
+    samples, refused = sanitise(raw, reader.limits)
+    refused.update(reader.refused)
+    per_pid = tuple((pid, c) for pid, c in per_pid_raw if 0.0 <= c <= MAX_COUNTER)
+    found = kind or engine_page.detect_kind(samples)
+    if found is None:
+        raise PageError(bounded(f"no vllm: or sglang: metrics in {path}"), refused)
+    page = RawPage(_page_samples(samples), kind=kind, multiprocess=True, iteration_count_by_pid=per_pid)
+    return EngineReading(
+        name=name or found,
+        kind=found,
+        url=url,
+        source="multiproc_files",
+        rejected_values=sum(refused[r] for r in VALUE_REASONS),
+        page_truncated=reader.truncated,
+        page_refused=refused_tuple(refused),
+        raw=page,
+    )
+
+
+def reading_from_multiproc(
+    path: str | MultiprocReader, *, name: str = "", url: str = "", kind: str | None = None
+) -> EngineReading:
+    """Return the normalised reading of an engine's multiprocess files (raw_from_multiproc, then read_raw), no raw page kept."""
+    raw = raw_from_multiproc(path, name=name, url=url, kind=kind)
+    limits = path.limits if isinstance(path, MultiprocReader) else DEFAULT_LIMITS
+    return replace(engine_page.read_raw(raw, limits.max_label_chars), raw=None)

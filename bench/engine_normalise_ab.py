@@ -6,7 +6,7 @@ Before: `exporter/sources/engine.py` of `--base` (read by `git show`, loaded bes
 other modules, which it calls the same way; a commit from before session 8, when that one file
 held the page's reading), whose `reading_from_bytes` / `reading_from_multiproc`
 cut, parse, bound and normalise in the source. After: this checkout's `raw_from_bytes` /
-`raw_from_multiproc` (`sources/engine_page.py`: the raw reading) and `analysis.engine_page.read_raw` (normalise and step
+`raw_from_multiproc` (`sources/engine_scrape.py`: the raw reading) and `analysis.engine_page.read_raw` (normalise and step
 count), plus `sampling.retire` (the raw page dropped from the Snapshot before the newest). Inputs:
 the bench's 72 KB vLLM page (`bench/results/engine_sample_page.prom`) and a multiprocess dir
 written by 4 API-server processes (`engine_sample.write_files`). One tick's pipeline
@@ -41,7 +41,7 @@ from exporter.config import Config  # noqa: E402
 from exporter.sampling import retire  # noqa: E402
 from exporter.snapshot import Snapshot  # noqa: E402
 from exporter.snapshot.totals import EMPTY  # noqa: E402
-from exporter.sources import engine_page as new  # noqa: E402
+from exporter.sources import engine_scrape as new  # noqa: E402
 
 PAGE = ROOT / "bench" / "results" / "engine_sample_page.prom"
 

@@ -115,7 +115,7 @@ def main() -> None:
     from exporter.snapshot import Snapshot
     from exporter.sources.engine import EngineSource
     from exporter.sources.engine_discovery import discover
-    from exporter.sources.engine_page import (
+    from exporter.sources.engine_scrape import (
         MultiprocReader,
         parse_page,
         reading_from_multiproc,
@@ -226,7 +226,7 @@ def page_sizes(page: str, calls: int) -> list[dict[str, Any]]:
     """
     from prometheus_client.parser import text_string_to_metric_families
 
-    from exporter.sources.engine_page import parse_page, reading_from_page
+    from exporter.sources.engine_scrape import parse_page, reading_from_page
 
     small = (ROOT / "tests" / "fixtures" / "engine" / "vllm-0.11-multiapi8-kvcache-pid.prom").read_text()
     big = "".join(page.replace('model_name="', f'model_name="m{k}-') if k else page for k in range(16))

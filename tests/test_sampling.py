@@ -13,7 +13,7 @@ from exporter.snapshot.engine import EngineReading, ThreadLoad
 from exporter.snapshot.host import CgroupCpu, ProcessCpu
 from exporter.snapshot.totals import EngineMethod, GpuSource, Totals
 from exporter.sources.base import BlockingReader, SourceUnavailable
-from exporter.sources.engine_page import raw_from_page
+from exporter.sources.engine_scrape import raw_from_page
 from exporter.sources.nvml import NvmlSource
 from tests.fakes.nvml_standin import FakeGpu, FakeNvml
 

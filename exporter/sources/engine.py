@@ -5,7 +5,7 @@ read on the source's own thread: engine_http.py), a page from a file, or, when
 the engine runs in prometheus multiprocess mode on this host, its PROMETHEUS_MULTIPROC_DIR files
 directly (no request to the serving process, and per-API-server histogram counts); then the CPU
 of each API-server process and its busiest thread, and the cgroups of the engine's processes.
-The page is cut, parsed and bounded in engine_page.py; the engines are found in engine_discovery.py.
+The page is cut, parsed and bounded in engine_scrape.py; the engines are found in engine_discovery.py.
 A reading holds the page raw (`EngineReading.raw`: the wanted samples, bounded, and the
 API-server count the process table gives): analysis.engine_page normalises it into the engine's
 figures and step count in the pipeline, so a replay normalises a recorded page again.
@@ -51,7 +51,7 @@ from exporter.sources.engine_discovery import (
     name_for,
 )
 from exporter.sources.engine_http import PageClient
-from exporter.sources.engine_page import (
+from exporter.sources.engine_scrape import (
     DEFAULT_LIMITS,
     READ_ERRORS,
     MultiprocReader,

@@ -25,7 +25,7 @@ from urllib.parse import urlparse
 from exporter.snapshot.engine import GraphConfig
 from exporter.sources import procs
 from exporter.sources.engine_flags import graph_config
-from exporter.sources.engine_page import multiproc_dir_usable
+from exporter.sources.engine_scrape import multiproc_dir_usable
 
 DEFAULT_PORTS = {"vllm": 8000, "sglang": 30000}
 API_SERVER_TITLE = re.compile(r"^(?:\S*::)?APIServer_(\d+)\b")

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 
 from exporter.analysis.dedup import collapse_pid_series, counter_delta, step_count, step_increments
 from exporter.snapshot.engine import EngineReading, StepCount
-from exporter.sources.engine_page import (
+from exporter.sources.engine_scrape import (
     MultiprocReader,
     read_multiproc_dir,
     reading_from_multiproc,

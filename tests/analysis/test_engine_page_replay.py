@@ -24,7 +24,7 @@ from exporter.config import Config
 from exporter.snapshot import Snapshot
 from exporter.snapshot.codec import from_json, to_json
 from exporter.snapshot.engine import EngineReading, PageSample
-from exporter.sources.engine_page import (
+from exporter.sources.engine_scrape import (
     DEFAULT_LIMITS,
     VALUE_REASONS,
     MultiprocReader,
@@ -38,7 +38,7 @@ from exporter.sources.engine_page import (
     sanitise,
 )
 
-# --- the old path, as sources/engine.py had it before session 8 (now sources/engine_page.py) -
+# --- the old path, as sources/engine.py had it before session 8 (now sources/engine_scrape.py) -
 
 
 def old_from_page(text: str, name: str, limits: PageLimits = DEFAULT_LIMITS) -> EngineReading:

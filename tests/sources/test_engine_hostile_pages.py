@@ -19,7 +19,7 @@ from exporter.export.collectors import counter_series
 from exporter.sampling import Sampler
 from exporter.serve.web import make_app
 from exporter.sources.engine import EngineSource
-from exporter.sources.engine_page import DEFAULT_LIMITS
+from exporter.sources.engine_scrape import DEFAULT_LIMITS
 from tests.fakes.vllm_pages import page
 
 RUNNING = catalogue.ENGINE_RUNNING_REQUEST_SECONDS_TOTAL.name

@@ -17,7 +17,13 @@ from exporter.analysis.engine_page import WANTED
 from exporter.config import Config
 from exporter.snapshot import Snapshot
 from exporter.snapshot.engine import EngineReading
-from exporter.sources.engine_page import DEFAULT_LIMITS, PageError, Sample, plain_samples, reading_from_bytes
+from exporter.sources.engine_scrape import (
+    DEFAULT_LIMITS,
+    PageError,
+    Sample,
+    plain_samples,
+    reading_from_bytes,
+)
 
 ENGINE_SAMPLE_PAGE = ROOT / "bench" / "results" / "engine_sample_page.prom"
 LIMITS = dataclasses.replace(DEFAULT_LIMITS, max_bytes=16_384, max_lines=400, max_kept_lines=200)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
 
-from exporter.sources.engine_page import (
+from exporter.sources.engine_scrape import (
     DEFAULT_LIMITS,
     MultiprocReader,
     PageError,

@@ -9,7 +9,7 @@ import pytest
 from engine_fixtures import PAGES
 
 from exporter.analysis import dedup, engine_page
-from exporter.sources.engine_page import parse_page, reading_from_page
+from exporter.sources.engine_scrape import parse_page, reading_from_page
 
 
 def page(name: str) -> str:
@@ -128,7 +128,7 @@ def test_sglang_multiprocess_files_and_page_agree_and_count_tp_rank_zero_once(tm
     import vllm_sim
     from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 
-    from exporter.sources.engine_page import reading_from_multiproc
+    from exporter.sources.engine_scrape import reading_from_multiproc
 
     vllm_sim.run_sglang(str(tmp_path), tp=2, dp=2)
     registry = CollectorRegistry()

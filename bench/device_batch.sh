@@ -37,7 +37,7 @@ for step in ${STEPS:-env}; do
       timeout 200 python3 bench/two_engines_one_gpu.py --out "$O/two_engines_one_gpu_h200.json" \
         > /tmp/two.log 2>&1; echo "two rc=$?"; tail -25 /tmp/two.log ;;
     light)
-      timeout 240 python3 bench/light_agent_overhead.py --rounds 2 --seconds "${LIGHT_SECONDS:-2}" \
+      timeout "${LIGHT_T:-240}" python3 bench/light_agent_overhead.py --rounds "${LIGHT_ROUNDS:-2}" --seconds "${LIGHT_SECONDS:-2}" \
         --out "$O/light_overhead_h200.json" > /tmp/light.log 2>&1; echo "light rc=$?"; tail -30 /tmp/light.log ;;
     twolab)
       timeout 200 python3 bench/two_engines_lab.py --out "$O/two_engines_lab_h200.json" > /tmp/twolab.log 2>&1

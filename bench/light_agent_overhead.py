@@ -10,12 +10,17 @@ every workload once:
   each tick (exporter.agent.switch), the engine's own functions between.
 - decode_8b: one decode step of a Llama-3-8B-shaped model at batch 1 (32 layers, 14 GB of bf16
   weights read a step), captured in a CUDA graph: a realistic step length for the same wrapper.
-- *_hook_only / *_wrapper_only (same process): the replay hook alone, the step wrapper alone.
+- *_same_process: the bare step against the same step through the agent's hooks, blocks alternating in
+  one process; *_hook_only / *_wrapper_only: the replay hook alone, the step wrapper alone. A process
+  without the agent runs the same pairs (both sides bare), so both modes do the same work in the same
+  order before each timed loop, and those pairs are the A/A beside (`*_same_process_aa`).
 - eager: a launch-bound loop of tiny eager kernels (x.add_), synchronised every 256 launches;
   eager_same_process: the same loop as an engine's step, bare against the step wrapper in one process.
 - agent_thread_cpu_pct: the CPU the agent's own thread used over a light child's life (from /proc), the
   most of the GIL it can have taken from the workloads' thread.
-- cpu_steps: the same step wrapper around a pure-Python step (runs without torch or a GPU).
+- cpu_steps: the same step wrapper around a pure-Python step (runs without torch or a GPU);
+  plain_cpu: the pure-Python step called directly (no wrapper in either mode: the agent's thread and
+  whatever else differs between the processes, alone).
 - pause_after_decode / pause: a pure-Python loop that records the longest gap between its iterations,
   after the decode loops and after the CPU-step flood (~300k steps/s) (the agent's thread
   holding the GIL shows up here as an added pause).
@@ -224,19 +229,20 @@ def gpu_workloads(light: bool, seconds: float) -> dict[str, Any]:
         decode_step, raw_step = captured_steps(torch, body)
         engine = cls(batch, decode_step)
         out[f"decode_b{batch}"] = timed_loop(call_step(engine), seconds)
-        if light:  # the same step without the wrapper and the replay hook, side by side in this process
-            bare = Engine(batch, raw_step)
-            out[f"decode_b{batch}_same_process"] = interleaved(call_step(bare), call_step(engine), seconds)
-            # Which part costs: the replay hook alone (no step wrapper), the step wrapper alone (replay unhooked).
-            hook_only = Engine(batch, decode_step)
-            out[f"decode_b{batch}_hook_only_same_process"] = interleaved(
-                call_step(bare), call_step(hook_only), seconds
-            )
-            wrapper_only = cls(batch, raw_step)
-            out[f"decode_b{batch}_wrapper_only_same_process"] = interleaved(
-                call_step(bare), call_step(wrapper_only), seconds
-            )
-    out.update(big_decode(torch, cls, light, seconds))
+        # the same step without the wrapper and the replay hook, side by side in this process (in a
+        # process without the agent both sides are the bare step: an A/A, and the same work and time)
+        bare = Engine(batch, raw_step)
+        out[f"decode_b{batch}_same_process"] = interleaved(call_step(bare), call_step(engine), seconds)
+        # Which part costs: the replay hook alone (no step wrapper), the step wrapper alone (replay unhooked).
+        hook_only = Engine(batch, decode_step)
+        out[f"decode_b{batch}_hook_only_same_process"] = interleaved(
+            call_step(bare), call_step(hook_only), seconds
+        )
+        wrapper_only = cls(batch, raw_step)
+        out[f"decode_b{batch}_wrapper_only_same_process"] = interleaved(
+            call_step(bare), call_step(wrapper_only), seconds
+        )
+    out.update(big_decode(torch, cls, seconds))
     small = torch.zeros(16, device="cuda")
 
     def eager() -> None:
@@ -247,10 +253,8 @@ def gpu_workloads(light: bool, seconds: float) -> dict[str, Any]:
     r = timed_loop(eager, seconds)
     r["kernels_per_s"] = r["per_s"] * 256
     out["eager"] = r
-    if light:  # the launch-bound loop as an eager engine's step, bare against the step wrapper, side by side
-        out["eager_same_process"] = interleaved(
-            call_step(Engine(1, eager)), call_step(cls(1, eager)), seconds
-        )
+    # the launch-bound loop as an eager engine's step, bare against the step wrapper, side by side
+    out["eager_same_process"] = interleaved(call_step(Engine(1, eager)), call_step(cls(1, eager)), seconds)
     return out
 
 
@@ -280,16 +284,15 @@ def llama8b_step(torch: Any) -> tuple[Any, Any, list[Any]]:
     return step, raw_step, ws
 
 
-def big_decode(torch: Any, cls: Any, light: bool, seconds: float) -> dict[str, Any]:
+def big_decode(torch: Any, cls: Any, seconds: float) -> dict[str, Any]:
     """Time a decode step of a Llama-3-8B-shaped model at batch 1 (llama8b_step)."""
     out: dict[str, Any] = {}
     step, raw_step, ws = llama8b_step(torch)
     engine = cls(1, step)
     out["decode_8b"] = timed_loop(call_step(engine), seconds)
-    if light:
-        out["decode_8b_same_process"] = interleaved(
-            call_step(Engine(1, raw_step)), call_step(engine), seconds, block=4
-        )
+    out["decode_8b_same_process"] = interleaved(
+        call_step(Engine(1, raw_step)), call_step(engine), seconds, block=4
+    )
     ws.clear()  # free the 14 GB of weights before the next workload
     torch.cuda.empty_cache()
     return out
@@ -326,11 +329,12 @@ def child(mode: str, seconds: float) -> dict[str, Any]:
     def cpu_body() -> int:
         return sum(range(200))
 
+    # no step wrapper at all: what the process alone differs by
+    res["plain_cpu"] = timed_loop(cpu_body, seconds)
     res["cpu_steps"] = timed_loop(call_step(engine_class(light)(8, cpu_body)), seconds)
-    if light:
-        res["cpu_steps_same_process"] = interleaved(
-            call_step(Engine(8, cpu_body)), call_step(engine_class(True)(8, cpu_body)), seconds
-        )
+    res["cpu_steps_same_process"] = interleaved(
+        call_step(Engine(8, cpu_body)), call_step(engine_class(light)(8, cpu_body)), seconds
+    )
     res["pause"] = pause_probe(min(seconds, 5.0))
     if light:
         from exporter import agent
@@ -389,21 +393,23 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
             continue
         loads = {k: v for k, v in r.get("gpu", {}).items() if isinstance(v, dict)}
         loads["cpu_steps"] = r["cpu_steps"]
+        loads["plain_cpu"] = r["plain_cpu"]
         for name, v in loads.items():
             by[r["mode"]].setdefault(name, []).append(v)
         by[r["mode"]].setdefault("pause", []).append(r["pause"])  # after the CPU-step flood (~250k steps/s)
         by[r["mode"]].setdefault("pause_after_decode", []).append(r["pause_after_decode"])
     out: dict[str, Any] = {}
     same: dict[str, list[dict[str, Any]]] = {}
-    for r in runs:
-        if r.get("mode") != "light" or "error" in r:
+    for r in runs:  # a process without the agent ran the same pairs, bare against bare: the A/A beside
+        if "error" in r:
             continue
+        aa = "" if r.get("mode") == "light" else "_aa"
         for name, v in {
             **r.get("gpu", {}),
             "cpu_steps_same_process": r.get("cpu_steps_same_process"),
         }.items():
             if name.endswith("_same_process") and isinstance(v, dict):
-                same.setdefault(name, []).append(v)
+                same.setdefault(name + aa, []).append(v)
     for name, vs in same.items():
         out[name] = {
             "cost_pct_median": round(statistics.median(v["cost_pct"] for v in vs), 4),

@@ -385,15 +385,20 @@ class Listener:
         os.unlink(self.path)
 
 
+def timed_loops(run: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Return a child's timed loops (calls per second) by workload: the GPU ones, cpu_steps, plain_cpu."""
+    loops = {k: v for k, v in run.get("gpu", {}).items() if isinstance(v, dict) and "per_s" in v}
+    loops.update({k: run[k] for k in ("cpu_steps", "plain_cpu") if isinstance(run.get(k), dict)})
+    return loops
+
+
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Return light/none throughput ratios (of medians over rounds) and the pauses added."""
     by: dict[str, dict[str, list[dict[str, Any]]]] = {"none": {}, "light": {}}
     for r in runs:
         if "error" in r:
             continue
-        loads = {k: v for k, v in r.get("gpu", {}).items() if isinstance(v, dict)}
-        loads["cpu_steps"] = r["cpu_steps"]
-        loads["plain_cpu"] = r["plain_cpu"]
+        loads = timed_loops(r)
         for name, v in loads.items():
             by[r["mode"]].setdefault(name, []).append(v)
         by[r["mode"]].setdefault("pause", []).append(r["pause"])  # after the CPU-step flood (~250k steps/s)
@@ -425,11 +430,8 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     nones = [r for r in runs if r.get("mode") == "none" and "error" not in r]
     if len(nones) >= 2:  # the noise floor: two processes of the same code
         a, b = nones[0], nones[1]
-        out["noise_none_vs_none"] = {
-            k: round(b["gpu"][k]["per_s"] / a["gpu"][k]["per_s"], 4)
-            for k in a.get("gpu", {})
-            if isinstance(a["gpu"].get(k), dict) and k in b.get("gpu", {})
-        }
+        la, lb = timed_loops(a), timed_loops(b)
+        out["noise_none_vs_none"] = {k: round(lb[k]["per_s"] / la[k]["per_s"], 4) for k in la if k in lb}
     for name, none_runs in by["none"].items():
         light_runs = by["light"].get(name)
         if not light_runs:

@@ -24,3 +24,42 @@ def test_light_overhead_bench_runs_without_a_gpu(tmp_path: Path) -> None:
     assert light["agent_mode"] == "light" and light["agent"]["state"] == "running"
     assert set(data["summary"]) >= {"cpu_steps", "pause"}
     assert data["summary"]["cpu_steps"]["none_per_s"] > 0 and data["messages_received"] >= 1
+
+
+def _loop(per_s: float) -> dict:  # type: ignore[type-arg]
+    return {"per_s": per_s, "max_us": 10.0}
+
+
+def _pair(added_us: float) -> dict:  # type: ignore[type-arg]
+    return {"raw_us": 1000.0, "added_us": added_us, "cost_pct": added_us / 10}
+
+
+def _child(mode: str, decode_per_s: float, added_us: float) -> dict:  # type: ignore[type-arg]
+    """A child's result as a GPU host gives it: timed loops and side-by-side pairs in both modes."""
+    gpu = {"decode_b1": _loop(decode_per_s), "decode_b1_same_process": _pair(added_us), "eager": _loop(500.0)}
+    return {
+        "mode": mode,
+        "gpu": gpu,
+        "cpu_steps": _loop(2e5),
+        "plain_cpu": _loop(2.5e5),
+        "cpu_steps_same_process": _pair(added_us / 10),
+        "pause": {"max_us": 100.0},
+        "pause_after_decode": {"max_us": 200.0},
+    }
+
+
+def test_the_summary_of_gpu_runs_keeps_the_pairs_of_each_mode_apart_and_ratios_the_timed_loops() -> None:
+    sys.path.insert(0, str(ROOT))
+    from bench.light_agent_overhead import summarise
+
+    runs = [_child("none", 700.0, 0.1), _child("light", 693.0, 1.0), _child("light", 693.0, 3.0)]
+    runs.append(_child("none", 707.0, -0.1))
+    s = summarise(runs)
+    assert s["decode_b1"]["ratio"] == round(693.0 / 703.5, 5)  # medians of each mode's processes
+    assert (
+        s["decode_b1_same_process"]["added_us_median"] == 2.0
+        and s["decode_b1_same_process"]["processes"] == 2
+    )
+    assert s["decode_b1_same_process_aa"]["added_us_median"] == 0.0  # the processes without the agent
+    assert s["noise_none_vs_none"] == {"decode_b1": 1.01, "eager": 1.0, "cpu_steps": 1.0, "plain_cpu": 1.0}
+    assert s["plain_cpu"]["ratio"] == 1.0 and s["pause"]["added_us"] == 0.0

@@ -10,6 +10,7 @@ totals, and `Totals.plus` adds them.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -28,8 +29,9 @@ class HistogramValue:
         """Return this histogram with more observations added."""
         if not self.counts:
             return HistogramValue(self.bounds, tuple(counts), total)
-        merged = tuple(a + b for a, b in zip(self.counts, counts, strict=True))
-        return HistogramValue(self.bounds, merged, self.total + total)
+        if len(counts) != len(self.counts):
+            raise ValueError(f"histogram of {len(self.counts)} buckets added {len(counts)}")
+        return HistogramValue(self.bounds, tuple(map(operator.add, self.counts, counts)), self.total + total)
 
     @property
     def count(self) -> float:
@@ -140,15 +142,15 @@ def _add_field(a: Any, b: Any) -> Any:
     if isinstance(a, int | float):
         return a + b
     out = dict(a)
-    get = out.get
-    for key, value in b.items():
-        prev = get(key)  # a series' value is a number or a HistogramValue, never None
-        if prev is None:
-            out[key] = value
-        elif type(prev) is HistogramValue:
-            out[key] = prev.add(value.counts, value.total)
-        else:
-            out[key] = prev + value
+    get = out.get  # a series' value is a number or a HistogramValue (a whole field alike), never None
+    if type(next(iter(b.values()))) is HistogramValue:
+        for key, value in b.items():
+            prev = get(key)
+            out[key] = value if prev is None else prev.add(value.counts, value.total)
+    elif b.keys() <= a.keys():  # numbers, every series already there (each tick's counters): all in C
+        out.update(zip(b.keys(), map(operator.add, map(a.__getitem__, b.keys()), b.values()), strict=True))
+    else:
+        out.update({key: value if (prev := get(key)) is None else prev + value for key, value in b.items()})
     return MappingProxyType(out)
 
 
@@ -216,7 +218,7 @@ class HistogramTally(dict[K, HistogramValue]):
 
     def observe(self, key: K, bounds: tuple[float, ...], counts: tuple[float, ...], total: float) -> None:
         """Add per-bucket counts (non-cumulative, +Inf last) and their sum to a series."""
-        value = HistogramValue(bounds, tuple(float(c) for c in counts), float(total))
+        value = HistogramValue(bounds, tuple(map(float, counts)), float(total))
         prev = self.get(key)
         self[key] = value if prev is None else prev.add(value.counts, value.total)
 

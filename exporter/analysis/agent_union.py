@@ -63,7 +63,7 @@ def merge_gpu(g: GpuWindows, state: UnionState | None) -> tuple[GpuActivity, Uni
     hist = [0] * (len(intervals.IDLE_GAP_BUCKETS_NS) + 1)
     processes = 1
     for t0, windows in _by_t0(g.windows):
-        span = max(w.t1 for w in windows) - t0
+        span = (windows[0].t1 if len(windows) == 1 else max(w.t1 for w in windows)) - t0
         processes = max(processes, len(windows))
         if len(windows) == 1:
             w = windows[0]

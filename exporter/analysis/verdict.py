@@ -283,14 +283,6 @@ def unplaced(snap: Snapshot) -> tuple[str, ...]:
     return tuple(e.name for e in snap.engines if not e.error and not placed(e, snap))
 
 
-def _engines(snap: Snapshot, gpu: int) -> list[EngineReading]:
-    return [
-        e
-        for e in snap.engines
-        if drives(e, gpu, snap) and not e.error and (e.running is not None or e.waiting is not None)
-    ]
-
-
 def _sum(values: Sequence[float | None]) -> float | None:
     got = [v for v in values if v is not None]
     return sum(got) if got else None
@@ -1061,8 +1053,13 @@ def accumulate(snap: Snapshot, cfg: Config, prev: Snapshot | None = None) -> Tot
             bound.count(GpuVerdict(v.gpu, name), snap.dt if name == v.verdict else 0.0)
     verdicts = {v.gpu: v for v in snap.verdicts}
     by_gpu = _activity_of(snap.agent) if snap.agent is not None else {}
+    live = [  # the live engines with counts, each placed once (not once per GPU)
+        (placed(e, snap), e)
+        for e in snap.engines
+        if not e.error and (e.running is not None or e.waiting is not None)
+    ]
     for gpu in gpus_of(snap):
-        running = _sum([e.running for e in _engines(snap, gpu)])
+        running = _sum([e.running for gpus, e in live if gpu in gpus])
         verdict = verdicts.get(gpu)
         offered = verdict.offered if verdict is not None else (running or 0.0) > 0
         if running is None and not offered:

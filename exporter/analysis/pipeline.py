@@ -261,9 +261,11 @@ def advance(history: Sequence[Snapshot], raw: Snapshot, cfg: Config) -> Snapshot
     raw = engine_page.normalise_engines(raw, cfg.engine.max_label_chars)
     snap = engine.with_acceptance(history, rederive(raw, prev))
     snap = engine.serve_counts(snap, prev)
-    if prev is not None:
-        snap = dataclasses.replace(snap, totals=prev.totals, probe=prev.probe)
-    snap = dataclasses.replace(snap, busy=MappingProxyType(pick_busy(snap)))
+    shown = MappingProxyType(pick_busy(snap))
+    if prev is not None:  # one copy, not two
+        snap = dataclasses.replace(snap, totals=prev.totals, probe=prev.probe, busy=shown)
+    else:
+        snap = dataclasses.replace(snap, busy=shown)
     snap = verdict.classify_tick(history, snap, cfg)
     inc = EMPTY
     for acc in ACCUMULATORS:

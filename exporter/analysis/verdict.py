@@ -448,8 +448,9 @@ def gather(
     f.update(_agent_activity(win, gpu, whole))
     names = {x.reading.name for _, v in good for x in v}
     ran_all = bool(good) and all((_sum([x.running for x in v]) or 0) > 0 for _, v in good)
-    f.update(_step_timing(win, vs, names, ran_all, span, gpu))
-    f.update(_graph_steps(win, vs, gpu, names, span))
+    mine = [_gpu_steps(s, v, names, gpu) for s, v in zip(_inside(win), _inside(vs), strict=True)]
+    f.update(_step_timing(win, vs, mine, ran_all, span))
+    f.update(_graph_steps(win, vs, mine, gpu, span))
     if good and "graph_share" not in f and "graph_step_share" not in f:
         f.update(_graph_config(good))
 
@@ -702,20 +703,21 @@ def _gpu_steps(snap: Snapshot, v: Sequence[View], names: set[str], gpu: int) -> 
 def _step_timing(
     win: Sequence[Snapshot],
     vs: Sequence[Sequence[View]],
-    names: set[str],
+    mine: Sequence[Sequence[EngineSteps]],
     ran_all: bool,
     span: float,
-    gpu: int,
 ) -> dict[str, object]:
     """Return the steps' rate and wall time, and their GPU time where CUPTI ran in the engine's process.
+
+    `mine`: the GPU's agent steps of each tick inside the window (`_gpu_steps`).
 
     vLLM's multiprocess executor times steps in EngineCore and runs the GPU in workers, so GPU
     time per step is there only for steps marked `gpu_measured`.
     """
     f: dict[str, object] = {}
     steps = wall_ns = measured = step_gpu_ns = 0
-    for s, v in zip(_inside(win), _inside(vs), strict=True):
-        for st in _gpu_steps(s, v, names, gpu):
+    for tick in mine:
+        for st in tick:
             steps += st.steps
             wall_ns += st.wall_ns
             if st.gpu_measured:
@@ -740,7 +742,11 @@ def _step_timing(
 
 
 def _graph_steps(
-    win: Sequence[Snapshot], vs: Sequence[Sequence[View]], gpu: int, names: set[str], span: float
+    win: Sequence[Snapshot],
+    vs: Sequence[Sequence[View]],
+    mine: Sequence[Sequence[EngineSteps]],
+    gpu: int,
+    span: float,
 ) -> dict[str, object]:
     """Return the share of engine steps that ran in a CUDA graph, from the light agent (no CUPTI).
 
@@ -751,8 +757,8 @@ def _graph_steps(
     """
     f: dict[str, object] = {}
     graph = eager = tokens = seqs = steps = 0
-    for s, v in zip(_inside(win), _inside(vs), strict=True):
-        for st in _gpu_steps(s, v, names, gpu):
+    for tick in mine:  # the GPU's agent steps of each tick inside the window (`_gpu_steps`)
+        for st in tick:
             graph += st.graph_steps
             eager += st.eager_steps
             tokens += st.tokens

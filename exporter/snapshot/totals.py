@@ -142,15 +142,15 @@ def _add_field(a: Any, b: Any) -> Any:
     if isinstance(a, int | float):
         return a + b
     out = dict(a)
-    get = out.get  # a series' value is a number or a HistogramValue (a whole field alike), never None
-    if type(next(iter(b.values()))) is HistogramValue:
-        for key, value in b.items():
-            prev = get(key)
-            out[key] = value if prev is None else prev.add(value.counts, value.total)
-    elif b.keys() <= a.keys():  # numbers, every series already there (each tick's counters): all in C
-        out.update(zip(b.keys(), map(operator.add, map(a.__getitem__, b.keys()), b.values()), strict=True))
-    else:
-        out.update({key: value if (prev := get(key)) is None else prev + value for key, value in b.items()})
+    get = out.get
+    for key, value in b.items():  # a loop beats a comprehension or map() here: one hash per get and per store
+        prev = get(key)  # a series' value is a number or a HistogramValue, never None
+        if prev is None:
+            out[key] = value
+        elif type(prev) is HistogramValue:
+            out[key] = prev.add(value.counts, value.total)
+        else:
+            out[key] = prev + value
     return MappingProxyType(out)
 
 

@@ -40,6 +40,26 @@ def _shape(message: str) -> str:
     return _NUMBER.sub("#", message)
 
 
+# Compact GPU readings by their fields: from one tick to the next a GPU's compact reading is most
+# often the one it had (utilization moves in whole percent), so history records share it. Bounded.
+_COMPACT_GPUS: dict[tuple[int, str, str, str, type, float | None], GpuReading] = {}
+_COMPACT_GPUS_SIZE = 4096
+
+
+def _compact_gpu(g: GpuReading) -> GpuReading:
+    """Return what a compact record keeps of a GPU reading: index, UUID, name, driver and utilization."""
+    u = g.utilization
+    if u == 0:  # 0.0 and -0.0 are one key but not one value: not shared
+        return GpuReading(g.index, g.uuid, g.name, g.driver, utilization=u)
+    key = (g.index, g.uuid, g.name, g.driver, type(u), u)  # 1 and 1.0 are one key too: typed
+    kept = _COMPACT_GPUS.get(key)
+    if kept is None:
+        if len(_COMPACT_GPUS) >= _COMPACT_GPUS_SIZE:
+            _COMPACT_GPUS.clear()
+        kept = _COMPACT_GPUS[key] = GpuReading(g.index, g.uuid, g.name, g.driver, utilization=g.utilization)
+    return kept
+
+
 def compact(snap: Snapshot) -> Snapshot:
     """Return what an older Snapshot keeps: what is read of it once the verdict's windows passed it.
 
@@ -55,9 +75,7 @@ def compact(snap: Snapshot) -> Snapshot:
         mono=snap.mono,
         interval=snap.interval,
         dt=snap.dt,
-        gpus=tuple(
-            GpuReading(g.index, g.uuid, g.name, g.driver, utilization=g.utilization) for g in snap.gpus
-        ),
+        gpus=tuple(_compact_gpu(g) for g in snap.gpus),
         engines=tuple(
             EngineReading(
                 e.name,
@@ -71,7 +89,7 @@ def compact(snap: Snapshot) -> Snapshot:
             )
             for e in snap.engines
         ),
-        verdicts=tuple(dataclasses.replace(v, evidence=()) if v.evidence else v for v in snap.verdicts),
+        verdicts=tuple(v.without_evidence() for v in snap.verdicts),
         busy=snap.busy,
         sources=snap.sources,
         probe=snap.probe,

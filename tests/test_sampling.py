@@ -429,6 +429,30 @@ async def test_compact_older_snapshots_change_no_verdict_and_no_counter(monkeypa
     assert 5 <= len(whole) <= 8 and whole[-1] is newest
 
 
+def test_a_compact_record_keeps_what_the_full_one_had_but_evidence_and_readings():
+    from exporter import sampling
+    from exporter.snapshot import GpuReading, Snapshot
+    from exporter.snapshot.verdict import Verdict
+
+    kept = ("gpu", "verdict", "reasons", "busy_ratio", "busy_source", "evidence", "raw", "streak", "offered")
+    assert (
+        tuple(f.name for f in dataclasses.fields(Verdict)) == kept
+    )  # a new field: keep it in without_evidence
+    v = Verdict(3, "host", ("unknown",), 0.4, "gpm", (("busy", 0.4),), raw="gpu", streak=1, offered=True)
+    assert v.without_evidence() == dataclasses.replace(v, evidence=())
+    gpus = tuple(
+        GpuReading(i, f"GPU-{i}", "H200", "580", power_watts=300.0, utilization=u)
+        for i, u in enumerate((0.5, 0.0, -0.0, 1, 1.0, None))
+    )
+    snap = Snapshot(seq=1, at=0.0, mono=0.0, interval=0.5, dt=0.5, gpus=gpus, verdicts=(v,))
+    for _ in range(2):  # the second time from the shared records
+        old = sampling.compact(snap)
+        assert old.verdicts == (dataclasses.replace(v, evidence=()),)
+        assert [repr(g) for g in old.gpus] == [
+            repr(GpuReading(g.index, g.uuid, g.name, g.driver, utilization=g.utilization)) for g in gpus
+        ]
+
+
 def test_a_snapshot_finds_each_gpu_by_index_the_first_of_a_repeated_index():
     from exporter.snapshot import GpuReading, Snapshot
 

@@ -42,16 +42,19 @@ def accumulate(snap: Snapshot, cfg: Config, prev: Snapshot | None = None) -> Tot
     busy_s, observed_s, graph_s = Tally[GpuSource](), Tally[GpuSource](), Tally[int]()
     records, dropped, gaps = Tally[GpuKind](), Tally[int](), HistogramTally[int]()
     for a in reading.activity:
-        if a.observed_ns > 0 and not lossy(a):
-            busy_s.count(GpuSource(a.gpu, "cupti"), a.busy_ns * NS)
-            observed_s.count(GpuSource(a.gpu, "cupti"), a.observed_ns * NS)
-            graph_s.count(a.gpu, a.graph_busy_ns * NS)
+        if a.observed_ns <= 0:
+            continue
+        gpu = a.gpu
+        if not lossy(a):
+            key = GpuSource(gpu, "cupti")
+            busy_s.count(key, a.busy_ns * NS)
+            observed_s.count(key, a.observed_ns * NS)
+            graph_s.count(gpu, a.graph_busy_ns * NS)
             if a.idle_gap_counts:
-                gaps.observe(a.gpu, IDLE_GAP_BUCKETS_SECONDS, a.idle_gap_counts, a.idle_gap_sum_ns * NS)
-        if a.observed_ns > 0:
-            for kind, attr in KINDS:
-                records.count(GpuKind(a.gpu, kind), getattr(a, attr))
-            dropped.count(a.gpu, a.dropped)
+                gaps.observe(gpu, IDLE_GAP_BUCKETS_SECONDS, a.idle_gap_counts, a.idle_gap_sum_ns * NS)
+        for kind, attr in KINDS:
+            records.count(GpuKind(gpu, kind), getattr(a, attr))
+        dropped.count(gpu, a.dropped)
     refused = Tally[str]()
     for reason, n in reading.refused:
         refused.count(reason, n)

@@ -13,7 +13,7 @@ from the previous Snapshot, so `replay` recomputes the union from a recording's 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from exporter import wire
 from exporter.analysis import intervals
@@ -29,8 +29,10 @@ def _public_uuid(uuid: str) -> str:
     return uuid if uuid.startswith("GPU-") else ""
 
 
-def _by_t0(windows: Iterable[AgentWindow]) -> list[tuple[int, list[AgentWindow]]]:
+def _by_t0(windows: Sequence[AgentWindow]) -> list[tuple[int, list[AgentWindow]]]:
     """Return the windows grouped by their start, oldest first (each process's order kept)."""
+    if len(windows) == 1:  # one process, one window this tick: the usual case
+        return [(windows[0].t0, [windows[0]])]
     groups: dict[int, list[AgentWindow]] = {}
     for w in windows:
         groups.setdefault(w.t0, []).append(w)
@@ -61,7 +63,7 @@ def merge_gpu(g: GpuWindows, state: UnionState | None) -> tuple[GpuActivity, Uni
     hist = [0] * (len(intervals.IDLE_GAP_BUCKETS_NS) + 1)
     processes = 1
     for t0, windows in _by_t0(g.windows):
-        span = max(w.t1 for w in windows) - t0
+        span = (windows[0].t1 if len(windows) == 1 else max(w.t1 for w in windows)) - t0
         processes = max(processes, len(windows))
         if len(windows) == 1:
             w = windows[0]

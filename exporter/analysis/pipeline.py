@@ -62,6 +62,17 @@ def gpu_index(snap: Snapshot, uuid: str) -> int | None:
     return None
 
 
+def gpu_indices(snap: Snapshot) -> dict[str, int]:
+    """Return `gpu_index` of every UUID the Snapshot knows, in one pass (NVML's first, as gpu_index looks)."""
+    out: dict[str, int] = {}
+    for g in snap.gpus:
+        out.setdefault(g.uuid, g.index)
+    base = max((g.index for g in snap.gpus), default=-1) + 1
+    for i, uuid in enumerate(snap.gpu_uuids):
+        out.setdefault(uuid, base + i)
+    return out
+
+
 def resolve_agent_gpus(snap: Snapshot, known: Sequence[str] = ()) -> Snapshot:
     """Name each agent GPU by its UUID: NVML's index, else a stable index of its own (see uuid_indices).
 
@@ -71,19 +82,20 @@ def resolve_agent_gpus(snap: Snapshot, known: Sequence[str] = ()) -> Snapshot:
     snap = dataclasses.replace(snap, gpu_uuids=uuid_indices(snap, known or snap.gpu_uuids))
     if snap.agent is None:
         return snap
+    indices = gpu_indices(snap)  # each UUID's gpu_index, looked up once per GPU rather than searched
     activity_ = []
     for a in snap.agent.activity:
-        index = gpu_index(snap, a.uuid) if a.uuid else a.gpu
+        index = indices.get(a.uuid) if a.uuid else a.gpu
         if index is not None:
             activity_.append(a if index == a.gpu else dataclasses.replace(a, gpu=index))
     agents = []
     for s in snap.agent.agents:
-        index = gpu_index(snap, s.uuid) if s.uuid else None
+        index = indices.get(s.uuid) if s.uuid else None
         agents.append(dataclasses.replace(s, gpu=index) if index is not None and index != s.gpu else s)
     by_pid = {s.pid: s.gpu for s in agents if s.uuid}
     graphs = []
     for u in snap.agent.graphs:  # by its own UUID, else by its agent's
-        index = gpu_index(snap, u.uuid) if u.uuid else by_pid.get(u.pid)
+        index = indices.get(u.uuid) if u.uuid else by_pid.get(u.pid)
         graphs.append(dataclasses.replace(u, gpu=index) if index is not None and index != u.gpu else u)
     agent: AgentReading = dataclasses.replace(
         snap.agent, activity=tuple(activity_), agents=tuple(agents), graphs=tuple(graphs)
@@ -181,15 +193,17 @@ def pick_busy(snap: Snapshot) -> dict[int, tuple[float, str]]:
 def device_busy_increments(snap: Snapshot, cfg: Config | None = None, prev: Snapshot | None = None) -> Totals:
     """Integrate the NVML and GPM busy ratios over the tick (CUPTI is integrated exactly elsewhere)."""
     busy_s, observed_s = Tally[GpuSource](), Tally[GpuSource]()
-    if snap.dt > 0:
+    dt = snap.dt
+    if dt > 0:
         for g in snap.gpus:
-            sources: list[tuple[str, float | None]] = [("nvml", g.utilization)]
-            if g.gpm is not None:
-                sources.append(("gpm", g.gpm.graphics))
-            for source, ratio in sources:
-                if ratio is not None:
-                    busy_s.count(GpuSource(g.index, source), ratio * snap.dt)
-                    observed_s.count(GpuSource(g.index, source), snap.dt)
+            if g.utilization is not None:
+                key = GpuSource(g.index, "nvml")
+                busy_s.count(key, g.utilization * dt)
+                observed_s.count(key, dt)
+            if g.gpm is not None and g.gpm.graphics is not None:
+                key = GpuSource(g.index, "gpm")
+                busy_s.count(key, g.gpm.graphics * dt)
+                observed_s.count(key, dt)
     return Totals(busy=BusyTotals(busy_seconds=busy_s, observed_seconds=observed_s))
 
 
@@ -247,9 +261,11 @@ def advance(history: Sequence[Snapshot], raw: Snapshot, cfg: Config) -> Snapshot
     raw = engine_page.normalise_engines(raw, cfg.engine.max_label_chars)
     snap = engine.with_acceptance(history, rederive(raw, prev))
     snap = engine.serve_counts(snap, prev)
-    if prev is not None:
-        snap = dataclasses.replace(snap, totals=prev.totals, probe=prev.probe)
-    snap = dataclasses.replace(snap, busy=MappingProxyType(pick_busy(snap)))
+    shown = MappingProxyType(pick_busy(snap))
+    if prev is not None:  # one copy, not two
+        snap = dataclasses.replace(snap, totals=prev.totals, probe=prev.probe, busy=shown)
+    else:
+        snap = dataclasses.replace(snap, busy=shown)
     snap = verdict.classify_tick(history, snap, cfg)
     inc = EMPTY
     for acc in ACCUMULATORS:

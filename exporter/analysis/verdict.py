@@ -153,22 +153,47 @@ class Facts:
             return None
         return self.power_watts / self.power_limit_watts
 
+    @classmethod
+    def of(cls, found: dict[str, object]) -> Facts:
+        """Return the Facts of a window from the fields it found (the others at their defaults).
+
+        The same as `Facts(**found)` without the frozen __init__'s one object.__setattr__ per field
+        (~45 of them, per GPU per tick): the defaults, then the found values, fill __dict__ in field
+        order, as __init__ would. An unknown name, or no gpu, is refused as __init__ refuses it.
+        """
+        if "gpu" not in found or not found.keys() <= _DEFAULTS.keys():
+            raise TypeError(
+                f"Facts needs gpu and takes only its fields, not {sorted(found.keys() - _DEFAULTS.keys())}"
+            )
+        facts = object.__new__(cls)
+        fields = facts.__dict__
+        fields.update(_DEFAULTS)
+        fields.update(found)
+        return facts
+
     def evidence(self) -> Evidence:
         """Return the facts as (name, value) pairs for the Verdict and the report."""
-        out: list[tuple[str, float | str | None]] = []
-        for name in _EVIDENCE_FIELDS:
-            value = getattr(self, name)
-            if value is None:
-                continue
-            out.append((name, float(value) if isinstance(value, bool | int) else value))
-        for name in ("step_gpu_share", "power_share", "pending"):
-            value = getattr(self, name)
+        fields = self.__dict__  # every field, read once each (a frozen dataclass keeps them there)
+        out: list[tuple[str, float | str | None]] = [
+            (name, float(value) if isinstance(value, (bool, int)) else value)
+            for name in _EVIDENCE_FIELDS
+            if (value := fields[name]) is not None
+        ]
+        for name, value in (
+            ("step_gpu_share", self.step_gpu_share),
+            ("power_share", self.power_share),
+            ("pending", self.pending),
+        ):
             if value is not None:
                 out.append((name, value))
         out.append(("window_seconds", self.span_seconds))
         return tuple(out)
 
 
+# Each field's default in field order (`Facts.of`); gpu, the one without, is always found.
+_DEFAULTS: dict[str, object] = {
+    f.name: None if f.name == "gpu" else f.default for f in dataclasses.fields(Facts)
+}
 _EVIDENCE_FIELDS = tuple(
     f.name
     for f in dataclasses.fields(Facts)
@@ -258,14 +283,6 @@ def unplaced(snap: Snapshot) -> tuple[str, ...]:
     return tuple(e.name for e in snap.engines if not e.error and not placed(e, snap))
 
 
-def _engines(snap: Snapshot, gpu: int) -> list[EngineReading]:
-    return [
-        e
-        for e in snap.engines
-        if drives(e, gpu, snap) and not e.error and (e.running is not None or e.waiting is not None)
-    ]
-
-
 def _sum(values: Sequence[float | None]) -> float | None:
     got = [v for v in values if v is not None]
     return sum(got) if got else None
@@ -342,11 +359,13 @@ def owned_steps(snap: Snapshot) -> dict[str, list[EngineSteps]]:
 
 def views(snap: Snapshot, gpu: int) -> list[View]:
     """Return the engines driving a GPU at one tick, with the agent's counts joined (by pid first)."""
-    owned = owned_steps(snap)
+    owned: dict[str, list[EngineSteps]] | None = None  # joined once the GPU has an engine (most have none)
     out = []
     for e in snap.engines:
         if e.error or not drives(e, gpu, snap):
             continue
+        if owned is None:
+            owned = owned_steps(snap)
         steps = _on_gpu(e, owned.get(e.name, ()), gpu)
         a_run, a_wait, a_limit = _agent_counts(steps)
         running = a_run if a_run is not None else e.running
@@ -429,8 +448,9 @@ def gather(
     f.update(_agent_activity(win, gpu, whole))
     names = {x.reading.name for _, v in good for x in v}
     ran_all = bool(good) and all((_sum([x.running for x in v]) or 0) > 0 for _, v in good)
-    f.update(_step_timing(win, vs, names, ran_all, span, gpu))
-    f.update(_graph_steps(win, vs, gpu, names, span))
+    mine = [_gpu_steps(s, v, names, gpu) for s, v in zip(_inside(win), _inside(vs), strict=True)]
+    f.update(_step_timing(win, vs, mine, ran_all, span))
+    f.update(_graph_steps(win, vs, mine, gpu, span))
     if good and "graph_share" not in f and "graph_step_share" not in f:
         f.update(_graph_config(good))
 
@@ -455,7 +475,7 @@ def gather(
             achieved = f.get("steps_per_second")
             if isinstance(achieved, float) and achieved > 0 and ran_all:
                 f["roofline_achieved_ratio"] = floor * achieved
-    return Facts(**f)  # type: ignore[arg-type]
+    return Facts.of(f)
 
 
 def _busy(win: Sequence[Snapshot], gpu: int, cfg: VerdictConfig) -> dict[str, object]:
@@ -683,20 +703,21 @@ def _gpu_steps(snap: Snapshot, v: Sequence[View], names: set[str], gpu: int) -> 
 def _step_timing(
     win: Sequence[Snapshot],
     vs: Sequence[Sequence[View]],
-    names: set[str],
+    mine: Sequence[Sequence[EngineSteps]],
     ran_all: bool,
     span: float,
-    gpu: int,
 ) -> dict[str, object]:
     """Return the steps' rate and wall time, and their GPU time where CUPTI ran in the engine's process.
+
+    `mine`: the GPU's agent steps of each tick inside the window (`_gpu_steps`).
 
     vLLM's multiprocess executor times steps in EngineCore and runs the GPU in workers, so GPU
     time per step is there only for steps marked `gpu_measured`.
     """
     f: dict[str, object] = {}
     steps = wall_ns = measured = step_gpu_ns = 0
-    for s, v in zip(_inside(win), _inside(vs), strict=True):
-        for st in _gpu_steps(s, v, names, gpu):
+    for tick in mine:
+        for st in tick:
             steps += st.steps
             wall_ns += st.wall_ns
             if st.gpu_measured:
@@ -721,7 +742,11 @@ def _step_timing(
 
 
 def _graph_steps(
-    win: Sequence[Snapshot], vs: Sequence[Sequence[View]], gpu: int, names: set[str], span: float
+    win: Sequence[Snapshot],
+    vs: Sequence[Sequence[View]],
+    mine: Sequence[Sequence[EngineSteps]],
+    gpu: int,
+    span: float,
 ) -> dict[str, object]:
     """Return the share of engine steps that ran in a CUDA graph, from the light agent (no CUPTI).
 
@@ -732,8 +757,8 @@ def _graph_steps(
     """
     f: dict[str, object] = {}
     graph = eager = tokens = seqs = steps = 0
-    for s, v in zip(_inside(win), _inside(vs), strict=True):
-        for st in _gpu_steps(s, v, names, gpu):
+    for tick in mine:  # the GPU's agent steps of each tick inside the window (`_gpu_steps`)
+        for st in tick:
             graph += st.graph_steps
             eager += st.eager_steps
             tokens += st.tokens
@@ -951,11 +976,12 @@ def hold(
     window's (`host_now`), so they stay current.
     """
     lean = raw.verdict if lean is None else lean
+    shown = raw if raw.raw == raw.verdict and raw.streak == 0 else None  # already as reported unheld
     if prev is None or (raw.verdict == prev.verdict and lean == prev.verdict):
-        return dataclasses.replace(raw, raw=raw.verdict, streak=0)
+        return shown if shown is not None else dataclasses.replace(raw, raw=raw.verdict, streak=0)
     streak = prev.streak + 1
     if raw.verdict != prev.verdict and streak >= cfg.hold_ticks:
-        return dataclasses.replace(raw, raw=raw.verdict, streak=0)
+        return shown if shown is not None else dataclasses.replace(raw, raw=raw.verdict, streak=0)
     reasons = host_now if prev.verdict == "host" else prev.reasons
     return dataclasses.replace(raw, verdict=prev.verdict, reasons=reasons, raw=raw.verdict, streak=streak)
 
@@ -971,7 +997,7 @@ def classify(
     f = gather(win, gpu, cfg, roofline)
     verdict, reasons = decide(f, cfg, prev)
     lean = decide(f, cfg, None)[0]  # inside the band: the side of its midpoint
-    raw = Verdict(gpu, verdict, reasons, f.busy, f.busy_source, f.evidence(), offered=f.offered)
+    raw = Verdict(gpu, verdict, reasons, f.busy, f.busy_source, f.evidence(), raw=verdict, offered=f.offered)
     return hold(raw, prev, cfg, reasons if verdict == "host" else host_reasons(f, cfg), lean)
 
 
@@ -1032,15 +1058,21 @@ def accumulate(snap: Snapshot, cfg: Config, prev: Snapshot | None = None) -> Tot
         for name in VERDICTS:  # every series from the first tick, so rate() sees each start from 0
             bound.count(GpuVerdict(v.gpu, name), snap.dt if name == v.verdict else 0.0)
     verdicts = {v.gpu: v for v in snap.verdicts}
+    by_gpu = _activity_of(snap.agent) if snap.agent is not None else {}
+    live = [  # the live engines with counts, each placed once (not once per GPU)
+        (placed(e, snap), e)
+        for e in snap.engines
+        if not e.error and (e.running is not None or e.waiting is not None)
+    ]
     for gpu in gpus_of(snap):
-        running = _sum([e.running for e in _engines(snap, gpu)])
+        running = _sum([e.running for gpus, e in live if gpu in gpus])
         verdict = verdicts.get(gpu)
         offered = verdict.offered if verdict is not None else (running or 0.0) > 0
         if running is None and not offered:
             continue
         idle = 0.0
         if offered:
-            acts = [a for a in (snap.agent.activity if snap.agent else ()) if a.gpu == gpu]
+            acts = by_gpu.get(gpu, ())
             if acts and snap.busy.get(gpu, (0.0, ""))[1] == "cupti":
                 idle = sum(max(0, a.observed_ns - a.busy_ns) for a in acts) / 1e9
             elif gpu in snap.busy:

@@ -10,6 +10,7 @@ totals, and `Totals.plus` adds them.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -28,8 +29,9 @@ class HistogramValue:
         """Return this histogram with more observations added."""
         if not self.counts:
             return HistogramValue(self.bounds, tuple(counts), total)
-        merged = tuple(a + b for a, b in zip(self.counts, counts, strict=True))
-        return HistogramValue(self.bounds, merged, self.total + total)
+        if len(counts) != len(self.counts):
+            raise ValueError(f"histogram of {len(self.counts)} buckets added {len(counts)}")
+        return HistogramValue(self.bounds, tuple(map(operator.add, self.counts, counts)), self.total + total)
 
     @property
     def count(self) -> float:
@@ -141,7 +143,7 @@ def _add_field(a: Any, b: Any) -> Any:
         return a + b
     out = dict(a)
     get = out.get
-    for key, value in b.items():
+    for key, value in b.items():  # a loop beats a comprehension or map() here: one hash per get and per store
         prev = get(key)  # a series' value is a number or a HistogramValue, never None
         if prev is None:
             out[key] = value
@@ -216,7 +218,7 @@ class HistogramTally(dict[K, HistogramValue]):
 
     def observe(self, key: K, bounds: tuple[float, ...], counts: tuple[float, ...], total: float) -> None:
         """Add per-bucket counts (non-cumulative, +Inf last) and their sum to a series."""
-        value = HistogramValue(bounds, tuple(float(c) for c in counts), float(total))
+        value = HistogramValue(bounds, tuple(map(float, counts)), float(total))
         prev = self.get(key)
         self[key] = value if prev is None else prev.add(value.counts, value.total)
 

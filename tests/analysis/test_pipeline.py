@@ -40,3 +40,20 @@ def test_engine_that_cannot_be_placed_stays_unplaced():
 def test_busy_prefers_gpm_over_nvml_utilization():
     snap = _snap([_gpu(0, util=1.0, gpm=GpmRatios(graphics=0.27, sm=0.26)), _gpu(1, util=0.5)], [])
     assert pick_busy(snap) == {0: (0.27, "gpm"), 1: (0.5, "nvml")}
+
+
+def test_gpu_indices_give_each_uuid_its_gpu_index():
+    from exporter.analysis.pipeline import gpu_index, gpu_indices
+
+    snap = Snapshot(
+        seq=1,
+        at=0.0,
+        mono=0.0,
+        interval=0.5,
+        dt=0.5,
+        gpus=(_gpu(0), _gpu(3), _gpu(1)),
+        gpu_uuids=("MIG-a", "GPU-1aaa", "MIG-b", "MIG-a"),  # one NVML's, one twice
+    )
+    table = gpu_indices(snap)
+    for uuid in ("GPU-0aaa", "GPU-3aaa", "GPU-1aaa", "MIG-a", "MIG-b", "GPU-9"):
+        assert table.get(uuid) == gpu_index(snap, uuid)

@@ -476,3 +476,17 @@ def test_api_server_starved_by_a_quota_reads_saturated_from_its_thread_demand(ru
     last = v.replay(rec.snaps, Config())[-1].verdicts[0]
     assert last.verdict == "host"
     assert ("api_server_saturated" in last.reasons) is saturated
+
+
+def test_facts_of_found_fields_equal_facts_built_by_init() -> None:
+    found: dict[str, object] = {"gpu": 3, "busy": 0.4, "engine": True, "running": 7, "span_seconds": 1.5}
+    facts = v.Facts.of(found)
+    assert facts == v.Facts(**found)  # type: ignore[arg-type]
+    assert repr(facts) == repr(v.Facts(**found))  # type: ignore[arg-type]
+    assert facts.evidence() == v.Facts(**found).evidence()  # type: ignore[arg-type]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        facts.busy = 0.9  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        v.Facts.of({"gpu": 0, "bussy": 0.4})
+    with pytest.raises(TypeError):
+        v.Facts.of({"busy": 0.4})

@@ -71,3 +71,19 @@ def test_series_lists_every_field_by_area() -> None:
         busy=BusyTotals(graph_busy_seconds=MappingProxyType({3: 1.5})), agent=AgentTotals(messages=2.0)
     )
     assert dict(total.series()) == {("busy.graph_busy_seconds", 3): 1.5, ("agent.messages", ()): 2.0}
+
+
+def test_an_increment_of_known_series_adds_like_one_of_new_series() -> None:
+    known = MappingProxyType({GpuSource(0, "gpm"): 1.0, GpuSource(1, "gpm"): 2})
+    inc = {GpuSource(1, "gpm"): 0.5, GpuSource(0, "gpm"): 3}  # every series known: the fast path
+    mixed = {**inc, GpuSource(2, "nvml"): 0.0}  # one new series: the general path
+    fast = Totals(busy=BusyTotals(busy_seconds=known)).plus(Totals(busy=BusyTotals(busy_seconds=inc)))
+    slow = Totals(busy=BusyTotals(busy_seconds=known)).plus(Totals(busy=BusyTotals(busy_seconds=mixed)))
+    assert list(fast.busy.busy_seconds.items()) == [(GpuSource(0, "gpm"), 4.0), (GpuSource(1, "gpm"), 2.5)]
+    assert list(slow.busy.busy_seconds.items())[:2] == list(fast.busy.busy_seconds.items())
+    assert isinstance(fast.busy.busy_seconds, MappingProxyType)
+
+
+def test_histograms_of_different_bucket_counts_do_not_add() -> None:
+    with pytest.raises(ValueError):
+        HistogramValue((1.0,), (1.0, 2.0)).add((1.0,), 1.0)

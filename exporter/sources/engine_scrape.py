@@ -310,6 +310,11 @@ def raw_from_page(
     )
 
 
+def _normalised_once(raw: EngineReading, limits: PageLimits) -> EngineReading:
+    """Return a one-shot read's reading normalised (analysis.engine_page.read_raw), its raw page dropped."""
+    return replace(engine_page.read_raw(raw, limits.max_label_chars), raw=None)
+
+
 def reading_from_page(
     text: str,
     *,
@@ -320,7 +325,7 @@ def reading_from_page(
 ) -> EngineReading:
     """Return the normalised reading of one page (raw_from_page, then analysis.engine_page.read_raw), no raw page kept."""
     raw = raw_from_page(text, name=name, url=url, source=source, limits=limits)
-    return replace(engine_page.read_raw(raw, limits.max_label_chars), raw=None)
+    return _normalised_once(raw, limits)
 
 
 def raw_from_bytes(
@@ -359,7 +364,7 @@ def reading_from_bytes(
 ) -> EngineReading:
     """Return the normalised reading of a page as read (raw_from_bytes, then read_raw), no raw page kept."""
     raw = raw_from_bytes(data, name=name, url=url, source=source, limits=limits)
-    return replace(engine_page.read_raw(raw, limits.max_label_chars), raw=None)
+    return _normalised_once(raw, limits)
 
 
 def read_page_file(path: str, limits: PageLimits = DEFAULT_LIMITS) -> bytes:
@@ -586,4 +591,4 @@ def reading_from_multiproc(
     """Return the normalised reading of an engine's multiprocess files (raw_from_multiproc, then read_raw), no raw page kept."""
     raw = raw_from_multiproc(path, name=name, url=url, kind=kind)
     limits = path.limits if isinstance(path, MultiprocReader) else DEFAULT_LIMITS
-    return replace(engine_page.read_raw(raw, limits.max_label_chars), raw=None)
+    return _normalised_once(raw, limits)

@@ -1,6 +1,12 @@
-"""A small vLLM page (engine 0, model m) with the values a test gives, as bytes an engine serves."""
+"""A small vLLM page (engine 0, model m) with the values a test gives, a server of such pages, a still clock."""
 
 from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+from exporter.config import Config, EngineConfig, HostConfig
 
 
 def page(running: str = "10", waiting: str = "2", prompt: str = "100", extra: str = "") -> bytes:
@@ -15,3 +21,41 @@ def page(running: str = "10", waiting: str = "2", prompt: str = "100", extra: st
         f"{extra}"
         "process_cpu_seconds_total 1.0\n"
     ).encode()
+
+
+class Pages:
+    """Serve the bytes a test puts under a path, after an optional delay, as an engine serves /metrics."""
+
+    def __init__(self) -> None:
+        self.body: dict[str, bytes] = {}
+        self.delay = 0.0
+
+    async def handle(self, request: web.Request) -> web.Response:
+        body = self.body[request.match_info["name"]]
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        return web.Response(body=body, content_type="text/plain", charset="utf-8")
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/{name}/metrics", self.handle)
+        return app
+
+
+class Clock:
+    """A clock that stands still until a test moves `now`."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def engine_config(urls: tuple[str, ...], tick: float = 0.5, **engine: object) -> Config:
+    """Return a Config that reads the given engine URLs only (no discovery), at `tick` second ticks."""
+    return Config(
+        tick_seconds=tick,
+        engine=EngineConfig(urls=urls, discover=False, **engine),  # type: ignore[arg-type]
+        host=HostConfig(proc_root="/proc", cgroup_root="/sys/fs/cgroup"),
+    )

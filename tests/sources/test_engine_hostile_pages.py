@@ -10,52 +10,17 @@ import json
 import math
 
 import pytest
-from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from exporter import catalogue
-from exporter.config import Config, EngineConfig, HostConfig
 from exporter.export.collectors import counter_series
 from exporter.sampling import Sampler
 from exporter.serve.web import make_app
 from exporter.sources.engine import EngineSource
 from exporter.sources.engine_scrape import DEFAULT_LIMITS
-from tests.fakes.vllm_pages import page
+from tests.fakes.vllm_pages import Clock, Pages, engine_config, page
 
 RUNNING = catalogue.ENGINE_RUNNING_REQUEST_SECONDS_TOTAL.name
-
-
-class Pages:
-    """Serve whatever bytes a test puts under a path, as an engine serves /metrics."""
-
-    def __init__(self) -> None:
-        self.body: dict[str, bytes] = {}
-
-    async def handle(self, request: web.Request) -> web.Response:
-        return web.Response(
-            body=self.body[request.match_info["name"]], content_type="text/plain", charset="utf-8"
-        )
-
-    def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_get("/{name}/metrics", self.handle)
-        return app
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def config(urls: tuple[str, ...], tick: float = 0.5, **engine: object) -> Config:
-    return Config(
-        tick_seconds=tick,
-        engine=EngineConfig(urls=urls, discover=False, **engine),  # type: ignore[arg-type]
-        host=HostConfig(proc_root="/proc", cgroup_root="/sys/fs/cgroup"),
-    )
 
 
 def strict_json(text: str) -> object:
@@ -71,7 +36,7 @@ async def test_a_non_utf8_byte_on_one_page_leaves_every_engine_read():
     pages.body["bad"] = b"# \xff a comment that is not UTF-8\n" + page(running="3")
     async with TestServer(pages.app(), host="127.0.0.1") as server:
         urls = (str(server.make_url("/good/metrics")), str(server.make_url("/bad/metrics")))
-        cfg = config(urls)
+        cfg = engine_config(urls)
         source = EngineSource(cfg)
         clock = Clock()
         sampler = Sampler(cfg, [source], clock=clock)
@@ -97,7 +62,7 @@ async def test_a_nan_for_one_tick_never_reaches_the_request_seconds_and_the_snap
     pages = Pages()
     async with TestServer(pages.app(), host="127.0.0.1") as server:
         url = str(server.make_url("/e/metrics"))
-        cfg = config((url,))
+        cfg = engine_config((url,))
         source = EngineSource(cfg)
         clock = Clock()
         sampler = Sampler(cfg, [source], clock=clock)
@@ -132,7 +97,7 @@ async def test_a_page_past_the_line_budget_is_read_in_part_and_the_source_stays_
     pages = Pages()
     pages.body["big"] = body
     async with TestServer(pages.app(), host="127.0.0.1") as server:
-        cfg = config((str(server.make_url("/big/metrics")),), tick=5.0)
+        cfg = engine_config((str(server.make_url("/big/metrics")),), tick=5.0)
         source = EngineSource(cfg)
         sampler = Sampler(cfg, [source], clock=Clock())
         try:
@@ -155,7 +120,7 @@ async def test_a_hundred_thousand_model_names_give_a_bounded_engine_info_label()
     pages = Pages()
     pages.body["many"] = body
     async with TestServer(pages.app(), host="127.0.0.1") as server:
-        cfg = config((str(server.make_url("/many/metrics")),), tick=5.0)
+        cfg = engine_config((str(server.make_url("/many/metrics")),), tick=5.0)
         source = EngineSource(cfg)
         sampler = Sampler(cfg, [source], clock=Clock())
         try:
@@ -178,7 +143,7 @@ async def test_configured_engines_never_share_a_name_with_each_other_or_a_discov
     pages.body["b"] = page(running="2")
     async with TestServer(pages.app(), host="127.0.0.1") as server:
         urls = (str(server.make_url("/a/metrics")), str(server.make_url("/b/metrics")))
-        source = EngineSource(config(urls))
+        source = EngineSource(engine_config(urls))
         try:
             first = await source.read()
             # Discovery now finds a local engine named like the first configured one.

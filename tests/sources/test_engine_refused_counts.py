@@ -10,16 +10,15 @@ from __future__ import annotations
 import asyncio
 import math
 
-from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.catalogue import METRICS
-from exporter.config import Config, EngineConfig, HostConfig
 from exporter.sampling import Sampler
 from exporter.serve.web import make_app
 from exporter.snapshot.engine import PAGE_REFUSED_REASONS
 from exporter.sources.engine import EngineSource
+from tests.fakes.vllm_pages import Clock, Pages, engine_config
 
 REFUSED = "boundwatch_engine_page_refused_total"
 
@@ -38,41 +37,6 @@ def page(
         "# TYPE vllm:prompt_tokens_total counter\n"
         f"vllm:prompt_tokens_total{{{labels}}} {prompt}\n"
     ).encode()
-
-
-class Pages:
-    """Serve the bytes a test puts under a path, after an optional delay, as an engine serves /metrics."""
-
-    def __init__(self) -> None:
-        self.body: dict[str, bytes] = {}
-        self.delay = 0.0
-
-    async def handle(self, request: web.Request) -> web.Response:
-        body = self.body[request.match_info["name"]]
-        if self.delay:
-            await asyncio.sleep(self.delay)
-        return web.Response(body=body, content_type="text/plain", charset="utf-8")
-
-    def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_get("/{name}/metrics", self.handle)
-        return app
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def config(urls: tuple[str, ...], **engine: object) -> Config:
-    return Config(
-        tick_seconds=0.5,
-        engine=EngineConfig(urls=urls, discover=False, **engine),  # type: ignore[arg-type]
-        host=HostConfig(proc_root="/proc", cgroup_root="/sys/fs/cgroup"),
-    )
 
 
 def refused(text: str) -> dict[tuple[str, str], float]:
@@ -108,7 +72,7 @@ async def test_a_hostile_page_counts_each_loss_by_reason_and_the_counters_never_
     pages.body["good"] = page(running="7")
     async with TestServer(pages.app(), host="127.0.0.1") as server:
         urls = (str(server.make_url("/good/metrics")), str(server.make_url("/bad/metrics")))
-        cfg = config(urls, max_page_lines=200, max_page_bytes=8192)
+        cfg = engine_config(urls, max_page_lines=200, max_page_bytes=8192)
         source = EngineSource(cfg)
         clock = Clock()
         sampler = Sampler(cfg, [source], clock=clock)
@@ -143,7 +107,7 @@ async def test_a_tick_that_reuses_a_late_read_adds_nothing_and_the_late_read_cou
     pages = Pages()
     pages.body["e"] = page(running="NaN")
     async with TestServer(pages.app(), host="127.0.0.1") as server:
-        cfg = config((str(server.make_url("/e/metrics")),))
+        cfg = engine_config((str(server.make_url("/e/metrics")),))
         source = EngineSource(cfg)
         clock = Clock()
         sampler = Sampler(cfg, [source], clock=clock)

@@ -206,10 +206,8 @@ def wrap_step(
         tracker = _tracker()  # until the first hand-over: mode counts made inside the step are this engine's
         if tracker is not None:
             tracker.engine_here = True
-        if getattr(wrapped, SWITCHED, False):
-            SWITCH.adopt(
-                core
-            )  # its attributes that hold this hook bound (vLLM's step_fn) swap with the class's
+        if getattr(wrapped, SWITCHED, False):  # its attributes holding this hook bound (step_fn) swap too
+            SWITCH.adopt(core)
         else:
             SWITCH.hold("a step hook installed by hand")  # counted always: no count may be scaled
         if prepare is not None:
@@ -351,10 +349,8 @@ def _record_step(
             estimate = min(estimate, max(wall, end - since))
         acc[_HANDED_AT], acc[_N_HANDED], acc[_WALL_HANDED], acc[_TIMED_HANDED] = end, steps, walls, timed
         acc[_PERIOD] = 0 if tracker.per_step else (acc[_OWN] or STEP_SAMPLE_NS)
-        if tracker.per_step or SWITCH.cycling:
-            acc[_STRIDE] = acc[_SKIP] = (
-                0  # CUPTI attaches GPU time to each step; a slice's steps are few: time them all
-            )
+        if tracker.per_step or SWITCH.cycling:  # CUPTI times each step; a slice's steps are few: time all
+            acc[_STRIDE] = acc[_SKIP] = 0
         if core_ref[0] is None:
             try:
                 core_ref[0] = weakref.ref(core)

@@ -387,10 +387,10 @@ PAGE_FIGURES: tuple[str, ...] = (
     "api_server_count",
     "api_server_count_source",
 )
-MAX_ERROR_CHARS = 300
+MAX_ERROR_CHARS = 300  # an error text (a parser quotes the bad line) is cut to this
 
 
-def cut(text: str, limit: int) -> str:
+def cut(text: str, limit: int = MAX_ERROR_CHARS) -> str:
     """Return text cut to a length, marked with an ellipsis when cut."""
     return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
@@ -445,7 +445,7 @@ def _failed(reading: EngineReading, exc: Exception) -> EngineReading:
         api_server_count=count[0],
         api_server_count_source=count[1],
         page_refused=tuple((r, lost[r]) for r in PAGE_REFUSED_REASONS if lost.get(r, 0) > 0),
-        error=cut(f"page not normalised: {type(exc).__name__}: {exc}", MAX_ERROR_CHARS),
+        error=cut(f"page not normalised: {type(exc).__name__}: {exc}"),
     )
 
 

@@ -78,7 +78,6 @@ class PageLimits:
 
 
 DEFAULT_LIMITS = PageLimits()
-MAX_ERROR_CHARS = 300  # an error text (a parser quotes the bad line) is cut to this
 MAX_REQUESTS = 1e7  # running or waiting requests beyond this are no real engine's
 MAX_COUNTER = float(2**53)  # beyond this a float counter no longer counts by one
 MAX_MULTIPROC_FILES = 4096
@@ -117,11 +116,6 @@ def decode_page(data: bytes) -> tuple[str, int]:
     except UnicodeDecodeError:
         text = data.decode("utf-8", errors="replace")
         return text, max(1, text.count("\ufffd"))
-
-
-def bounded(text: str, limit: int = MAX_ERROR_CHARS) -> str:
-    """Return text cut to a length, marked with an ellipsis when cut."""
-    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
 def refusal(value: float, top: float = MAX_COUNTER) -> str:
@@ -237,7 +231,7 @@ def parse_page(text: str, *, prefilter: bool = True) -> list[Sample]:
         for fam in text_string_to_metric_families(body):
             out.extend(Sample(s.name, dict(s.labels), float(s.value)) for s in fam.samples)
     except Exception as exc:  # the parser raises ValueError, IndexError, KeyError... on a bad line
-        raise PageError(bounded(f"bad page: {type(exc).__name__}: {exc}")) from exc
+        raise PageError(engine_page.cut(f"bad page: {type(exc).__name__}: {exc}")) from exc
     return out
 
 
@@ -252,7 +246,7 @@ def _no_engine_metrics(text: str) -> PageError:
         if families or f"\n{prefix}" in f"\n{text}":
             read = ", ".join(n for n in engine_page.WANTED if n.startswith(prefix))
             return PageError(
-                bounded(
+                engine_page.cut(
                     f"the page has {len(families) or 'some'} {prefix} families but none that boundwatch "
                     f"reads ({read})",
                     1000,
@@ -385,13 +379,13 @@ def page_client(url: str, timeout: float, limits: PageLimits = DEFAULT_LIMITS) -
 def describe_error(exc: BaseException, timeout: float | None = None) -> str:
     """Return what a failed read means in words: refused, no answer, a bad page, an HTTP status."""
     if isinstance(exc, PageError | PageReadError):
-        return bounded(str(exc))
+        return engine_page.cut(str(exc))
     if isinstance(exc, TimeoutError):
         return f"no answer within {timeout:g} s" if timeout else "no answer in time"
     if isinstance(exc, ConnectionRefusedError):
         return "connection refused (nothing listens on that port)"
     text = str(exc)
-    return bounded(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
+    return engine_page.cut(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
 
 
 # --- multiprocess files ---------------------------------------------------------------------
@@ -571,7 +565,7 @@ def raw_from_multiproc(
     per_pid = tuple((pid, c) for pid, c in per_pid_raw if 0.0 <= c <= MAX_COUNTER)
     found = kind or engine_page.detect_kind(samples)
     if found is None:
-        raise PageError(bounded(f"no vllm: or sglang: metrics in {path}"), refused)
+        raise PageError(engine_page.cut(f"no vllm: or sglang: metrics in {path}"), refused)
     page = RawPage(_page_samples(samples), kind=kind, multiprocess=True, iteration_count_by_pid=per_pid)
     return EngineReading(
         name=name or found,

@@ -20,6 +20,7 @@ import pytest
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
 
 from exporter.analysis import dedup, engine_page, pipeline
+from exporter.analysis.engine_page import cut as bounded  # the old path's bounded, one helper now
 from exporter.config import Config
 from exporter.snapshot import Snapshot
 from exporter.snapshot.codec import from_json, to_json
@@ -30,7 +31,6 @@ from exporter.sources.engine_scrape import (
     MultiprocReader,
     PageError,
     PageLimits,
-    bounded,
     parse_page,
     raw_from_multiproc,
     raw_from_page,

@@ -12,6 +12,7 @@
 #   nvml       bench/nvml_calls.py (NVML per call and per tick)     -> nvml_calls_h200.json
 #   truth      bench/agent_graph_truth.py, late starts at b=1 and 8  -> agent_graph_truth_late_h200.json
 #   parts      bench/light_step_parts.py (the light step's parts, paired) -> light_step_parts_h200.json
+#   eager      bench/eager_processes.py (the eager loop before/after the agent starts, each process) -> eager_processes_h200.json
 #   gputests   the GPU-marked tests (probe and agent)                -> gpu_tests.txt
 #   probe      bench/probe_h200.py --sidecar (the self-test through the sidecar) -> probe_h200.json
 set -u
@@ -45,6 +46,9 @@ for step in ${STEPS:-env}; do
     side)
       timeout 200 python3 bench/sidecar_beside_engine.py --out "$O/sidecar_beside_engine_h200.json" \
         > /tmp/side.log 2>&1; echo "side rc=$?"; tail -3 /tmp/side.log ;;
+    eager)
+      timeout "${EAGER_T:-300}" python3 bench/eager_processes.py --rounds "${EAGER_ROUNDS:-4}" --seconds "${EAGER_SECONDS:-2}" \
+        ${EAGER_ARGS:-} --out "$O/eager_processes_h200.json" > /tmp/eager.log 2>&1; echo "eager rc=$?"; tail -22 /tmp/eager.log ;;
     nvml)
       timeout 120 python3 bench/nvml_calls.py --out "$O/nvml_calls_h200.json" > /tmp/nvml.log 2>&1
       echo "nvml rc=$?"; tail -25 /tmp/nvml.log ;;

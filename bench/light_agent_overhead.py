@@ -23,7 +23,8 @@ every workload once:
   whatever else differs between the processes, alone).
 - pause_after_decode / pause: a pure-Python loop that records the longest gap between its iterations,
   after the decode loops and after the CPU-step flood (~300k steps/s) (the agent's thread
-  holding the GIL shows up here as an added pause).
+  holding the GIL shows up here as an added pause); each long gap is named by what overlapped it (a
+  garbage collection, the agent's tick, a hook swap, or 'other': the OS, the VM).
 
 The goal (issue 9): <= 0.1% throughput on decode, no app pause added over 0.1 ms. Without torch or a
 GPU the GPU workloads are skipped with a message and the CPU ones still run. The parent listens on the
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import json
 import operator
 import os
@@ -159,20 +161,69 @@ def interleaved(raw: Any, hooked: Any, seconds: float, block: int = 10) -> dict[
     }
 
 
-def pause_probe(seconds: float) -> dict[str, Any]:
-    """Spin in pure Python and return the longest gaps between iterations (GIL taken by another thread)."""
-    gaps: list[int] = []
+class Spans:
+    """Intervals (perf_counter_ns) of what can hold the GIL while the pause probe spins: collections, agent calls."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[int, int, str]] = []
+        self._gc_at: dict[str, tuple[int, int]] = {}
+
+    def on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        now, who = time.perf_counter_ns(), threading.current_thread().name
+        if phase == "start":
+            self._gc_at[who] = (now, info.get("generation", -1))
+        elif who in self._gc_at:
+            t0, gen = self._gc_at.pop(who)
+            self.spans.append((t0, now, f"gc{gen}" + ("" if who == "MainThread" else f"@{who}")))
+
+    def wrap(self, owner: Any, name: str, label: str) -> None:
+        """Record each call of owner.name (an instance attribute in front of the method)."""
+        fn = getattr(owner, name)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter_ns()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.spans.append((t0, time.perf_counter_ns(), label))
+
+        setattr(owner, name, timed)
+
+    def what(self, a: int, b: int) -> str:
+        """Return the labels of the spans that overlap [a, b], 'other' if none."""
+        hit = sorted({lab for t0, t1, lab in self.spans if t0 < b and t1 > a})
+        return "+".join(hit) or "other"
+
+
+def pause_attributed(seconds: float, spans: Spans) -> dict[str, Any]:
+    """Spin in pure Python for `seconds`; return the longest gaps and what overlapped each."""
+    gaps: list[tuple[int, int]] = []
     last = time.perf_counter_ns()
     t_end = last + int(seconds * 1e9)
     while last < t_end:
         now = time.perf_counter_ns()
-        d = now - last
-        if d > 20_000:  # 20 us: keep only gaps worth looking at
-            gaps.append(d)
+        if now - last > 20_000:
+            gaps.append((last, now))
         last = now
-    gaps.sort()
-    return {"gaps_over_20us": len(gaps), "max_us": (gaps[-1] / 1e3) if gaps else 0.0,
-            "top5_us": [g / 1e3 for g in gaps[-5:]]}  # fmt: skip
+    gaps.sort(key=lambda g: g[0] - g[1])
+    by: dict[str, int] = {}
+    for a, b in gaps:
+        if b - a > 100_000:
+            k = spans.what(a, b)
+            by[k] = by.get(k, 0) + 1
+    return {
+        "gaps_over_20us": len(gaps),
+        "max_us": round((gaps[0][1] - gaps[0][0]) / 1e3, 1) if gaps else 0.0,
+        "top": [[round((b - a) / 1e3, 1), spans.what(a, b)] for a, b in gaps[:8]],
+        "over_100us_by_cause": by,
+        "spans": {  # how many of each, and the longest (wall time, GIL waits included)
+            lab: [
+                sum(1 for s in spans.spans if s[2] == lab),
+                round(max(s[1] - s[0] for s in spans.spans if s[2] == lab) / 1e3, 1),
+            ]
+            for lab in sorted({s[2] for s in spans.spans})
+        },
+    }
 
 
 def captured_steps(torch: Any, body: Any) -> tuple[Any, Any]:
@@ -314,17 +365,23 @@ def agent_thread_cpu_s() -> float | None:
 def child(mode: str, seconds: float) -> dict[str, Any]:
     res: dict[str, Any] = {"mode": mode, "pid": os.getpid()}
     light = mode == "light"
+    spans = Spans()  # what overlapped each pause: collections (either mode), the agent's ticks and swaps
+    gc.callbacks.append(spans.on_gc)
     if light:
         sys.path.insert(0, ROOT)
         from exporter import agent
 
         res["agent_state"] = agent.start(role="generic")  # before torch: the hooks see every capture
+        a = agent.current()
+        if a is not None:
+            spans.wrap(a, "tick", "tick")
+            spans.wrap(a.switch, "set_in", "swap")
     started = time.monotonic()
     res["gpu"] = gpu_workloads(light, seconds)
     if "skipped" in res["gpu"]:
         print(res["gpu"]["skipped"], file=sys.stderr, flush=True)
     # after an engine-like loop (hundreds of steps a second): what the agent's thread adds there
-    res["pause_after_decode"] = pause_probe(min(seconds, 3.0))
+    res["pause_after_decode"] = pause_attributed(min(seconds, 3.0), spans)
 
     def cpu_body() -> int:
         return sum(range(200))
@@ -335,7 +392,7 @@ def child(mode: str, seconds: float) -> dict[str, Any]:
     res["cpu_steps_same_process"] = interleaved(
         call_step(Engine(8, cpu_body)), call_step(engine_class(light)(8, cpu_body)), seconds
     )
-    res["pause"] = pause_probe(min(seconds, 5.0))
+    res["pause"] = pause_attributed(min(seconds, 5.0), spans)
     if light:
         from exporter import agent
 
@@ -438,9 +495,10 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
             continue
         if name.startswith("pause"):
             n_max = max(p["max_us"] for p in none_runs)
-            l_max = max(p["max_us"] for p in light_runs)
+            worst = max(light_runs, key=lambda p: p["max_us"])
+            l_max = worst["max_us"]
             out[name] = {"none_max_us": n_max, "light_max_us": l_max, "added_us": round(l_max - n_max, 1),
-                         "goal_us": 100.0}  # fmt: skip
+                         "goal_us": 100.0, "light_top": worst.get("top", [])[:4]}  # fmt: skip
             continue
         n = statistics.median(v["per_s"] for v in none_runs)
         li = statistics.median(v["per_s"] for v in light_runs)

@@ -63,3 +63,34 @@ def test_the_summary_of_gpu_runs_keeps_the_pairs_of_each_mode_apart_and_ratios_t
     assert s["decode_b1_same_process_aa"]["added_us_median"] == 0.0  # the processes without the agent
     assert s["noise_none_vs_none"] == {"decode_b1": 1.01, "eager": 1.0, "cpu_steps": 1.0, "plain_cpu": 1.0}
     assert s["plain_cpu"]["ratio"] == 1.0 and s["pause"]["added_us"] == 0.0
+
+
+def test_a_pause_is_named_by_the_collection_another_thread_ran_through_it() -> None:
+    import gc
+    import threading
+
+    sys.path.insert(0, str(ROOT))
+    from bench.light_agent_overhead import Spans, pause_attributed
+
+    junk = [[i] for i in range(300_000)]  # a heap a full collection takes milliseconds over
+    spans = Spans()
+    stop = threading.Event()
+
+    def collect() -> None:
+        while not stop.wait(0.05):
+            gc.collect()
+
+    gc.callbacks.append(spans.on_gc)
+    t = threading.Thread(target=collect, name="collector")
+    t.start()
+    try:
+        p = pause_attributed(1.0, spans)
+    finally:
+        stop.set()
+        t.join()
+        gc.callbacks.remove(spans.on_gc)
+    assert len(junk) == 300_000
+    assert spans.what(0, 1) == "other"  # nothing overlapped the process's first nanosecond
+    assert p["spans"]["gc2@collector"][0] >= 5
+    assert any(what == "gc2@collector" for _, what in p["top"]), p["top"]
+    assert p["over_100us_by_cause"].get("gc2@collector", 0) >= 1

@@ -61,10 +61,9 @@ class LightAgent:
         return self.state
 
     def _loop(self) -> None:
-        # Every wake-up takes the GIL from the engine's thread (a hand-over of 150-200 us on the H200's
-        # VM, bench/eager_processes.py): one per flush_s, and one more where the hooks are sampled (in
-        # for hook_share of each tick, then out: exporter.agent.switch). The hooks go in on the tick's
-        # own wake-up, right after it, so a sampled cycle wakes twice, not three times.
+        # Every wake-up takes the GIL from the engine's thread (a switch whose tail, on the H200's VM,
+        # reached 2 ms when this thread woke at 10 Hz; bench/README.md): one per flush_s, and one more
+        # where the hooks are sampled (in for hook_share of each tick, then out: exporter.agent.switch).
         share = self.settings.hook_share
         sw = self.switch
         cycling = share < 1.0 and sw.start_cycle()
@@ -72,12 +71,12 @@ class LightAgent:
         try:
             while True:
                 if cycling and sw.cycling:
+                    if self._stop.wait(out_s):
+                        break
                     sw.set_in(True)
                     if self._stop.wait(in_s):
                         break
                     sw.set_in(False)
-                    if self._stop.wait(out_s):
-                        break
                 elif self._stop.wait(self.settings.flush_s):
                     break
                 t = time.perf_counter_ns()

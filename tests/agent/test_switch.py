@@ -235,3 +235,39 @@ agent_pkg._agent.stop()
 """
     out = run(tmp_path, code)
     assert out == {"held": "a step hook installed by hand", "cycling": False}
+
+
+WAKES = """
+import json, time
+from exporter.agent import hooks
+from exporter.agent.light import LightAgent
+from exporter.agent.settings import Settings
+from exporter.agent.switch import SWITCH
+hooks.install()
+import torch
+from tests.agent.fresh import ListSender
+agent = LightAgent(Settings(socket="", flush_s=0.05, hook_share=0.25), sender=ListSender())
+waits, in_at_tick = [0], []
+wait, tick = agent._stop.wait, agent.tick
+def counted_wait(timeout=None):
+    waits[0] += 1
+    return wait(timeout)
+def counted_tick(*a, **k):
+    in_at_tick.append(SWITCH.hooks_in)
+    return tick(*a, **k)
+agent._stop.wait, agent.tick = counted_wait, counted_tick
+agent.start()
+time.sleep(1.0)
+agent.stop()
+print(json.dumps({"waits": waits[0], "ticks": len(in_at_tick) - 1, "in_at_tick": sorted(set(in_at_tick[:-1]))}))
+"""
+
+
+def test_a_sampled_cycle_wakes_the_agent_twice_a_tick(tmp_path: Path) -> None:
+    out = run(tmp_path, WAKES)
+    assert out["ticks"] >= 5, out
+    # each wake-up takes the GIL from the engine's thread (120-210 us on the H200's VM): one to swap the
+    # hooks in, one to swap them out and tick; a wait cut short by stop() is the one extra at most
+    assert out["waits"] in (2 * out["ticks"], 2 * out["ticks"] + 1, 2 * out["ticks"] + 2), out
+    # a tick runs with the hooks out (the slice has ended); the last tick is stop()'s, the hooks in for good
+    assert out["in_at_tick"] == [False]

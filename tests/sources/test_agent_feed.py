@@ -12,22 +12,12 @@ from exporter.analysis.agent_union import merge
 from exporter.config import AgentFeedConfig
 from exporter.snapshot.agent import AgentReading, AgentWindow
 from exporter.sources.agent_feed import AgentFeed
+from tests.fakes.clock import Clock
 
 MS = 1_000_000
 T0 = 1_764_400_000_000_000_000  # aligned to 0.5 s
 UUID = "GPU-6f5e2c1a-0b7d-4c39-9d0e-2f1a3b4c5d6e"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def wall_ns(self) -> int:
-        """Return the receive time: a little after the first window of these tests closed."""
-        return T0 + 2_000_000_000 + int((self.t - 1000.0) * 1e9)
+RECEIVED = T0 + 2_000_000_000  # the receive time at the clock's start: a little after the first window closed
 
 
 def window(t0: int, busy_ivs: list[tuple[int, int]], **kw: object) -> wire.Window:
@@ -48,7 +38,7 @@ def message(pid: int, windows: tuple[wire.Window, ...] = (), state: str = "runni
 
 @pytest.fixture
 async def feed(tmp_path: Path):  # type: ignore[no-untyped-def]
-    clock = Clock()
+    clock = Clock(wall_ns=RECEIVED)
     f = AgentFeed(
         AgentFeedConfig(socket=str(tmp_path / "run" / "agent.sock"), stale_seconds=5.0),
         clock=clock,

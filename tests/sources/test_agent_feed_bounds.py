@@ -17,7 +17,8 @@ from exporter.config import AgentFeedConfig
 from exporter.sources import agent_feed, unixsock
 from exporter.sources.agent_feed import AgentFeed
 from exporter.sources.base import SourceUnavailable
-from tests.sources.test_agent_feed import MS, T0, UUID, Clock, message, window
+from tests.fakes.clock import Clock
+from tests.sources.test_agent_feed import MS, RECEIVED, T0, UUID, message, window
 from tests.sources.test_agent_feed import raw as raw_windows
 
 NOBODY = 65534
@@ -40,7 +41,7 @@ async def send(path: str, *datagrams: bytes) -> None:
 
 
 def new_feed(path: Path, clock: Clock | None = None, **cfg: object) -> AgentFeed:
-    clock = clock or Clock()
+    clock = clock or Clock(wall_ns=RECEIVED)
     feed = AgentFeed(
         AgentFeedConfig(socket=str(path), stale_seconds=5.0, **cfg),  # type: ignore[arg-type]
         clock=clock,

@@ -35,6 +35,7 @@ from tests.fakes.promserver import (
     running_demo,
     running_prometheus,
 )
+from tests.fakes.wait import wait_until
 
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 PAGE = "BoundwatchGPUStarvedWhileWorkPending"
@@ -133,16 +134,6 @@ def running_alertmanager(workdir: Path, hook: str) -> Iterator[str]:
         _stop(proc)
 
 
-def _wait(cond: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.25)
-    raise TimeoutError(what)
-
-
 @pytest.mark.timeout(170)
 def test_page_reaches_the_receiver_in_the_host_bound_phase_and_resolves_after(tmp_path: Path) -> None:
     """Deliver the GPU-starved page for demo A's GPU 0 while it is host-bound, resolve it after, page nothing else."""
@@ -163,8 +154,8 @@ def test_page_reaches_the_receiver_in_the_host_bound_phase_and_resolves_after(tm
         pages = lambda status: [  # noqa: E731
             (t, a) for t, s, a in receiver.alerts() if a["labels"]["alertname"] == PAGE and s == status
         ]
-        fired = _wait(lambda: pages("firing"), 3 * PHASE, "the page never reached the receiver")
-        resolved = _wait(lambda: pages("resolved"), 2 * PHASE, "the page never resolved")
+        fired = wait_until(lambda: pages("firing"), 3 * PHASE, 0.25, "the page at the receiver")
+        resolved = wait_until(lambda: pages("resolved"), 2 * PHASE, 0.25, "the page resolved at the receiver")
         time.sleep(2)  # anything else in flight arrives
         # Prometheus saw B without any nvml series, and the real daemon's nvml down as absent hardware.
         assert not prom.query(f'boundwatch_source_up{{instance="{demo_b}",source="nvml"}}')["data"]["result"]

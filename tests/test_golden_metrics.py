@@ -25,20 +25,13 @@ from exporter.snapshot.engine import ThreadLoad
 from exporter.snapshot.host import CgroupCpu, HostReading, ProcessCpu
 from exporter.sources.engine_scrape import reading_from_page
 from exporter.sources.nvml import NvmlSource
+from tests.fakes.clock import Clock
 from tests.fakes.nvml_standin import FakeGpu, FakeNvml
 
 HERE = Path(__file__).parent
 GOLDEN = HERE / "fixtures" / "golden" / "metrics.txt"
 PROMTOOL = shutil.which("promtool")
 UUID = "GPU-8f3c0d5e-0000-0000-0000-000000000001"
-
-
-class Clock:
-    def __init__(self, t: float) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 class Fixed:

@@ -33,6 +33,7 @@ from exporter.snapshot.gpu import GpuReading
 from exporter.snapshot.host import ProcessCpu
 from exporter.snapshot.totals import GpuSource
 from exporter.sources.nvml import NvmlSource
+from tests.fakes.clock import Clock
 from tests.fakes.nvml_standin import FakeGpu, FakeNvml
 
 HERE = Path(__file__).parent
@@ -143,14 +144,6 @@ def steps(
         engine="vllm", steps=n, wall_ns=round(n * step_s * 1e9), gpu_busy_ns=0, gpu_measured=False,
         pid=pid, running=running, waiting=waiting, dp_rank=dp,
     )  # fmt: skip
-
-
-class Clock:
-    def __init__(self, t: float) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 class Fixed:

@@ -15,15 +15,8 @@ from exporter.snapshot.totals import EngineMethod, GpuSource, Totals
 from exporter.sources.base import BlockingReader, SourceUnavailable
 from exporter.sources.engine_scrape import raw_from_page
 from exporter.sources.nvml import NvmlSource
+from tests.fakes.clock import Clock
 from tests.fakes.nvml_standin import FakeGpu, FakeNvml
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 class Broken:
@@ -65,7 +58,7 @@ class Hung:
 
 
 async def test_a_failing_source_is_down_while_the_others_are_up():
-    clock = Clock()
+    clock = Clock(100.0)
     broken = Broken(ValueError("page is not Prometheus text"))
     nvml = NvmlSource(NvmlConfig(), nvml=FakeNvml())  # type: ignore[arg-type]
     sampler = Sampler(Config(), [nvml, broken], clock=clock)
@@ -80,14 +73,14 @@ async def test_a_failing_source_is_down_while_the_others_are_up():
 
 
 async def test_an_absent_party_is_down_but_not_counted_as_an_error():
-    sampler = Sampler(Config(), [Broken(SourceUnavailable("no engine found"))], clock=Clock())
+    sampler = Sampler(Config(), [Broken(SourceUnavailable("no engine found"))], clock=Clock(100.0))
     snap = await sampler.tick()
     assert snap.source("engine").up is False and snap.source("engine").errors_total == 0
 
 
 async def test_a_hung_blocking_read_times_out_and_is_not_started_again():
     hung = Hung()
-    sampler = Sampler(Config(), [hung], clock=Clock())
+    sampler = Sampler(Config(), [hung], clock=Clock(100.0))
     try:
         for _ in range(4):
             snap = await sampler.tick()
@@ -100,7 +93,7 @@ async def test_a_hung_blocking_read_times_out_and_is_not_started_again():
 
 async def test_history_is_bounded_by_history_seconds():
     cfg = Config(tick_seconds=0.5, history_seconds=2.0)
-    clock = Clock()
+    clock = Clock(100.0)
     sampler = Sampler(cfg, [], clock=clock)
     for _ in range(20):
         await sampler.tick()
@@ -110,7 +103,7 @@ async def test_history_is_bounded_by_history_seconds():
 
 
 async def test_nvml_and_gpm_busy_integrate_over_ticks_and_gpm_is_preferred():
-    clock = Clock()
+    clock = Clock(100.0)
     gpu = FakeGpu(util=50, gpm={1: 27.0, 2: 26.0})
     nvml = NvmlSource(NvmlConfig(), nvml=FakeNvml([gpu]))  # type: ignore[arg-type]
     sampler = Sampler(Config(), [nvml], clock=clock)
@@ -126,7 +119,7 @@ async def test_nvml_and_gpm_busy_integrate_over_ticks_and_gpm_is_preferred():
 
 
 async def test_history_keeps_counters_on_the_newest_snapshot_only_and_they_still_integrate():
-    clock = Clock()
+    clock = Clock(100.0)
     nvml = NvmlSource(NvmlConfig(), nvml=FakeNvml([FakeGpu(util=50) for _ in range(8)]))  # type: ignore[arg-type]
     sampler = Sampler(Config(), [nvml], clock=clock)
     for _ in range(11):
@@ -158,7 +151,7 @@ class PageSource:
 
 
 async def test_only_the_newest_snapshot_keeps_the_engines_raw_pages_and_every_one_is_normalised():
-    clock = Clock()
+    clock = Clock(100.0)
     sampler = Sampler(Config(), [PageSource()], clock=clock)
     for _ in range(6):
         await sampler.tick()
@@ -230,7 +223,7 @@ async def test_each_source_reports_its_own_read_time_not_that_of_the_slowest_in_
 async def test_a_read_that_stays_late_past_the_stale_limit_marks_the_source_down():
     cfg = Config(tick_seconds=0.05, history_seconds=10)
     slow = Slow(0.0)
-    clock = Clock()
+    clock = Clock(100.0)
     sampler = Sampler(cfg, [slow], clock=clock)
     await sampler.tick()
     slow.delay = 10
@@ -257,7 +250,7 @@ async def test_scheduled_probe_runs_while_idle_and_its_result_reaches_the_snapsh
         return logic.finish({"schema": 1, "finished_at": 1.0, "duty": {"phases": [phase]}})
 
     cfg = Config(probe=ProbeConfig(enabled=True, interval_seconds=600, idle_seconds=2, idle_busy_max=0.02))
-    clock, wall = Clock(), Clock()
+    clock, wall = Clock(100.0), Clock(100.0)
     idle = FakeGpu(util=0, gpm={1: 0.0, 2: 0.0})
     nvml = NvmlSource(NvmlConfig(), nvml=FakeNvml([idle]))  # type: ignore[arg-type]
     sampler = Sampler(cfg, [nvml], clock=clock, wall=wall, probes=ProbeScheduler(cfg, runner=probe_process))
@@ -314,7 +307,7 @@ class _SyncOnly:
 
 async def test_the_sampler_starts_each_source_once_and_closes_each_once_however_often_it_is_closed():
     src, plain = _Lifecycle(), _SyncOnly()
-    sampler = Sampler(Config(), [src, plain], clock=Clock())
+    sampler = Sampler(Config(), [src, plain], clock=Clock(100.0))
     await sampler.start()
     await sampler.tick()
     await sampler.aclose()
@@ -326,7 +319,7 @@ async def test_the_sampler_starts_each_source_once_and_closes_each_once_however_
 
 async def test_a_source_that_cannot_start_is_logged_and_still_read_each_tick():
     src = _Lifecycle(fail_start=True)
-    sampler = Sampler(Config(), [src], clock=Clock())
+    sampler = Sampler(Config(), [src], clock=Clock(100.0))
     with structlog.testing.capture_logs() as logs:
         await sampler.start()
     await sampler.tick()
@@ -392,7 +385,7 @@ async def _run(compacting: bool, monkeypatch, ticks: int = 60):
 
     if not compacting:
         monkeypatch.setattr(sampling, "compact", lambda snap: snap)
-    clock = Clock()
+    clock = Clock(100.0)
     gpus = [FakeGpu(uuid=f"GPU-{i}") for i in range(4)]
     nvml = NvmlSource(NvmlConfig(), nvml=FakeNvml(gpus))  # type: ignore[arg-type]
     sampler = Sampler(Config(tick_seconds=0.5, history_seconds=10.0), [nvml, ChangingEngine()], clock=clock)

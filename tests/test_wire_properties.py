@@ -15,6 +15,7 @@ from exporter.snapshot import Snapshot
 from exporter.snapshot.totals import HistogramValue
 from exporter.sources import agent_feed
 from exporter.sources.agent_feed import AgentFeed
+from tests.fakes.clock import Clock
 
 MS = 1_000_000
 WALL = 1_796_000_000_000_000_000  # the feed's receive clock in these tests (Dec 2026), ns
@@ -137,21 +138,10 @@ messages = st.builds(
 )
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def wall_ns(self) -> int:
-        return WALL + int((self.t - 100.0) * 1e9)
-
-
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.lists(messages, max_size=6), min_size=1, max_size=8))
 def test_no_message_sequence_makes_a_counter_decrease_or_nan(ticks: list[list[bytes]]) -> None:
-    clock = Clock()
+    clock = Clock(100.0, wall_ns=WALL)
     feed = AgentFeed(AgentFeedConfig(socket="/nonexistent/agent.sock"), clock=clock, wall_ns=clock.wall_ns)
     cfg = Config()
     history: list[Snapshot] = []

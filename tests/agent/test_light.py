@@ -1,5 +1,6 @@
 """The light agent: CUDAGraph hooks against a stand-in torch, no CUPTI loaded, GRAPH_TRACE safety, integrals."""
 
+import contextlib
 import os
 import socket
 import time
@@ -13,6 +14,7 @@ from exporter.agent.settings import Settings, resolve_mode
 from exporter.agent.steps import MODE_EAGER, MODE_GRAPH, StepTracker
 from tests.agent import fake_torch
 from tests.agent.fresh import run_fresh
+from tests.fakes.wait import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 MS = 1_000_000
@@ -224,10 +226,16 @@ def test_light_agent_sends_steps_and_graph_counts_on_the_wire(tmp_path: Path) ->
     now = time.time_ns()
     agent.steps.record("vllm", now - 20 * MS, now - 10 * MS, 64, 8, 8, 2, 128, 0)
     agent.steps.record("vllm", now - 10 * MS, now, 64, 8, 8, 0, 128, 0)
-    time.sleep(0.2)
-    agent.stop()
-    msgs = []
+    msgs: list[wire.Message] = []
+
+    def both_steps_sent() -> bool:
+        with contextlib.suppress(TimeoutError):
+            msgs.append(wire.decode(rx.recv(wire.MAX_DATAGRAM_BYTES)))
+        return sum(s.n for m in msgs for s in m.steps) >= 2
+
     try:
+        wait_until(both_steps_sent, what="both steps on the wire while the agent runs")
+        agent.stop()
         while True:
             msgs.append(wire.decode(rx.recv(wire.MAX_DATAGRAM_BYTES)))
     except TimeoutError:

@@ -11,17 +11,10 @@ from exporter.agent.steps import StepTracker
 from exporter.agent.switch import SWITCHED, Carry, Switch
 from tests.agent import fake_torch, fake_vllm
 from tests.agent.fresh import run_fresh
+from tests.fakes.clock import Clock
 
 ROOT = Path(__file__).resolve().parents[2]
 MS = 1_000_000
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1_000 * MS
-
-    def __call__(self) -> int:
-        return self.t
 
 
 def test_the_switch_puts_the_engines_own_functions_back_class_and_bound_alike() -> None:
@@ -37,7 +30,7 @@ def test_the_switch_puts_the_engines_own_functions_back_class_and_bound_alike() 
     def hooked(self: Core) -> str:
         return "hooked"
 
-    sw = Switch(Clock())
+    sw = Switch(Clock(1_000 * MS))
     sw.add(Core, "step", own, hooked)
     core = Core()  # bound at init while the hook is in: its step_fn holds the hook
     assert core.step_fn() == "hooked" and getattr(hooked, SWITCHED)
@@ -63,7 +56,7 @@ def one_site_cycling() -> tuple[types.SimpleNamespace, object, object, Switch]:
     def hook() -> str:
         return "hooked"
 
-    sw = Switch(Clock())
+    sw = Switch(Clock(1_000 * MS))
     sw.add(mod, "f", own, hook)
     assert sw.start_cycle()
     return mod, own, hook, sw
@@ -93,7 +86,7 @@ def test_a_forked_child_puts_the_hooks_back_in_until_an_agent_cycles_them() -> N
 
 
 def test_the_scale_is_the_span_over_the_time_the_hooks_were_in() -> None:
-    clock = Clock()
+    clock = Clock(1_000 * MS)
     sw = Switch(clock)
     assert sw.start_cycle()
     clock.t += 500 * MS

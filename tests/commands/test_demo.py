@@ -9,14 +9,7 @@ from exporter.cli import main
 from exporter.commands.demo import PHASES, World, demo_sources, make_demo_app
 from exporter.config import Config, load
 from exporter.sampling import Sampler
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
+from tests.fakes.clock import Clock
 
 
 async def _run(world: World, clock: Clock, cfg: Config, seconds: float) -> Sampler:

@@ -1,4 +1,4 @@
-"""A small vLLM page (engine 0, model m) with the values a test gives, a server of such pages, a still clock."""
+"""A small vLLM page (engine 0, model m) with the values a test gives, a server of such pages."""
 
 from __future__ import annotations
 
@@ -40,16 +40,6 @@ class Pages:
         app = web.Application()
         app.router.add_get("/{name}/metrics", self.handle)
         return app
-
-
-class Clock:
-    """A clock that stands still until a test moves `now`."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def engine_config(urls: tuple[str, ...], tick: float = 0.5, **engine: object) -> Config:

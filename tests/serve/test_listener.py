@@ -6,19 +6,12 @@ import configparser
 import structlog
 
 from exporter.serve.listener import RateLimitedLoopErrors, connection_cap
+from tests.fakes.clock import Clock
 from tests.fakes.promserver import ROOT
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def test_the_same_loop_error_is_logged_once_every_ten_seconds():
-    clock = Clock()
+    clock = Clock(0.0)
     handler = RateLimitedLoopErrors(every=10.0, clock=clock)
     loop = asyncio.new_event_loop()
     try:

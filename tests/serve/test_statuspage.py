@@ -16,15 +16,8 @@ from exporter.snapshot import Snapshot, SourceStatus
 from exporter.snapshot.engine import EngineReading
 from exporter.snapshot.host import ProcessCpu
 from exporter.snapshot.verdict import Verdict
+from tests.fakes.clock import Clock
 from tests.fakes.pagedom import Node, parse
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 async def _demo(world: World, clock: Clock, seconds: float, cfg: Config | None = None) -> Sampler:

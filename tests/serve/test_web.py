@@ -9,20 +9,13 @@ from exporter.config import Config, NvmlConfig, WebConfig
 from exporter.sampling import Sampler
 from exporter.serve.web import make_app
 from exporter.sources.nvml import NvmlSource
+from tests.fakes.clock import Clock
 from tests.fakes.nvml_standin import FakeNvml
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 50.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 async def _client(aiohttp_client, cfg=None, clock=None):
     cfg = cfg or Config()
-    clock = clock or Clock()
+    clock = clock or Clock(50.0)
     sampler = Sampler(cfg, [NvmlSource(NvmlConfig(), nvml=FakeNvml())], clock=clock)  # type: ignore[arg-type]
     await sampler.tick()
     clock.t += 0.5
@@ -50,7 +43,7 @@ async def test_metrics_negotiate_openmetrics(aiohttp_client):
 
 
 async def test_healthz_is_ok_while_fresh_and_503_when_ticks_stop(aiohttp_client):
-    clock = Clock()
+    clock = Clock(50.0)
     client, _ = await _client(aiohttp_client, clock=clock)
     assert (await client.get("/healthz")).status == 200
     clock.t += 60
@@ -58,7 +51,7 @@ async def test_healthz_is_ok_while_fresh_and_503_when_ticks_stop(aiohttp_client)
 
 
 async def test_stale_snapshot_is_not_served_as_fresh(aiohttp_client):
-    clock = Clock()
+    clock = Clock(50.0)
     client, _ = await _client(aiohttp_client, clock=clock)
     clock.t += 60
     text = await (await client.get("/metrics")).text()
@@ -84,7 +77,7 @@ async def test_status_page_says_no_engine_found_when_the_engine_source_found_non
         def close(self) -> None:
             pass
 
-    clock = Clock()
+    clock = Clock(50.0)
     sampler = Sampler(Config(), [NoEngines()], clock=clock)  # type: ignore[list-item]
     await sampler.tick()
     client = await aiohttp_client(make_app(Config(), sampler))

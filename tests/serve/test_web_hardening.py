@@ -17,17 +17,10 @@ from exporter.serve.web import make_app
 from exporter.snapshot.engine import EngineReading
 from exporter.snapshot.host import HostReading, ProcessCpu
 from exporter.sources.nvml import NvmlSource
+from tests.fakes.clock import Clock
 from tests.fakes.nvml_standin import FakeGpu, FakeNvml
 
 OPENMETRICS = {"Accept": "application/openmetrics-text; version=1.0.0"}
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 50.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 async def _sampler(clock: Clock, gpus: int = 8) -> Sampler:
@@ -40,7 +33,7 @@ async def _sampler(clock: Clock, gpus: int = 8) -> Sampler:
 
 
 async def test_many_scrapes_in_one_tick_render_the_page_once_per_format(aiohttp_client):
-    clock = Clock()
+    clock = Clock(50.0)
     sampler = await _sampler(clock)
     client = await aiohttp_client(make_app(Config(), sampler))
     pages = client.app[web.PAGES]
@@ -58,7 +51,7 @@ async def test_many_scrapes_in_one_tick_render_the_page_once_per_format(aiohttp_
 
 
 async def test_ticks_without_scrapes_render_nothing(aiohttp_client):
-    clock = Clock()
+    clock = Clock(50.0)
     sampler = await _sampler(clock)
     client = await aiohttp_client(make_app(Config(), sampler))
     for _ in range(10):
@@ -70,7 +63,7 @@ async def test_ticks_without_scrapes_render_nothing(aiohttp_client):
 
 
 async def test_a_stalled_sampler_page_still_ages(aiohttp_client):
-    clock = Clock()
+    clock = Clock(50.0)
     sampler = await _sampler(clock)
     client = await aiohttp_client(make_app(Config(), sampler))
     first = await (await client.get("/metrics")).text()
@@ -81,7 +74,7 @@ async def test_a_stalled_sampler_page_still_ages(aiohttp_client):
 
 
 async def test_gzip_when_asked_compressed_once_per_tick(aiohttp_client):
-    clock = Clock()
+    clock = Clock(50.0)
     sampler = await _sampler(clock)
     client = await aiohttp_client(make_app(Config(), sampler))
     plain = await (
@@ -147,7 +140,7 @@ def _with_secrets(snap):
 
 
 async def test_snapshot_json_has_no_command_line_and_no_bare_nan(aiohttp_client):
-    sampler = await _sampler(Clock(), gpus=1)
+    sampler = await _sampler(Clock(50.0), gpus=1)
     client = await aiohttp_client(make_app(Config(), _Provider(sampler, _with_secrets)))  # type: ignore[arg-type]
     resp = await client.get("/api/snapshot")
     text = await resp.text()
@@ -188,7 +181,7 @@ async def _auth_client(aiohttp_client, tmp_path, clock, **web):
         f"prom:{bcrypt.hashpw(b's3cret', bcrypt.gensalt(rounds=web.pop('rounds', 4))).decode()}\n"
     )
     cfg = Config(web=WebConfig(basic_auth_file=str(users), **web))
-    sampler = await _sampler(Clock(), gpus=1)
+    sampler = await _sampler(Clock(50.0), gpus=1)
     return await aiohttp_client(make_app(cfg, sampler, **({} if clock is None else {"clock": clock})))
 
 
@@ -210,7 +203,7 @@ async def test_unknown_user_takes_as_long_as_a_wrong_password(aiohttp_client, tm
 
 
 async def test_a_wrong_password_flood_runs_few_checks_and_gets_429(aiohttp_client, tmp_path):
-    clock = Clock()
+    clock = Clock(50.0)
     client = await _auth_client(aiohttp_client, tmp_path, clock, auth_failure_burst=3)
     auth = client.app[web.AUTH]
     answers = await asyncio.gather(*(client.get("/metrics", headers=_basic("prom", "x")) for _ in range(12)))
@@ -234,7 +227,7 @@ async def test_a_wrong_password_flood_runs_few_checks_and_gets_429(aiohttp_clien
 async def test_a_stale_snapshot_is_logged_once_not_per_scrape(aiohttp_client):
     import structlog
 
-    clock = Clock()
+    clock = Clock(50.0)
     sampler = await _sampler(clock, gpus=1)
     client = await aiohttp_client(make_app(Config(), sampler))
     with structlog.testing.capture_logs() as logs:

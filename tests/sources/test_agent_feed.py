@@ -1,6 +1,5 @@
 """The sidecar's agent feed on a real unix datagram socket: raw windows handed out when ready, through the union, states."""
 
-import asyncio
 import os
 import socket
 from pathlib import Path
@@ -12,22 +11,13 @@ from exporter.analysis.agent_union import merge
 from exporter.config import AgentFeedConfig
 from exporter.snapshot.agent import AgentReading, AgentWindow
 from exporter.sources.agent_feed import AgentFeed
+from tests.fakes.clock import Clock
+from tests.fakes.wait import wait_until_async
 
 MS = 1_000_000
 T0 = 1_764_400_000_000_000_000  # aligned to 0.5 s
 UUID = "GPU-6f5e2c1a-0b7d-4c39-9d0e-2f1a3b4c5d6e"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def wall_ns(self) -> int:
-        """Return the receive time: a little after the first window of these tests closed."""
-        return T0 + 2_000_000_000 + int((self.t - 1000.0) * 1e9)
+RECEIVED = T0 + 2_000_000_000  # the receive time at the clock's start: a little after the first window closed
 
 
 def window(t0: int, busy_ivs: list[tuple[int, int]], **kw: object) -> wire.Window:
@@ -48,7 +38,7 @@ def message(pid: int, windows: tuple[wire.Window, ...] = (), state: str = "runni
 
 @pytest.fixture
 async def feed(tmp_path: Path):  # type: ignore[no-untyped-def]
-    clock = Clock()
+    clock = Clock(wall_ns=RECEIVED)
     f = AgentFeed(
         AgentFeedConfig(socket=str(tmp_path / "run" / "agent.sock"), stale_seconds=5.0),
         clock=clock,
@@ -60,12 +50,15 @@ async def feed(tmp_path: Path):  # type: ignore[no-untyped-def]
     f.close()
 
 
-async def send(path: str, *datagrams: bytes) -> None:
+async def send(feed: AgentFeed, *datagrams: bytes) -> None:
+    """Send datagrams to the feed's socket and return once the feed has taken them all."""
+    before = feed._messages
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
         for d in datagrams:
-            s.sendto(d, path)
-    for _ in range(5):
-        await asyncio.sleep(0.01)
+            s.sendto(d, feed.cfg.socket)
+    await wait_until_async(
+        lambda: feed._messages >= before + len(datagrams), what=f"{len(datagrams)} datagrams"
+    )
 
 
 async def test_one_agent_window_reaches_the_reading(feed: AgentFeed) -> None:
@@ -78,7 +71,7 @@ async def test_one_agent_window_reaches_the_reading(feed: AgentFeed) -> None:
         gaps=(0,) * 6 + (2,) + (0,) * 4,
         gap_sum=170 * MS,
     )
-    await send(feed.cfg.socket, message(4242, (w,)))
+    await send(feed, message(4242, (w,)))
     reading = await feed.read()
     (g,) = reading.windows
     assert (g.gpu, g.uuid, g.running) == (0, UUID, 1)
@@ -96,11 +89,11 @@ async def test_one_agent_window_reaches_the_reading(feed: AgentFeed) -> None:
 async def test_two_processes_on_one_gpu_are_unioned(feed: AgentFeed) -> None:
     a = window(T0, [(T0, T0 + 300 * MS)])
     b = window(T0, [(T0 + 200 * MS, T0 + 400 * MS)])
-    await send(feed.cfg.socket, message(1, ()), message(2, ()))  # both known before their windows
+    await send(feed, message(1, ()), message(2, ()))  # both known before their windows
     await feed.read()
-    await send(feed.cfg.socket, message(1, (a,)))
+    await send(feed, message(1, (a,)))
     assert raw(await feed.read()) == []  # waits for the other process on this GPU
-    await send(feed.cfg.socket, message(2, (b,)))
+    await send(feed, message(2, (b,)))
     reading = await feed.read()
     assert sorted(w.pid for w in raw(reading)) == [1, 2]
     (act,) = merge(reading, None).activity
@@ -109,9 +102,9 @@ async def test_two_processes_on_one_gpu_are_unioned(feed: AgentFeed) -> None:
 
 
 async def test_a_window_missing_from_one_process_is_merged_after_the_wait(feed: AgentFeed) -> None:
-    await send(feed.cfg.socket, message(1), message(2))
+    await send(feed, message(1), message(2))
     await feed.read()
-    await send(feed.cfg.socket, message(1, (window(T0, [(T0, T0 + 100 * MS)]),)))
+    await send(feed, message(1, (window(T0, [(T0, T0 + 100 * MS)]),)))
     assert raw(await feed.read()) == []
     feed.test_clock.t += 1.5  # type: ignore[attr-defined]
     (act,) = merge(await feed.read(), None).activity
@@ -119,14 +112,14 @@ async def test_a_window_missing_from_one_process_is_merged_after_the_wait(feed: 
 
 
 async def test_bad_datagrams_are_counted_not_raised(feed: AgentFeed) -> None:
-    await send(feed.cfg.socket, b"GET / HTTP/1.1", b'{"v": 9, "pid": 1, "state": "running"}', message(7))
+    await send(feed, b"GET / HTTP/1.1", b'{"v": 9, "pid": 1, "state": "running"}', message(7))
     reading = await feed.read()
     assert (reading.messages, reading.bad_messages) == (3, 2)
     assert "version" in feed.last_error or "JSON" in feed.last_error
 
 
 async def test_silent_agent_turns_stale_then_is_forgotten(feed: AgentFeed) -> None:
-    await send(feed.cfg.socket, message(9))
+    await send(feed, message(9))
     assert [a.state for a in (await feed.read()).agents] == ["running"]
     feed.test_clock.t += 6  # type: ignore[attr-defined]
     assert [a.state for a in (await feed.read()).agents] == ["stale"]
@@ -140,7 +133,7 @@ async def test_unavailable_agent_reports_its_reason(feed: AgentFeed) -> None:
             pid=5, state="unavailable", detail="cuptiError: CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED"
         )
     )
-    await send(feed.cfg.socket, raw)
+    await send(feed, raw)
     (agent,) = (await feed.read()).agents
     assert agent.state == "unavailable" and "MULTIPLE_SUBSCRIBERS" in agent.detail and agent.gpu == -1
 
@@ -148,7 +141,7 @@ async def test_unavailable_agent_reports_its_reason(feed: AgentFeed) -> None:
 async def test_engine_steps_are_summed_per_engine(feed: AgentFeed) -> None:
     hist = (0,) * 5 + (7,) + (0,) * 6
     s = wire.Steps("vllm", n=7, wall=504 * MS, gpu=136 * MS, tokens=1120, seqs=1120, hist=hist)
-    await send(feed.cfg.socket, message(3, steps=(s,)), message(3, steps=(s,)))
+    await send(feed, message(3, steps=(s,)), message(3, steps=(s,)))
     (steps,) = (await feed.read()).steps
     assert (steps.engine, steps.steps, steps.wall_ns, steps.gpu_busy_ns, steps.seqs) == (
         "vllm",
@@ -162,9 +155,9 @@ async def test_engine_steps_are_summed_per_engine(feed: AgentFeed) -> None:
 
 
 async def test_latest_ratio_is_kept_between_windows_while_the_agent_lives(feed: AgentFeed) -> None:
-    await send(feed.cfg.socket, message(1, (window(T0, [(T0, T0 + 450 * MS)]),)))
+    await send(feed, message(1, (window(T0, [(T0, T0 + 450 * MS)]),)))
     first = merge(await feed.read(), None)
-    await send(feed.cfg.socket, message(1))
+    await send(feed, message(1))
     reading = await feed.read()
     assert [(g.running, g.windows) for g in reading.windows] == [(1, ())]
     (act,) = merge(reading, first).activity
@@ -177,7 +170,7 @@ async def test_restarted_sidecar_replaces_a_stale_socket_file(tmp_path: Path) ->
     f = AgentFeed(AgentFeedConfig(socket=str(path)))
     await f.start()
     try:
-        await send(str(path), message(1))
+        await send(f, message(1))
         assert (await f.read()).messages == 1
     finally:
         f.close()
@@ -207,10 +200,7 @@ async def test_light_agent_round_trip_fills_engine_steps_and_graph_use(feed: Age
             agent.steps.record(
                 "vllm", T0 + (end - 10) * MS, T0 + end * MS, 5, running, running, waiting, 8, 0
             )
-        for _ in range(40):
-            await asyncio.sleep(0.01)
-            if feed._steps:
-                break
+        await wait_until_async(lambda: feed._steps, what="the light agent's steps")
         reading = await feed.read()
     finally:
         agent.stop()

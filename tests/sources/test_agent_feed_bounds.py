@@ -17,30 +17,35 @@ from exporter.config import AgentFeedConfig
 from exporter.sources import agent_feed, unixsock
 from exporter.sources.agent_feed import AgentFeed
 from exporter.sources.base import SourceUnavailable
-from tests.sources.test_agent_feed import MS, T0, UUID, Clock, message, window
+from tests.fakes.clock import Clock
+from tests.fakes.wait import wait_until_async
+from tests.sources.test_agent_feed import MS, RECEIVED, T0, UUID, message, window
 from tests.sources.test_agent_feed import raw as raw_windows
 
 NOBODY = 65534
 OTHER_UUID = "GPU-0a1b2c3d-0000-4000-8000-0123456789ab"
 
 
-async def send(path: str, *datagrams: bytes) -> None:
-    """Send datagrams without blocking the loop the feed reads on (the receive queue holds only a few)."""
+async def send(feed: AgentFeed, *datagrams: bytes) -> None:
+    """Send datagrams without blocking the loop the feed reads on (the receive queue holds only a few);
+    return once the feed has taken them all."""
+    before = feed._messages
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
         s.setblocking(False)
         for d in datagrams:
             while True:
                 try:
-                    s.sendto(d, path)
+                    s.sendto(d, feed.cfg.socket)
                     break
                 except BlockingIOError:
                     await asyncio.sleep(0.001)
-    for _ in range(5):
-        await asyncio.sleep(0.01)
+    await wait_until_async(
+        lambda: feed._messages >= before + len(datagrams), what=f"{len(datagrams)} datagrams"
+    )
 
 
 def new_feed(path: Path, clock: Clock | None = None, **cfg: object) -> AgentFeed:
-    clock = clock or Clock()
+    clock = clock or Clock(wall_ns=RECEIVED)
     feed = AgentFeed(
         AgentFeedConfig(socket=str(path), stale_seconds=5.0, **cfg),  # type: ignore[arg-type]
         clock=clock,
@@ -129,7 +134,7 @@ async def test_the_poison_window_of_the_report_is_rejected(feed: AgentFeed) -> N
         "state": "running",
         "windows": [{"dev": 0, "t0": 1, "t1": 1 + 2**63, "busy": 2**62}],
     }
-    await send(feed.cfg.socket, raw(poison))
+    await send(feed, raw(poison))
     reading = await feed.read()
     assert reading.bad_messages == 1 and raw_windows(reading) == []
 
@@ -146,7 +151,7 @@ async def test_windows_outside_physical_limits_are_refused_and_counted(
     feed: AgentFeed, kw: dict[str, int], reason: str
 ) -> None:
     w = wire.Window(**{"dev": 0, "t0": T0, "t1": T0 + 500 * MS, "busy": 100 * MS, **kw})  # type: ignore[arg-type]
-    await send(feed.cfg.socket, message(1, (w,)))
+    await send(feed, message(1, (w,)))
     feed.test_clock.t += 2  # type: ignore[attr-defined]
     reading = await feed.read()
     assert raw_windows(reading) == [] and refused(reading)[reason] == 1
@@ -154,7 +159,7 @@ async def test_windows_outside_physical_limits_are_refused_and_counted(
 
 async def test_a_replayed_window_counts_once(feed: AgentFeed) -> None:
     data = message(1, (window(T0, [(T0, T0 + 400 * MS)]),))
-    await send(feed.cfg.socket, *([data] * 50))
+    await send(feed, *([data] * 50))
     feed.test_clock.t += 2  # type: ignore[attr-defined]
     reading = await feed.read()
     assert [w.busy_ns for w in raw_windows(reading)] == [400 * MS]
@@ -168,7 +173,7 @@ async def test_steps_over_a_plausible_rate_are_refused(feed: AgentFeed) -> None:
     ok = wire.Steps(
         "vllm", n=7, wall=70 * MS, t0=T0 + 3 * MS, t1=T0 + 80 * MS, hist=(0,) * 3 + (7,) + (0,) * 8
     )
-    await send(feed.cfg.socket, message(3, steps=(fast,)), message(3, steps=(long,)), message(3, steps=(ok,)))
+    await send(feed, message(3, steps=(fast,)), message(3, steps=(long,)), message(3, steps=(ok,)))
     reading = await feed.read()
     assert [(s.engine, s.steps) for s in reading.steps] == [("vllm", 7)]
     assert refused(reading)["limits"] == 2
@@ -176,7 +181,7 @@ async def test_steps_over_a_plausible_rate_are_refused(feed: AgentFeed) -> None:
 
 async def test_untimed_steps_cannot_outrun_the_clock(feed: AgentFeed) -> None:
     s = wire.Steps("vllm", n=1000, wall=10_000 * MS, hist=(0,) * 11 + (1000,))  # 10 s of steps per message
-    await send(feed.cfg.socket, *(message(4, steps=(s,)) for _ in range(20)))  # all at once
+    await send(feed, *(message(4, steps=(s,)) for _ in range(20)))  # all at once
     reading = await feed.read()
     (steps,) = reading.steps
     assert 0 < steps.wall_ns <= agent_feed.STEP_BURST_NS * agent_feed.MAX_STEP_THREADS
@@ -190,7 +195,7 @@ async def test_deep_nesting_and_huge_integers_are_bad_messages(feed: AgentFeed) 
     deep = b"[" * 5000 + b"]" * 5000
     huge = b'{"v": 1, "pid": ' + b"9" * 5000 + b', "state": "running"}'
     nested_obj = b'{"v": 1, "pid": 1, "state": "running", "detail": ' + b"[" * 3000 + b"]" * 3000 + b"}"
-    await send(feed.cfg.socket, deep, huge, nested_obj, message(7))
+    await send(feed, deep, huge, nested_obj, message(7))
     reading = await feed.read()
     assert (reading.messages, reading.bad_messages) == (4, 3)
     assert [a.pid for a in reading.agents] == [7]
@@ -199,7 +204,7 @@ async def test_deep_nesting_and_huge_integers_are_bad_messages(feed: AgentFeed) 
 async def test_a_datagram_over_the_limit_is_bad_not_truncated_into_a_message(feed: AgentFeed) -> None:
     body = wire.encode(wire.Message(pid=8, state="running"))
     padded = body[:-1] + b', "x": "' + b"a" * wire.MAX_DATAGRAM_BYTES + b'"}'
-    await send(feed.cfg.socket, padded)
+    await send(feed, padded)
     reading = await feed.read()
     assert reading.bad_messages == 1 and reading.agents == ()
 
@@ -214,7 +219,7 @@ async def test_two_processes_each_with_ordinal_0_are_two_gpus_without_nvml(feed:
     b = wire.Message(
         pid=2, state="running", devices=((0, OTHER_UUID),), windows=(window(T0, [(T0, T0 + 300 * MS)]),)
     )
-    await send(feed.cfg.socket, wire.encode(a), wire.encode(b))
+    await send(feed, wire.encode(a), wire.encode(b))
     feed.test_clock.t += 2  # type: ignore[attr-defined]
     reading = await feed.read()
     first = merge(reading, None)
@@ -225,7 +230,7 @@ async def test_two_processes_each_with_ordinal_0_are_two_gpus_without_nvml(feed:
     # stable: the same UUIDs keep their indices in later windows
     w2 = window(T0 + 500 * MS, [(T0 + 500 * MS, T0 + 600 * MS)])
     await send(
-        feed.cfg.socket,
+        feed,
         wire.encode(a.__class__(pid=2, state="running", devices=((0, OTHER_UUID),), windows=(w2,))),
     )
     feed.test_clock.t += 2  # type: ignore[attr-defined]
@@ -316,11 +321,11 @@ async def test_a_sender_outside_the_allow_list_is_dropped_and_counted(shared_dir
     try:
         fake = message(666, (window(T0, [(T0, T0 + 500 * MS)]),))
         assert _send_as(NOBODY, NOBODY, f.cfg.socket, fake) == ""  # the kernel let it through
-        await asyncio.sleep(0.05)
+        await wait_until_async(lambda: f._messages >= 1, what="the datagram sent as nobody")
         reading = await f.read()
         assert reading.agents == () and reading.windows == ()
         assert refused(reading)["peer"] == 1 and reading.messages == 1
-        await send(f.cfg.socket, message(1))  # root is allowed
+        await send(f, message(1))  # root is allowed
         assert [a.pid for a in (await f.read()).agents] == [1]
     finally:
         f.close()
@@ -336,7 +341,7 @@ async def test_an_allowed_uid_may_send(shared_dir: Path) -> None:
     await f.start()
     try:
         assert _send_as(NOBODY, NOBODY, f.cfg.socket, message(42)) == ""
-        await asyncio.sleep(0.05)
+        await wait_until_async(lambda: f._messages >= 1, what="the datagram sent as nobody")
         assert [a.pid for a in (await f.read()).agents] == [42]
     finally:
         f.close()
@@ -361,7 +366,7 @@ async def test_a_second_feed_never_unlinks_a_live_socket(feed: AgentFeed) -> Non
         await second.start()
     second.close()
     assert os.stat(feed.cfg.socket).st_ino == inode
-    await send(feed.cfg.socket, message(5))
+    await send(feed, message(5))
     assert [a.pid for a in (await feed.read()).agents] == [5]
 
 
@@ -390,7 +395,7 @@ async def test_a_dead_socket_is_replaced(tmp_path: Path) -> None:
     f = new_feed(path)
     await f.start()
     try:
-        await send(str(path), message(1))
+        await send(f, message(1))
         assert (await f.read()).messages == 1
     finally:
         f.close()

@@ -18,7 +18,8 @@ from exporter.sampling import Sampler
 from exporter.serve.web import make_app
 from exporter.sources.engine import EngineSource
 from exporter.sources.engine_scrape import DEFAULT_LIMITS
-from tests.fakes.vllm_pages import Clock, Pages, engine_config, page
+from tests.fakes.clock import Clock
+from tests.fakes.vllm_pages import Pages, engine_config, page
 
 RUNNING = catalogue.ENGINE_RUNNING_REQUEST_SECONDS_TOTAL.name
 
@@ -44,7 +45,7 @@ async def test_a_non_utf8_byte_on_one_page_leaves_every_engine_read():
             snaps = []
             for _ in range(3):
                 snaps.append(await sampler.tick())
-                clock.now += cfg.tick_seconds
+                clock.t += cfg.tick_seconds
         finally:
             await source.aclose()
     for snap in snaps:
@@ -71,7 +72,7 @@ async def test_a_nan_for_one_tick_never_reaches_the_request_seconds_and_the_snap
             for value in served:
                 pages.body["e"] = page(running=value, prompt="-1" if value == "NaN" else "100")
                 snap = await sampler.tick()
-                clock.now += cfg.tick_seconds
+                clock.t += cfg.tick_seconds
             async with TestClient(TestServer(make_app(cfg, sampler), host="127.0.0.1")) as client:
                 api = await (await client.get("/api/snapshot")).text()
                 metrics = await (await client.get("/metrics")).text()

@@ -18,16 +18,9 @@ from structlog.testing import capture_logs
 from exporter.config import Config, EngineConfig, HostConfig
 from exporter.sampling import Sampler
 from exporter.sources.engine import EngineSource
+from tests.fakes.clock import Clock
 
 GOOD = b'vllm:num_requests_running{engine="0",model_name="m"} 3\n'
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def config(urls: tuple[str, ...] = (), discover: bool = False) -> Config:
@@ -58,7 +51,7 @@ async def test_a_refused_engine_url_is_logged_once_not_every_tick():
         try:
             for _ in range(4):
                 await sampler.tick()
-                clock.now += 0.5
+                clock.t += 0.5
         finally:
             await source.aclose()
     down = events(logs, "engine_down", "engine_up")
@@ -91,7 +84,7 @@ async def test_an_engine_logs_each_change_of_state_once_even_when_its_error_text
                     state["mode"] = mode
                     snap = await sampler.tick()
                     errors.append(snap.engines[0].error)
-                    clock.now += 0.5
+                    clock.t += 0.5
             finally:
                 await source.aclose()
     assert len(set(errors[:4])) == 4  # the text differed at every read
@@ -165,6 +158,6 @@ async def test_a_source_failure_whose_figures_vary_is_logged_once():
     with capture_logs() as logs:
         for _ in range(5):
             snap = await sampler.tick()
-            clock.now += 0.5
+            clock.t += 0.5
     assert [e["event"] for e in logs if e["event"].startswith("source_")] == ["source_down"]
     assert snap.sources[0].errors_total == 5

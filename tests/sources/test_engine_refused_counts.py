@@ -18,7 +18,8 @@ from exporter.sampling import Sampler
 from exporter.serve.web import make_app
 from exporter.snapshot.engine import PAGE_REFUSED_REASONS
 from exporter.sources.engine import EngineSource
-from tests.fakes.vllm_pages import Clock, Pages, engine_config
+from tests.fakes.clock import Clock
+from tests.fakes.vllm_pages import Pages, engine_config
 
 REFUSED = "boundwatch_engine_page_refused_total"
 
@@ -83,7 +84,7 @@ async def test_a_hostile_page_counts_each_loss_by_reason_and_the_counters_never_
                 for body, adds in HOSTILE_TICKS:
                     pages.body["bad"] = body
                     snap = await sampler.tick()
-                    clock.now += cfg.tick_seconds
+                    clock.t += cfg.tick_seconds
                     good, bad = (e.name for e in snap.engines)
                     now = refused(await (await client.get("/metrics")).text())
                     for reason, n in adds.items():
@@ -116,7 +117,7 @@ async def test_a_tick_that_reuses_a_late_read_adds_nothing_and_the_late_read_cou
 
                 async def tick() -> tuple[bool, float]:
                     snap = await sampler.tick()
-                    clock.now += cfg.tick_seconds
+                    clock.t += cfg.tick_seconds
                     name = snap.engines[0].name
                     late = [s.late for s in snap.sources if s.name == "engine"] == [True]
                     return late, refused(await (await client.get("/metrics")).text())[(name, "nan")]

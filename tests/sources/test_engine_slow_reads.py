@@ -30,25 +30,12 @@ from exporter.snapshot import Snapshot
 from exporter.snapshot.gpu import GpuReading
 from exporter.sources.agent_feed import AgentFeed
 from exporter.sources.engine import EngineSource
+from tests.fakes.clock import Clock
 
 WALL0 = 1_764_400_000.0  # the wall clock at t = 0
 CORE = 4501  # the EngineCore's pid in the process table below
 PAGE_RUNNING, PAGE_WAITING = 99.0, 7.0  # what the page says: never the agent's figures
 MS = 1_000_000
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def wall(self) -> float:
-        return WALL0 + self.t
-
-    def wall_ns(self) -> int:
-        return round((WALL0 + self.t) * 1e9)
 
 
 class PageServer:
@@ -155,7 +142,7 @@ class EngineCore:
 
 @pytest.fixture
 async def host(tmp_path: Path):  # type: ignore[no-untyped-def]
-    clock = Clock()
+    clock = Clock(0.0, wall_ns=int(WALL0) * 1_000_000_000)
     server = PageServer(clock)
     await server.start()
     proc = process_table(tmp_path, server.port)
@@ -292,7 +279,7 @@ async def test_an_engine_read_from_its_multiprocess_files_is_read_every_tick_bes
         "vllm_sim.use_multiproc_dir(sys.argv[1]); vllm_sim.fill(vllm_sim.define('0.33'))\n"
     )
     subprocess.run([sys.executable, "-c", writer, str(mp_dir), str(HERE)], check=True)
-    clock = Clock()
+    clock = Clock(0.0, wall_ns=int(WALL0) * 1_000_000_000)
     server = PageServer(clock)
     await server.start()
     proc = process_table(tmp_path, server.port)

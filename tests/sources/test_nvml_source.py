@@ -5,15 +5,8 @@ import pytest
 from exporter.config import NvmlConfig
 from exporter.sources.base import SourceUnavailable
 from exporter.sources.nvml import NvmlSource
+from tests.fakes.clock import Clock
 from tests.fakes.nvml_standin import FakeGpu, FakeNvml
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def test_reading_converts_to_base_units_like_the_h200_under_a_matmul():

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from engine_fixtures import PROC
@@ -14,6 +15,7 @@ from make_fixtures import stat_line
 
 from exporter.snapshot.engine import demand
 from exporter.sources import procs
+from tests.fakes.wait import wait_until
 
 
 def test_stat_with_spaces_and_parentheses_in_the_name_parses():
@@ -306,8 +308,18 @@ while time.monotonic() < end:
 
 def test_a_real_spinning_process_uses_one_core_in_its_busiest_thread():
     child = subprocess.Popen([sys.executable, "-c", SPIN])
+
+    def spinning() -> bool:
+        """Whether the child has named its main thread and started the idle one (then it only spins)."""
+        try:
+            tids = os.listdir(f"/proc/{child.pid}/task")
+            names = [Path(f"/proc/{child.pid}/task/{tid}/comm").read_text().strip() for tid in tids]
+        except OSError:
+            return False
+        return len(names) == 2 and "spinner" in names
+
     try:
-        time.sleep(0.3)
+        wait_until(spinning, what="the child's spinner and idle threads")
         tracker = procs.CpuTracker()
         info = procs.proc_info("/proc", child.pid)
         assert info is not None

@@ -1,0 +1,40 @@
+"""Wait for something a test is owed by polling it under a deadline, not by sleeping a guessed time."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import pytest
+
+T = TypeVar("T")
+
+
+def wait_until(
+    predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.01, what: str = ""
+) -> T:
+    """Return the predicate's first truthy value as soon as it has one; fail the test after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = predicate()
+        if got:
+            return got
+        if time.monotonic() >= deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what or predicate}")
+        time.sleep(interval)
+
+
+async def wait_until_async(
+    predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.01, what: str = ""
+) -> T:
+    """`wait_until` for a coroutine: sleep on the loop between polls, so what it runs (a socket read) goes on."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = predicate()
+        if got:
+            return got
+        if time.monotonic() >= deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what or predicate}")
+        await asyncio.sleep(interval)

@@ -90,6 +90,9 @@ def child(mode: str, seconds: float, segments: int, cpus: str, pause_s: float = 
             spans.wrap(a, "tick", "tick")
             spans.wrap(a.switch, "set_in", "swap")
         res["pause"] = pause_attributed(pause_s, spans)
+        if cuda:  # the engine-like thread: a launch per iteration (the GIL let go in each), no sync
+            res["pause_launch"] = pause_attributed(pause_s, spans, call=lambda: small.add_(1.0))
+            torch.cuda.synchronize()
         gc.callbacks.remove(spans.on_gc)
     if a is not None:
         res["agent"] = {
@@ -97,6 +100,20 @@ def child(mode: str, seconds: float, segments: int, cpus: str, pause_s: float = 
         }
         agent.stop()
     return res
+
+
+def pause_summary(key: str, pauses: list[dict[str, Any]]) -> dict[str, Any]:
+    """Return one probe's longest gaps over processes, what overlapped them, and the agent's longest."""
+    causes: dict[str, int] = {}
+    for p in pauses:
+        for k, n in p["over_100us_by_cause"].items():
+            causes[k] = causes.get(k, 0) + n
+    return {
+        f"{key}_max_us": [p["max_us"] for p in pauses],
+        f"{key}_agent_max_us": max(p.get("agent_max_us", 0.0) for p in pauses),
+        f"{key}_top": max(pauses, key=lambda p: p["max_us"])["top"][:5],
+        f"{key}s_over_100us_by_cause": causes,
+    }
 
 
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -122,15 +139,10 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
                     "after_over_before_range": [round(min(ratios), 4), round(max(ratios), 4)],
                 }
             )
-        pauses = [r["pause"] for r in rs if "pause" in r]
-        if pauses:
-            out[mode]["pause_max_us"] = [p["max_us"] for p in pauses]
-            out[mode]["pause_top"] = max(pauses, key=lambda p: p["max_us"])["top"][:5]
-            causes: dict[str, int] = {}
-            for p in pauses:
-                for k, n in p["over_100us_by_cause"].items():
-                    causes[k] = causes.get(k, 0) + n
-            out[mode]["pauses_over_100us_by_cause"] = causes
+        for key in ("pause", "pause_launch"):  # the pure-Python spin, then the engine-like launch loop
+            pauses = [r[key] for r in rs if key in r]
+            if pauses:
+                out[mode].update(pause_summary(key, pauses))
     for mode, v in out.items():
         if "none" in whole and mode != "none":
             v["across_vs_none"] = round(whole[mode] / whole["none"], 4)

@@ -195,12 +195,20 @@ class Spans:
         return "+".join(hit) or "other"
 
 
-def pause_attributed(seconds: float, spans: Spans) -> dict[str, Any]:
-    """Spin in pure Python for `seconds`; return the longest gaps and what overlapped each."""
+def pause_attributed(seconds: float, spans: Spans, call: Any = None) -> dict[str, Any]:
+    """Spin for `seconds`; return the longest gaps and what overlapped each.
+
+    With no `call` the thread spins in pure Python and never lets go of the GIL: another thread gets
+    it only by a forced switch (the worst case). With `call` (an engine-like thread: a tiny CUDA launch,
+    which releases the GIL inside torch's dispatch) each iteration makes that call, so a gap is one
+    iteration's time, the call included, and the agent can take the GIL while the call runs.
+    """
     gaps: list[tuple[int, int]] = []
     last = time.perf_counter_ns()
     t_end = last + int(seconds * 1e9)
     while last < t_end:
+        if call is not None:
+            call()
         now = time.perf_counter_ns()
         if now - last > 20_000:
             gaps.append((last, now))
@@ -211,8 +219,10 @@ def pause_attributed(seconds: float, spans: Spans) -> dict[str, Any]:
         if b - a > 100_000:
             k = spans.what(a, b)
             by[k] = by.get(k, 0) + 1
+    agent = [b - a for a, b in gaps if any(k in ("tick", "swap") for k in spans.what(a, b).split("+"))]
     return {
         "gaps_over_20us": len(gaps),
+        "agent_max_us": round(max(agent) / 1e3, 1) if agent else 0.0,  # the longest the agent overlapped
         "max_us": round((gaps[0][1] - gaps[0][0]) / 1e3, 1) if gaps else 0.0,
         "top": [[round((b - a) / 1e3, 1), spans.what(a, b)] for a, b in gaps[:8]],
         "over_100us_by_cause": by,

@@ -102,6 +102,17 @@ def main() -> int:
     calls["gpm_request_build"] = gpm_request
     calls["gpm_metrics_get_fresh_request"] = lambda: n.nvmlGpmMetricsGet(gpm_request())
     calls["gpm_metrics_get_built_once"] = lambda: n.nvmlGpmMetricsGet(built)
+    # does nvmlGpmMetricsGet cost by metric? each metric alone, then the verdict's one (graphics)
+    for const in ("GRAPHICS_UTIL", "SM_UTIL", "SM_OCCUPANCY", "ANY_TENSOR_UTIL", "DRAM_BW_UTIL"):
+        one = n.c_nvmlGpmMetricsGet_t()
+        one.version, one.numMetrics, one.sample1, one.sample2 = (
+            n.NVML_GPM_METRICS_GET_VERSION,
+            1,
+            sample,
+            sample2,
+        )
+        one.metrics[0].metricId = getattr(n, f"NVML_GPM_METRIC_{const}")
+        calls[f"gpm_metrics_get_only_{const.lower()}"] = lambda one=one: n.nvmlGpmMetricsGet(one)
     out: dict[str, Any] = {"reps": args.reps, "calls": {k: timed(f, args.reps) for k, f in calls.items()}}
     src = NvmlSource(NvmlConfig())
     src.read_blocking()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -37,6 +38,19 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
+def thread_cpu(pid: int) -> dict[str, float]:
+    """Return each thread's utime + stime in seconds, by thread name (names shared are summed)."""
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            comm = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[comm] = out.get(comm, 0.0) + (int(fields[11]) + int(fields[12])) / TICKS
+    return out
+
+
 def rss_mib(pid: int) -> float:
     """Return a process's resident set in MiB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -45,19 +59,19 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
-def scrape(url: str) -> tuple[int, float]:
-    """Scrape /metrics with gzip; return the bytes on the wire and the NVML read time it reports."""
+def scrape(url: str) -> tuple[int, dict[str, float]]:
+    """Scrape /metrics with gzip; return the bytes on the wire and each source's last read time."""
     req = urllib.request.Request(url + "/metrics", headers={"Accept-Encoding": "gzip"})
     with urllib.request.urlopen(req, timeout=5) as resp:
         body = resp.read()
     import gzip
 
     text = gzip.decompress(body).decode() if body[:2] == b"\x1f\x8b" else body.decode()
-    nvml = 0.0
+    reads: dict[str, float] = {}
     for line in text.splitlines():
-        if line.startswith('boundwatch_source_duration_seconds{source="nvml"}'):
-            nvml = float(line.rsplit(" ", 1)[1])
-    return len(body), nvml
+        if line.startswith('boundwatch_source_duration_seconds{source="'):
+            reads[line.split('"')[1]] = float(line.rsplit(" ", 1)[1])
+    return len(body), reads
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,14 +101,16 @@ def main(argv: list[str] | None = None) -> int:
         daemon = lab.start_daemon(args, port, env, work)
         lab.wait_for("the daemon", lambda: daemon_answers(url), 60)
         time.sleep(args.warmup)
+        th0 = thread_cpu(daemon.pid)
         c0, r0, t0 = cpu_seconds(daemon.pid), rss_mib(daemon.pid), time.monotonic()
-        sizes, nvml = [], []
+        sizes, reads = [], []
         while time.monotonic() - t0 < args.seconds:
             size, n = scrape(url)
             sizes.append(size)
-            nvml.append(n)
+            reads.append(n)
             time.sleep(max(0.0, min(args.scrape_every, args.seconds - (time.monotonic() - t0))))
         c1, r1, t1 = cpu_seconds(daemon.pid), rss_mib(daemon.pid), time.monotonic()
+        th1 = thread_cpu(daemon.pid)
         snap = lab.latest(url)
         result.update(
             seconds=round(t1 - t0, 2),
@@ -102,7 +118,14 @@ def main(argv: list[str] | None = None) -> int:
             rss_mib=[round(r0, 1), round(r1, 1)],
             scrapes=len(sizes),
             gzip_bytes=sizes[-1] if sizes else None,
-            nvml_read_seconds=nvml,
+            nvml_read_seconds=[r.get("nvml", 0.0) for r in reads],
+            source_read_ms_median={
+                k: round(1e3 * statistics.median(r[k] for r in reads if k in r), 3)
+                for k in sorted({k for r in reads for k in r})
+            },
+            thread_cpu_share={  # utime + stime over the window, by thread name
+                k: round((th1[k] - th0.get(k, 0.0)) / (t1 - t0), 5) for k in sorted(th1)
+            },
             engines=[(e.name, len(e.api_servers)) for e in snap.engines] if snap else [],
             sources={s.name: s.up for s in snap.sources} if snap else {},
         )

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,3 +95,35 @@ def test_a_pause_is_named_by_the_collection_another_thread_ran_through_it() -> N
     assert p["spans"]["gc2@collector"][0] >= 5
     assert any(what == "gc2@collector" for _, what in p["top"]), p["top"]
     assert p["over_100us_by_cause"].get("gc2@collector", 0) >= 1
+
+
+def test_the_engine_like_probe_makes_its_call_and_names_the_agents_longest_gap() -> None:
+    import threading
+
+    sys.path.insert(0, str(ROOT))
+    from bench.light_agent_overhead import Spans, pause_attributed
+
+    class Agent:
+        def tick(self) -> None:  # holds the GIL 2 ms, as a long tick would
+            t = time.perf_counter_ns()
+            while time.perf_counter_ns() - t < 2_000_000:
+                pass
+
+    a, spans, stop, calls = Agent(), Spans(), threading.Event(), [0]
+    spans.wrap(a, "tick", "tick")
+
+    def ticks() -> None:
+        while not stop.wait(0.1):
+            a.tick()
+
+    t = threading.Thread(target=ticks, name="agent")
+    t.start()
+    try:
+        p = pause_attributed(0.65, spans, call=lambda: calls.__setitem__(0, calls[0] + 1))
+    finally:
+        stop.set()
+        t.join()
+    assert calls[0] > 1000  # one call an iteration
+    assert p["agent_max_us"] >= 2000, p["top"]
+    assert p["over_100us_by_cause"].get("tick", 0) >= 3
+    assert p["agent_max_us"] <= p["max_us"]

@@ -68,13 +68,16 @@ def scrape(daemon: Daemon) -> str:
 
 
 def wait_for(daemon: Daemon, name: str, labels: str, at_least: float, timeout: float = 15) -> str:
-    """Scrape until a sample reaches a value; return the page."""
-    deadline = time.monotonic() + timeout
-    while True:
-        page = scrape(daemon)
-        if samples(page, name).get(labels, -1) >= at_least or time.monotonic() > deadline:
-            return page
-        time.sleep(0.25)
+    """Scrape until a sample reaches a value and return the page; fail the test after `timeout` s."""
+    last = [""]
+
+    def reached() -> str:
+        last[0] = scrape(daemon)
+        return last[0] if samples(last[0], name).get(labels, -1) >= at_least else ""
+
+    return wait_until(
+        reached, timeout, 0.25, lambda: f"{name}{labels} >= {at_least}: {samples(last[0], name)}"
+    )
 
 
 def rss_kib(pid: int) -> int:

@@ -109,18 +109,13 @@ def main() -> None:
 
     from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 
-    from exporter.analysis import engine_page
     from exporter.analysis.engine import accumulate
     from exporter.config import Config, EngineConfig
     from exporter.snapshot import Snapshot
     from exporter.sources.engine import EngineSource
     from exporter.sources.engine_discovery import discover
-    from exporter.sources.engine_scrape import (
-        MultiprocReader,
-        parse_page,
-        reading_from_multiproc,
-        reading_from_page,
-    )
+    from exporter.sources.engine_scrape import MultiprocReader, parse_page, prefilter_page
+    from tests.fakes.engine_reads import reading_from_multiproc, reading_from_page
 
     result: dict[str, Any] = {
         "machine": {
@@ -156,14 +151,14 @@ def main() -> None:
             "multiprocess_lines": page.count("\n"),
             "single_process_bytes": len(single_page),
             "single_process_lines": single_page.count("\n"),
-            "prefiltered_bytes": len(engine_page.prefilter(page)),
-            "prefiltered_lines": engine_page.prefilter(page).count("\n"),
+            "prefiltered_bytes": len(prefilter_page(page)),
+            "prefiltered_lines": prefilter_page(page).count("\n"),
         }
         # --- what a scrape costs the serving process -------------------------------------------
         result["serving_render_multiprocess"] = cpu_per_call(lambda: generate_latest(registry), args.calls)
         result["serving_render_single_process"] = cpu_per_call(lambda: generate_latest(single), args.calls)
         # --- what a sample costs the sidecar -----------------------------------------------------
-        result["prefilter"] = cpu_per_call(lambda: engine_page.prefilter(page), args.calls)
+        result["prefilter"] = cpu_per_call(lambda: prefilter_page(page), args.calls)
         result["parse_full_page"] = cpu_per_call(lambda: parse_page(page, prefilter=False), args.calls)
         result["prefilter_and_parse"] = cpu_per_call(lambda: parse_page(page, prefilter=True), args.calls)
         result["page_to_reading"] = cpu_per_call(lambda: reading_from_page(page), args.calls)
@@ -226,7 +221,8 @@ def page_sizes(page: str, calls: int) -> list[dict[str, Any]]:
     """
     from prometheus_client.parser import text_string_to_metric_families
 
-    from exporter.sources.engine_scrape import parse_page, reading_from_page
+    from exporter.sources.engine_scrape import parse_page
+    from tests.fakes.engine_reads import reading_from_page
 
     small = (ROOT / "tests" / "fixtures" / "engine" / "vllm-0.11-multiapi8-kvcache-pid.prom").read_text()
     big = "".join(page.replace('model_name="', f'model_name="m{k}-') if k else page for k in range(16))

@@ -1,19 +1,28 @@
 """The daemon process: clean shutdown on SIGTERM and SIGINT, systemd notifications, no GPU needed."""
 
 import json
+import re
 import signal
 import socket
-import time
 
 import pytest
 
 from tests.fakes.promserver import http_get, running_daemon
+from tests.fakes.wait import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
 
 def _events(log):
     return [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+
+
+def _after_ticks(url: str, ticks: int) -> str:
+    """Return the /metrics page once the daemon has completed that many ticks, else ""."""
+    _, body = http_get(url)
+    page = body.decode()
+    done = re.search(r"^boundwatch_ticks_total (\S+)$", page, flags=re.M)
+    return page if done and float(done.group(1)) >= ticks else ""
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -29,9 +38,7 @@ def test_signal_stops_the_daemon_cleanly(tmp_path, sig):
 
 def test_without_gpu_the_daemon_says_so_once_and_keeps_serving(tmp_path):
     with running_daemon(tmp_path, engine_pages=()) as daemon:
-        time.sleep(2)  # four ticks
-        _, body = http_get(daemon.metrics_url)
-    page = body.decode()
+        page = wait_until(lambda: _after_ticks(daemon.metrics_url, 4), interval=0.1, what="four ticks")
     assert 'boundwatch_source_up{source="host"} 1.0' in page
     nvml_down = [e for e in _events(daemon.log) if e["event"] == "source_down" and e.get("source") == "nvml"]
     if 'source_up{source="nvml"} 0.0' in page:

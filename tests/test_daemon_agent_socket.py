@@ -18,6 +18,7 @@ import pytest
 
 from exporter import wire
 from tests.fakes.promserver import ROOT, Daemon, free_port, http_get, running_daemon
+from tests.fakes.wait import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 NOBODY = 65534
@@ -67,13 +68,16 @@ def scrape(daemon: Daemon) -> str:
 
 
 def wait_for(daemon: Daemon, name: str, labels: str, at_least: float, timeout: float = 15) -> str:
-    """Scrape until a sample reaches a value; return the page."""
-    deadline = time.monotonic() + timeout
-    while True:
-        page = scrape(daemon)
-        if samples(page, name).get(labels, -1) >= at_least or time.monotonic() > deadline:
-            return page
-        time.sleep(0.25)
+    """Scrape until a sample reaches a value and return the page; fail the test after `timeout` s."""
+    last = [""]
+
+    def reached() -> str:
+        last[0] = scrape(daemon)
+        return last[0] if samples(last[0], name).get(labels, -1) >= at_least else ""
+
+    return wait_until(
+        reached, timeout, 0.25, lambda: f"{name}{labels} >= {at_least}: {samples(last[0], name)}"
+    )
 
 
 def rss_kib(pid: int) -> int:
@@ -404,15 +408,21 @@ def test_a_second_start_never_takes_a_live_daemons_socket(tmp_path: Path) -> Non
 # --- row 14 ------------------------------------------------------------------------------------
 
 
+def _both_busy(daemon: Daemon) -> str:
+    """Return the page once two GPUs have CUPTI busy seconds (each agent's window merged), else ""."""
+    page = scrape(daemon)
+    busy = [v for k, v in samples(page, "boundwatch_gpu_busy_seconds_total").items() if "cupti" in k]
+    return page if len(busy) == 2 and all(v > 0 for v in busy) else ""
+
+
 def test_two_agents_each_on_ordinal_0_are_two_gpus_without_nvml(tmp_path: Path) -> None:
     with running_daemon(tmp_path, engine_pages=(), extra_env={"BOUNDWATCH_NVML__ENABLED": "false"}) as daemon:
         blast(
             str(tmp_path / "agent.sock"),
             [agent_message(1, UUID_A, 100 * MS), agent_message(2, UUID_B, 300 * MS)],
         )
-        page = wait_for(daemon, "boundwatch_agent_messages_total", "", 2)
-        time.sleep(1.0)
-        page = scrape(daemon)
+        wait_for(daemon, "boundwatch_agent_messages_total", "", 2)
+        page = wait_until(lambda: _both_busy(daemon), interval=0.1, what="both agents' busy on the page")
     busy = {k: v for k, v in samples(page, "boundwatch_gpu_busy_seconds_total").items() if "cupti" in k}
     assert sorted(busy.values()) == pytest.approx([0.1, 0.3])
     assert len(busy) == 2

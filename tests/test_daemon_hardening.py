@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.promserver import ENGINE_FIXTURE, ROOT, Daemon, _stop, _wait_http, free_port, http_get
+from tests.fakes.wait import wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -71,21 +72,22 @@ def _ticks(daemon: Daemon) -> float:
     return float(match.group(1))
 
 
-def _closed_within(sock: socket.socket, seconds: float, dribble: bytes = b"") -> bool:
-    """Return whether the server closes the connection within `seconds` (sending `dribble` every 0.25 s)."""
-    deadline = time.monotonic() + seconds
+def _closed(sock: socket.socket, dribble: bytes = b"") -> bool:
+    """Say whether the server closed the connection: send `dribble`, then wait up to 0.25 s for its end."""
     sock.settimeout(0.25)
-    while time.monotonic() < deadline:
-        try:
-            if dribble:
-                sock.sendall(dribble)
-            if sock.recv(4096) == b"":
-                return True
-        except TimeoutError:
-            continue
-        except OSError:
-            return True
-    return False
+    try:
+        if dribble:
+            sock.sendall(dribble)
+        return sock.recv(4096) == b""
+    except TimeoutError:
+        return False
+    except OSError:
+        return True
+
+
+def _wait_closed(sock: socket.socket, seconds: float, dribble: bytes = b"") -> None:
+    """Fail unless the server closes the connection within `seconds` (sending `dribble` every 0.25 s)."""
+    wait_until(lambda: _closed(sock, dribble), seconds, interval=0, what="the server to close the connection")
 
 
 def test_sighup_is_logged_and_ignored_and_the_later_stop_cleans_up(tmp_path):
@@ -109,8 +111,8 @@ def test_a_request_head_sent_a_byte_at_a_time_is_cut_off(tmp_path):
         idle = socket.create_connection(("127.0.0.1", daemon.port), timeout=5)
         slow.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
         try:
-            assert _closed_within(slow, 14.0, dribble=b"X-A: b\r\n")
-            assert _closed_within(idle, 2.0)  # it had the same 10 s
+            _wait_closed(slow, 14.0, dribble=b"X-A: b\r\n")
+            _wait_closed(idle, 2.0)  # it had the same 10 s
         finally:
             slow.close()
             idle.close()
@@ -226,15 +228,17 @@ def test_no_endpoint_serves_a_discovered_engines_command_line(tmp_path):
     engine = subprocess.Popen([str(script), "serve", "my-model", "--port", str(port), "--api-key", secret])
     try:
         with standin_daemon(tmp_path / "d", args=()) as daemon:
-            deadline, data = time.monotonic() + 30, {}
-            while time.monotonic() < deadline:
-                status, body = http_get(f"http://127.0.0.1:{daemon.port}/api/snapshot")
-                data = json.loads(body)
-                if any(s.get("pid") == engine.pid for e in data.get("engines", ()) for s in e["api_servers"]):
-                    break
-                time.sleep(0.5)
-            else:
-                pytest.fail(f"the fake engine was not discovered: {data.get('engines')}")
+            last: dict = {}
+
+            def discovered() -> bool:
+                last.update(json.loads(http_get(f"http://127.0.0.1:{daemon.port}/api/snapshot")[1]))
+                return any(
+                    s.get("pid") == engine.pid for e in last.get("engines", ()) for s in e["api_servers"]
+                )
+
+            wait_until(
+                discovered, 30, 0.5, lambda: f"the fake engine discovered (engines: {last.get('engines')})"
+            )
             for path in ("/api/snapshot", "/", "/metrics"):
                 status, body = http_get(f"http://127.0.0.1:{daemon.port}{path}")
                 assert status == 200 and secret.encode() not in body, path
@@ -300,8 +304,8 @@ def test_a_tls_client_that_never_finishes_its_handshake_or_head_is_cut_off(tmp_p
         slow = trust.wrap_socket(raw, server_hostname="127.0.0.1")
         slow.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
         try:
-            assert _closed_within(slow, 14.0, dribble=b"X-A: b\r\n")
-            assert _closed_within(silent, 2.0)
+            _wait_closed(slow, 14.0, dribble=b"X-A: b\r\n")
+            _wait_closed(silent, 2.0)
         finally:
             slow.close()
             silent.close()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from tests.fakes.promserver import (
     running_prometheus,
     serving_full_page,
 )
+from tests.fakes.wait import wait_until
 
 DASHBOARD_FILES = sorted((ROOT / "dashboards").glob("*.json"))
 OVERVIEW = ROOT / "dashboards" / "boundwatch-overview.json"
@@ -516,15 +516,13 @@ def test_every_scraped_boundwatch_name_is_in_the_catalogue(prometheus: Any) -> N
 @pytest.mark.timeout(240)
 def test_rules_evaluate_without_errors_on_real_prometheus(prometheus: Any) -> None:
     """Load alerts/ into Prometheus and see every rule evaluate with health `ok`."""
-    deadline = time.monotonic() + 30
-    answer: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        answer = prometheus.api("rules")
-        rules = [r for g in answer["data"]["groups"] for r in g["rules"]]
-        if rules and all(r.get("lastEvaluation", "").startswith("20") for r in rules):
-            break
-        time.sleep(0.5)
-    rules = [r for g in answer["data"]["groups"] for r in g["rules"]]
+
+    def evaluated() -> list[dict[str, Any]]:
+        """Return the rules once every one has been evaluated, else []."""
+        rules = [r for g in prometheus.api("rules")["data"]["groups"] for r in g["rules"]]
+        return rules if rules and all(r.get("lastEvaluation", "").startswith("20") for r in rules) else []
+
+    rules = wait_until(evaluated, 30, 0.5, "every rule evaluated once")
     assert len(rules) >= 15
     bad = [(r["name"], r.get("health"), r.get("lastError")) for r in rules if r.get("health") != "ok"]
     assert not bad, bad

@@ -23,9 +23,9 @@ from exporter.serve.web import make_app
 from exporter.snapshot.agent import AgentReading, AgentState, GpuActivity
 from exporter.snapshot.engine import ThreadLoad
 from exporter.snapshot.host import CgroupCpu, HostReading, ProcessCpu
-from exporter.sources.engine_scrape import reading_from_page
 from exporter.sources.nvml import NvmlSource
 from tests.fakes.clock import Clock
+from tests.fakes.engine_reads import reading_from_page
 from tests.fakes.nvml_standin import FakeGpu, FakeNvml
 
 HERE = Path(__file__).parent

@@ -13,13 +13,13 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
 from exporter.snapshot.codec import read_lines
+from tests.fakes.wait import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,15 +36,6 @@ def _gauge(port: int, name: str) -> float | None:
             if line.startswith(name + "{"):
                 return float(line.rsplit(" ", 1)[1])
     return None
-
-
-def _until(check, timeout: float = 15.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if check():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def _titles(pids: list[int]) -> list[str]:
@@ -77,11 +68,11 @@ def test_serve_titles_processes_and_drives_vllm_gauges(tmp_path: Path) -> None:
         assert _titles(pids) == [f"VLLM::APIServer_{i}" for i in range(4)]
         cmd("load short 32")
         # 32 closed-loop clients against max_num_seqs 8: the batch fills and the rest wait in the engine
-        assert _until(lambda: _gauge(port, "vllm:num_requests_running") == 8)
-        assert _until(lambda: (_gauge(port, "vllm:num_requests_waiting") or 0) >= 10)
-        assert _until(lambda: (_gauge(port, "vllm:iteration_tokens_total_count") or 0) > 50)
+        wait_until(lambda: _gauge(port, "vllm:num_requests_running") == 8, 15, 0.1, "8 running")
+        wait_until(lambda: (_gauge(port, "vllm:num_requests_waiting") or 0) >= 10, 15, 0.1, "10 waiting")
+        wait_until(lambda: (_gauge(port, "vllm:iteration_tokens_total_count") or 0) > 50, 15, 0.1, "50 steps")
         cmd("load idle 0")
-        assert _until(lambda: _gauge(port, "vllm:num_requests_running") == 0)
+        wait_until(lambda: _gauge(port, "vllm:num_requests_running") == 0, 15, 0.1, "none running")
         assert _gauge(port, "vllm:num_requests_waiting") == 0
         proc.stdin.write("stop\n")
         proc.stdin.flush()

@@ -6,7 +6,8 @@ Rules (docs/architecture.md, STYLE.md 1 and 13):
   Prometheus library;
 - the agent, inside someone's inference process, imports of the sidecar only the wire and the interval
   maths, and no Prometheus, HTTP, NVML or logging library;
-- sources never import export, the web side, commands, the daemon or the sampler;
+- sources never import analysis, export, the web side, commands, the daemon or the sampler (what
+  sources and analysis both need, such as the engine page's names, sits in `exporter/snapshot/`);
 - export (`exporter/export/`) renders metric families from memory: of the sidecar it imports only the
   Snapshot, analysis and the catalogue, and no HTTP, socket, NVML or subprocess library (aiohttp none);
 - the web side (`exporter/serve/`) is the only one that serves HTTP (aiohttp's server, `http.server`,
@@ -101,6 +102,7 @@ def violations(module: str, names: set[str]) -> list[str]:
         bad += [n for n in own if _under(n, {"exporter.cli"})]
     if module.startswith("exporter.sources"):
         forbidden = {
+            "exporter.analysis",
             "exporter.export",
             "exporter.serve",
             "exporter.commands",
@@ -155,6 +157,15 @@ def test_the_check_catches_the_agent_pulling_in_the_sidecar() -> None:
     src = "from exporter import catalogue\nimport prometheus_client\nfrom exporter import wire\n"
     names = imports_of(src, "exporter.agent.core")
     assert violations("exporter.agent.core", names) == ["exporter.catalogue", "prometheus_client"]
+
+
+def test_the_check_catches_a_source_that_imports_analysis() -> None:
+    src = "from exporter.analysis import engine_page\nfrom exporter.snapshot.engine_names import WANTED\n"
+    names = imports_of(src, "exporter.sources.engine_scrape")
+    assert violations("exporter.sources.engine_scrape", names) == [
+        "exporter.analysis",
+        "exporter.analysis.engine_page",
+    ]
 
 
 def test_the_check_catches_a_sub_command_importing_the_command_line() -> None:

@@ -2,8 +2,8 @@
 
 Pure: the input is any iterable of samples with `.name`, `.labels` and `.value` (what
 prometheus_client's parser or its multiprocess collector yields), the output a dataclass.
-Names and their history are in `research/vllm-metrics.md`; renamed metrics are read under
-every name they had, the newest first.
+The names read are in `exporter/snapshot/engine_names.py` (their history in
+`research/vllm-metrics.md`); renamed metrics are read under every name they had, the newest first.
 
 The engine source reads and bounds each page and hands it on raw (`EngineReading.raw`, a
 `RawPage`); the pipeline turns it into the reading's figures every tick (`normalise_engines`:
@@ -14,7 +14,6 @@ and never hides the others.
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -22,75 +21,34 @@ from typing import Any, Protocol
 
 from exporter.analysis.dedup import collapse_pid_series, step_count
 from exporter.snapshot import Snapshot
-from exporter.snapshot.engine import PAGE_REFUSED_REASONS, EngineReading, RawPage, StepCount
+from exporter.snapshot.engine import PAGE_REFUSED_REASONS, EngineReading, RawPage, StepCount, cut
+from exporter.snapshot.engine_names import (
+    SGLANG_DP_ATTENTION_STEPS,
+    SGLANG_GENERATION,
+    SGLANG_KV,
+    SGLANG_PASSES,
+    SGLANG_PREEMPTIONS,
+    SGLANG_PROMPT,
+    SGLANG_RUNNING,
+    SGLANG_SPEC_ACCEPT_LENGTH,
+    SGLANG_SPEC_ACCEPT_RATE,
+    SGLANG_WAITING,
+    VLLM_GENERATION,
+    VLLM_ITER_COUNT,
+    VLLM_ITER_SUM,
+    VLLM_KV,
+    VLLM_PREEMPTIONS,
+    VLLM_PROMPT,
+    VLLM_RUNNING,
+    VLLM_SPEC_ACCEPTED,
+    VLLM_SPEC_DRAFT_TOKENS,
+    VLLM_SPEC_DRAFTS,
+    VLLM_WAITING,
+    detect_kind,
+)
 
-# The sample names boundwatch reads, by engine. A tuple means "the first name present wins"
-# (renames: newest first).
-VLLM_RUNNING = ("vllm:num_requests_running",)
-VLLM_WAITING = ("vllm:num_requests_waiting",)
-# kv_cache_usage_perc: one series per API-server pid up to 0.11.0 (multiprocess mode "all"), one series
-# ("mostrecent") from 0.11.2. gpu_cache_usage_perc: deprecated 0.9.2, hidden in 0.11, gone by 0.33.
-VLLM_KV = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-VLLM_PROMPT = ("vllm:prompt_tokens_total",)
-VLLM_GENERATION = ("vllm:generation_tokens_total",)
-VLLM_PREEMPTIONS = ("vllm:num_preemptions_total",)
-VLLM_SPEC_DRAFT_TOKENS = ("vllm:spec_decode_num_draft_tokens_total",)
-VLLM_SPEC_ACCEPTED = ("vllm:spec_decode_num_accepted_tokens_total",)
-VLLM_SPEC_DRAFTS = ("vllm:spec_decode_num_drafts_total",)
-VLLM_ITER_COUNT = "vllm:iteration_tokens_total_count"
-VLLM_ITER_SUM = "vllm:iteration_tokens_total_sum"
-
-SGLANG_RUNNING = ("sglang:num_running_reqs",)
-SGLANG_WAITING = ("sglang:num_queue_reqs",)
-SGLANG_KV = ("sglang:token_usage",)
-SGLANG_PROMPT = ("sglang:prompt_tokens_total",)
-SGLANG_GENERATION = ("sglang:generation_tokens_total",)
-SGLANG_PREEMPTIONS = ("sglang:num_retracted_requests_total",)
-SGLANG_SPEC_ACCEPT_RATE = ("sglang:spec_accept_rate",)
-SGLANG_SPEC_ACCEPT_LENGTH = ("sglang:spec_accept_length",)  # 0 exactly when speculation is off
-SGLANG_PASSES = "sglang:cuda_graph_passes_total"  # mode=decode|prefill _cuda_graph|_none
-SGLANG_DP_ATTENTION_STEPS = "sglang:dp_attention_steps_total"  # rank_state=active|idle, per DP rank
 # Scheduler gauges logged as a total under priority="" plus a per-priority breakdown (QueueCount).
 _SGLANG_PRIORITY_TOTALS = frozenset({*SGLANG_RUNNING, *SGLANG_WAITING})
-
-# Sample-name prefixes a page is cut down to before parsing (see `prefilter`).
-WANTED: tuple[str, ...] = tuple(
-    sorted(
-        {
-            *VLLM_RUNNING,
-            *VLLM_WAITING,
-            *VLLM_KV,
-            *VLLM_PROMPT,
-            *VLLM_GENERATION,
-            *VLLM_PREEMPTIONS,
-            *VLLM_SPEC_DRAFT_TOKENS,
-            *VLLM_SPEC_ACCEPTED,
-            *VLLM_SPEC_DRAFTS,
-            VLLM_ITER_COUNT,
-            VLLM_ITER_SUM,
-            *SGLANG_RUNNING,
-            *SGLANG_WAITING,
-            *SGLANG_KV,
-            *SGLANG_PROMPT,
-            *SGLANG_GENERATION,
-            *SGLANG_PREEMPTIONS,
-            *SGLANG_SPEC_ACCEPT_RATE,
-            *SGLANG_SPEC_ACCEPT_LENGTH,
-            SGLANG_PASSES,
-            SGLANG_DP_ATTENTION_STEPS,
-        }
-    )
-)
-# Each wanted name followed by what may come after it on a sample line, so that
-# "vllm:num_requests_waiting" does not also keep "vllm:num_requests_waiting_by_reason".
-_WANTED_LINE_PREFIXES: tuple[str, ...] = tuple(n + c for n in WANTED for c in ("{", " "))
-# Families whose presence means single-process mode (multiprocess registries have none).
-_SINGLE_PROCESS_MARKS = (
-    "\nprocess_cpu_seconds_total",
-    "\npython_gc_objects_collected_total",
-    "_created{",
-    "_created ",
-)
 
 
 class SampleLike(Protocol):
@@ -102,56 +60,6 @@ class SampleLike(Protocol):
     def labels(self) -> Mapping[str, str] | tuple[tuple[str, str], ...]: ...
     @property
     def value(self) -> float: ...
-
-
-# The same cut as one regular expression: a line break, then a wanted sample or TYPE line (the
-# leading "\n" lets the engine try only at line starts).
-_NAMES = "|".join(re.escape(n) for n in sorted(WANTED, key=len, reverse=True))
-_KEEP = re.compile(f"\n((?:{_NAMES})[{{ ][^\n]*|# TYPE (?:{_NAMES})(?= |\n)[^\n]*)")
-# Characters other than "\n" that str.splitlines() also ends a line at (the ASCII ones, then all).
-_ASCII_LINE_ENDS = ("\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e")
-_OTHER_LINE_ENDS = re.compile("[\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
-
-
-def _only_newlines(text: str) -> bool:
-    """Say whether "\n" is the only line end in a text (a few scans in C for an ASCII page)."""
-    if text.isascii():
-        return not any(c in text for c in _ASCII_LINE_ENDS)
-    return not _OTHER_LINE_ENDS.search(text)
-
-
-def prefilter(text: str) -> str:
-    """Return only the sample lines boundwatch reads (and their TYPE lines), so parsing is cheap."""
-    if _only_newlines(text):
-        keep = _KEEP.findall(f"\n{text}\n")
-        keep.append("")
-        return "\n".join(keep)
-    keep = [
-        line
-        for line in text.splitlines()
-        if line.startswith(_WANTED_LINE_PREFIXES)
-        or (line.startswith("# TYPE ") and line[7:].split(" ", 1)[0] in WANTED)
-    ]
-    keep.append("")
-    return "\n".join(keep)
-
-
-def looks_multiprocess(text: str) -> bool | None:
-    """Say whether a full page came from a multiprocess registry (None: cannot tell)."""
-    if not any(p in text for p in ("vllm:", "sglang:")):
-        return None
-    text = "\n" + text
-    return not any(mark in text for mark in _SINGLE_PROCESS_MARKS)
-
-
-def detect_kind(samples: Sequence[SampleLike]) -> str | None:
-    """Return "vllm" or "sglang" from the sample names, or None."""
-    for s in samples:
-        if s.name.startswith("vllm:"):
-            return "vllm"
-        if s.name.startswith("sglang:"):
-            return "sglang"
-    return None
 
 
 def _by_name(samples: Iterable[SampleLike]) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -387,12 +295,6 @@ PAGE_FIGURES: tuple[str, ...] = (
     "api_server_count",
     "api_server_count_source",
 )
-MAX_ERROR_CHARS = 300  # an error text (a parser quotes the bad line) is cut to this
-
-
-def cut(text: str, limit: int = MAX_ERROR_CHARS) -> str:
-    """Return text cut to a length, marked with an ellipsis when cut."""
-    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
 def _server_count(raw: RawPage, reading: EngineReading) -> tuple[int | None, str]:
@@ -427,6 +329,11 @@ def read_raw(reading: EngineReading, max_label_chars: int = 128) -> EngineReadin
     count, how = _server_count(raw, out)
     out = replace(out, api_server_count=count, api_server_count_source=how)
     return replace(out, steps=step_count(out))
+
+
+def normalise_once(reading: EngineReading, max_label_chars: int = 128) -> EngineReading:
+    """Return a one-shot read's reading normalised (read_raw), its raw page dropped (`boundwatch inspect`)."""
+    return replace(read_raw(reading, max_label_chars), raw=None)
 
 
 def _failed(reading: EngineReading, exc: Exception) -> EngineReading:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from exporter.analysis.dedup import counter_delta, step_count, step_increments
+from exporter.analysis.engine_page import normalise_once
 from exporter.commands import ConfigFlags
 from exporter.snapshot.engine import EngineReading
 
@@ -122,12 +123,12 @@ async def _inspect(
 ) -> tuple[EngineReading, EngineReading | None, float]:
     from exporter.sources.engine import read_once
 
-    first = await read_once(target, timeout)
+    first = normalise_once(await read_once(target, timeout))
     if interval <= 0:
         return first, None, 0.0
     start = time.monotonic()
     await asyncio.sleep(interval)
-    second = await read_once(target, timeout)
+    second = normalise_once(await read_once(target, timeout))
     return second, first, time.monotonic() - start
 
 

@@ -45,6 +45,12 @@ PAGE_REFUSED_REASONS: tuple[str, ...] = (
 )
 
 _SERVER_INDEX = re.compile(r"APIServer_(\d+)")
+MAX_ERROR_CHARS = 300  # an error text (a parser quotes the bad line) is cut to this
+
+
+def cut(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """Return text cut to a length, marked with an ellipsis when cut (EngineReading.error is cut so)."""
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
 @dataclass(frozen=True)

@@ -63,8 +63,6 @@ from exporter.sources.engine_scrape import (
     raw_from_bytes,
     raw_from_multiproc,
     read_page_file,
-    reading_from_bytes,
-    reading_from_multiproc,
     refused_tuple,
 )
 
@@ -414,22 +412,24 @@ class EngineSource:
 async def read_once(
     url_or_path: str, timeout: float = 2.0, limits: PageLimits = DEFAULT_LIMITS
 ) -> EngineReading:
-    """Read one page (URL, file:// URL or path) or multiprocess dir once and return its reading.
+    """Read one page (URL, file:// URL or path) or multiprocess dir once and return its raw reading.
 
-    Raises PageError with what went wrong in words (refused, no answer, not an engine's page).
+    The reading holds the page raw, as a tick's does; `analysis.engine_page.normalise_once` gives
+    its figures (what `boundwatch inspect` shows). Raises PageError with what went wrong in words
+    (refused, no answer, not an engine's page).
     """
     if not url_or_path.startswith(("http://", "https://", "file://")):
         url_or_path = os.path.abspath(url_or_path)  # a page or a dir given by a relative path
     target = configured_target(url_or_path)
     if os.path.isdir(_file_path(url_or_path)):
-        reading = reading_from_multiproc(MultiprocReader(_file_path(url_or_path), limits), url=url_or_path)
+        reading = raw_from_multiproc(MultiprocReader(_file_path(url_or_path), limits), url=url_or_path)
         return replace(reading, name=name_for(target, reading.kind))
     if _is_file(url_or_path):
         try:
             page = read_page_file(_file_path(url_or_path), limits)
         except OSError as exc:
             raise PageError(f"cannot read {_file_path(url_or_path)}: {exc.strerror or exc}") from exc
-        reading = reading_from_bytes(page, url=url_or_path, source="file", limits=limits)
+        reading = raw_from_bytes(page, url=url_or_path, source="file", limits=limits)
         return replace(reading, name=name_for(target, reading.kind))
     start = time.perf_counter()
     client = page_client(url_or_path, timeout, limits)
@@ -439,5 +439,5 @@ async def read_once(
         raise PageError(describe_error(exc, timeout)) from exc
     finally:
         client.close()
-    reading = reading_from_bytes(data, url=url_or_path, limits=limits)
+    reading = raw_from_bytes(data, url=url_or_path, limits=limits)
     return replace(reading, name=name_for(target, reading.kind), scrape_seconds=time.perf_counter() - start)

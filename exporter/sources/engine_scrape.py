@@ -8,8 +8,10 @@ marked truncated), undecodable bytes are replaced, label values are cut, and NaN
 negative or implausible values are refused; each reading counts what its read lost by reason
 (`page_refused`, exported as boundwatch_engine_page_refused_total). `raw_from_page`,
 `raw_from_bytes` and `raw_from_multiproc` return the raw reading (`EngineReading.raw`: the wanted
-samples, bounded); `analysis.engine_page` normalises it (`reading_from_*` do both, for one-shot
-reads). A page that is not an engine's raises `PageError`, saying what the page holds.
+samples, bounded; a page is cut to the names of `snapshot/engine_names.py` by `prefilter_page`,
+and `looks_multiprocess` says what the whole page tells of its registry). Analysis normalises it
+(`analysis/engine_page.py`, a one-shot read's by `normalise_once`). A page that is not an engine's
+raises `PageError`, saying what the page holds.
 """
 
 from __future__ import annotations
@@ -28,17 +30,22 @@ from typing import NamedTuple
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.analysis import engine_page
 from exporter.config import EngineConfig
-from exporter.snapshot.engine import PAGE_REFUSED_REASONS, EngineReading, PageSample, RawPage
+from exporter.snapshot.engine import PAGE_REFUSED_REASONS, EngineReading, PageSample, RawPage, cut
+from exporter.snapshot.engine_names import (
+    SGLANG_RUNNING,
+    SGLANG_WAITING,
+    VLLM_ITER_COUNT,
+    VLLM_RUNNING,
+    VLLM_WAITING,
+    WANTED,
+    detect_kind,
+)
 from exporter.sources.engine_http import PageClient, PageReadError
 
 # Sample names read from multiprocess files: the page's names, with the histogram count
 # derived from its buckets (the files hold buckets and sum, never _count).
-_FILE_WANTED = frozenset(
-    {n for n in engine_page.WANTED if n != engine_page.VLLM_ITER_COUNT}
-    | {"vllm:iteration_tokens_total_bucket"}
-)
+_FILE_WANTED = frozenset({n for n in WANTED if n != VLLM_ITER_COUNT} | {"vllm:iteration_tokens_total_bucket"})
 
 
 class Sample(NamedTuple):
@@ -84,12 +91,64 @@ MAX_MULTIPROC_FILES = 4096
 VALUE_REASONS = ("nan", "infinite", "negative", "too_large")  # the page_refused reasons of refused values
 _REQUEST_GAUGES = frozenset(
     (
-        *engine_page.VLLM_RUNNING,
-        *engine_page.VLLM_WAITING,
-        *engine_page.SGLANG_RUNNING,
-        *engine_page.SGLANG_WAITING,
+        *VLLM_RUNNING,
+        *VLLM_WAITING,
+        *SGLANG_RUNNING,
+        *SGLANG_WAITING,
     )
 )
+
+
+# Each wanted name followed by what may come after it on a sample line, so that
+# "vllm:num_requests_waiting" does not also keep "vllm:num_requests_waiting_by_reason".
+_WANTED_LINE_PREFIXES: tuple[str, ...] = tuple(n + c for n in WANTED for c in ("{", " "))
+# Families whose presence means single-process mode (multiprocess registries have none).
+_SINGLE_PROCESS_MARKS = (
+    "\nprocess_cpu_seconds_total",
+    "\npython_gc_objects_collected_total",
+    "_created{",
+    "_created ",
+)
+
+
+# The same cut as one regular expression: a line break, then a wanted sample or TYPE line (the
+# leading "\n" lets the engine try only at line starts).
+_NAMES = "|".join(re.escape(n) for n in sorted(WANTED, key=len, reverse=True))
+_KEEP = re.compile(f"\n((?:{_NAMES})[{{ ][^\n]*|# TYPE (?:{_NAMES})(?= |\n)[^\n]*)")
+# Characters other than "\n" that str.splitlines() also ends a line at (the ASCII ones, then all).
+_ASCII_LINE_ENDS = ("\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e")
+_OTHER_LINE_ENDS = re.compile("[\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+
+
+def _only_newlines(text: str) -> bool:
+    """Say whether "\n" is the only line end in a text (a few scans in C for an ASCII page)."""
+    if text.isascii():
+        return not any(c in text for c in _ASCII_LINE_ENDS)
+    return not _OTHER_LINE_ENDS.search(text)
+
+
+def prefilter_page(text: str) -> str:
+    """Return only the sample lines boundwatch reads (and their TYPE lines), so parsing is cheap."""
+    if _only_newlines(text):
+        keep = _KEEP.findall(f"\n{text}\n")
+        keep.append("")
+        return "\n".join(keep)
+    keep = [
+        line
+        for line in text.splitlines()
+        if line.startswith(_WANTED_LINE_PREFIXES)
+        or (line.startswith("# TYPE ") and line[7:].split(" ", 1)[0] in WANTED)
+    ]
+    keep.append("")
+    return "\n".join(keep)
+
+
+def looks_multiprocess(text: str) -> bool | None:
+    """Say whether a full page came from a multiprocess registry (None: cannot tell)."""
+    if not any(p in text for p in ("vllm:", "sglang:")):
+        return None
+    text = "\n" + text
+    return not any(mark in text for mark in _SINGLE_PROCESS_MARKS)
 
 
 def cut_page(data: bytes, limits: PageLimits = DEFAULT_LIMITS) -> tuple[bytes, str]:
@@ -222,7 +281,7 @@ def plain_samples(body: str) -> list[Sample] | None:
 
 def parse_page(text: str, *, prefilter: bool = True) -> list[Sample]:
     """Parse a metrics page, cut down to the wanted lines first: plain lines by `plain_samples`, else prometheus_client's parser."""
-    body = engine_page.prefilter(text) if prefilter else text
+    body = prefilter_page(text) if prefilter else text
     plain = plain_samples(body)
     if plain is not None:
         return plain
@@ -231,7 +290,7 @@ def parse_page(text: str, *, prefilter: bool = True) -> list[Sample]:
         for fam in text_string_to_metric_families(body):
             out.extend(Sample(s.name, dict(s.labels), float(s.value)) for s in fam.samples)
     except Exception as exc:  # the parser raises ValueError, IndexError, KeyError... on a bad line
-        raise PageError(engine_page.cut(f"bad page: {type(exc).__name__}: {exc}")) from exc
+        raise PageError(cut(f"bad page: {type(exc).__name__}: {exc}")) from exc
     return out
 
 
@@ -244,9 +303,9 @@ def _no_engine_metrics(text: str) -> PageError:
             if line.startswith(f"# TYPE {prefix}") or line.startswith(f"# HELP {prefix}")
         }
         if families or f"\n{prefix}" in f"\n{text}":
-            read = ", ".join(n for n in engine_page.WANTED if n.startswith(prefix))
+            read = ", ".join(n for n in WANTED if n.startswith(prefix))
             return PageError(
-                engine_page.cut(
+                cut(
                     f"the page has {len(families) or 'some'} {prefix} families but none that boundwatch "
                     f"reads ({read})",
                     1000,
@@ -269,7 +328,7 @@ def raw_from_page(
     limits: PageLimits = DEFAULT_LIMITS,
 ) -> EngineReading:
     """Return the raw reading of one page: its wanted samples, bounded, and what the read lost (not normalised)."""
-    kept = engine_page.prefilter(text).split("\n")
+    kept = prefilter_page(text).split("\n")
     truncated = len(kept) > limits.max_kept_lines + 1  # the last is the empty string after the final newline
     if truncated:
         kept = [*kept[: limits.max_kept_lines], ""]
@@ -282,7 +341,7 @@ def raw_from_page(
     samples, refused = sanitise(parsed, limits)
     lost.update(refused)
     values = sum(refused[r] for r in VALUE_REASONS)
-    kind = engine_page.detect_kind(samples)
+    kind = detect_kind(samples)
     if kind is None:
         if values:
             raise PageError(
@@ -291,7 +350,7 @@ def raw_from_page(
         error = _no_engine_metrics(text)
         error.refused.update(lost)
         raise error
-    raw = RawPage(_page_samples(samples), multiprocess=engine_page.looks_multiprocess(text))
+    raw = RawPage(_page_samples(samples), multiprocess=looks_multiprocess(text))
     return EngineReading(
         name=name or kind,
         kind=kind,
@@ -302,24 +361,6 @@ def raw_from_page(
         page_refused=refused_tuple(lost),
         raw=raw,
     )
-
-
-def _normalised_once(raw: EngineReading, limits: PageLimits) -> EngineReading:
-    """Return a one-shot read's reading normalised (analysis.engine_page.read_raw), its raw page dropped."""
-    return replace(engine_page.read_raw(raw, limits.max_label_chars), raw=None)
-
-
-def reading_from_page(
-    text: str,
-    *,
-    name: str = "",
-    url: str = "",
-    source: str = "http",
-    limits: PageLimits = DEFAULT_LIMITS,
-) -> EngineReading:
-    """Return the normalised reading of one page (raw_from_page, then analysis.engine_page.read_raw), no raw page kept."""
-    raw = raw_from_page(text, name=name, url=url, source=source, limits=limits)
-    return _normalised_once(raw, limits)
 
 
 def raw_from_bytes(
@@ -348,19 +389,6 @@ def raw_from_bytes(
     )
 
 
-def reading_from_bytes(
-    data: bytes,
-    *,
-    name: str = "",
-    url: str = "",
-    source: str = "http",
-    limits: PageLimits = DEFAULT_LIMITS,
-) -> EngineReading:
-    """Return the normalised reading of a page as read (raw_from_bytes, then read_raw), no raw page kept."""
-    raw = raw_from_bytes(data, name=name, url=url, source=source, limits=limits)
-    return _normalised_once(raw, limits)
-
-
 def read_page_file(path: str, limits: PageLimits = DEFAULT_LIMITS) -> bytes:
     """Return at most the byte budget of a page file, plus one byte so a longer page reads as cut."""
     with open(path, "rb") as fh:
@@ -379,13 +407,13 @@ def page_client(url: str, timeout: float, limits: PageLimits = DEFAULT_LIMITS) -
 def describe_error(exc: BaseException, timeout: float | None = None) -> str:
     """Return what a failed read means in words: refused, no answer, a bad page, an HTTP status."""
     if isinstance(exc, PageError | PageReadError):
-        return engine_page.cut(str(exc))
+        return cut(str(exc))
     if isinstance(exc, TimeoutError):
         return f"no answer within {timeout:g} s" if timeout else "no answer in time"
     if isinstance(exc, ConnectionRefusedError):
         return "connection refused (nothing listens on that port)"
     text = str(exc)
-    return engine_page.cut(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
+    return cut(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
 
 
 # --- multiprocess files ---------------------------------------------------------------------
@@ -563,9 +591,9 @@ def raw_from_multiproc(
     samples, refused = sanitise(raw, reader.limits)
     refused.update(reader.refused)
     per_pid = tuple((pid, c) for pid, c in per_pid_raw if 0.0 <= c <= MAX_COUNTER)
-    found = kind or engine_page.detect_kind(samples)
+    found = kind or detect_kind(samples)
     if found is None:
-        raise PageError(engine_page.cut(f"no vllm: or sglang: metrics in {path}"), refused)
+        raise PageError(cut(f"no vllm: or sglang: metrics in {path}"), refused)
     page = RawPage(_page_samples(samples), kind=kind, multiprocess=True, iteration_count_by_pid=per_pid)
     return EngineReading(
         name=name or found,
@@ -577,12 +605,3 @@ def raw_from_multiproc(
         page_refused=refused_tuple(refused),
         raw=page,
     )
-
-
-def reading_from_multiproc(
-    path: str | MultiprocReader, *, name: str = "", url: str = "", kind: str | None = None
-) -> EngineReading:
-    """Return the normalised reading of an engine's multiprocess files (raw_from_multiproc, then read_raw), no raw page kept."""
-    raw = raw_from_multiproc(path, name=name, url=url, kind=kind)
-    limits = path.limits if isinstance(path, MultiprocReader) else DEFAULT_LIMITS
-    return _normalised_once(raw, limits)

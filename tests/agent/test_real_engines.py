@@ -224,7 +224,7 @@ def test_vllm_metric_names_the_page_reader_uses_still_exist() -> None:
     from vllm.v1.metrics import loggers
     from vllm.v1.spec_decode import metrics as spec_metrics
 
-    from exporter.analysis import engine_page as ep
+    from exporter.snapshot import engine_names as ep
 
     src = inspect.getsource(loggers) + inspect.getsource(spec_metrics)
 
@@ -431,7 +431,7 @@ def test_sglang_scheduler_queue_attributes_and_batch_methods() -> None:
 
 @needs_sglang
 def test_sglang_metric_names_the_page_reader_uses_still_exist() -> None:
-    from exporter.analysis import engine_page as ep
+    from exporter.snapshot import engine_names as ep
 
     src = _sglang_source("sglang.srt.observability.metrics_collector")
     for names in (

@@ -13,9 +13,8 @@ from exporter.snapshot.engine import EngineReading, StepCount
 from exporter.sources.engine_scrape import (
     MultiprocReader,
     read_multiproc_dir,
-    reading_from_multiproc,
-    reading_from_page,
 )
+from tests.fakes.engine_reads import reading_from_multiproc, reading_from_page
 
 
 def vllm(

@@ -20,18 +20,21 @@ import pytest
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
 
 from exporter.analysis import dedup, engine_page, pipeline
-from exporter.analysis.engine_page import cut as bounded  # the old path's bounded, one helper now
 from exporter.config import Config
 from exporter.snapshot import Snapshot
 from exporter.snapshot.codec import from_json, to_json
 from exporter.snapshot.engine import EngineReading, PageSample
+from exporter.snapshot.engine import cut as bounded  # the old path's bounded, one helper now
+from exporter.snapshot.engine_names import WANTED, detect_kind
 from exporter.sources.engine_scrape import (
     DEFAULT_LIMITS,
     VALUE_REASONS,
     MultiprocReader,
     PageError,
     PageLimits,
+    looks_multiprocess,
     parse_page,
+    prefilter_page,
     raw_from_multiproc,
     raw_from_page,
     refused_tuple,
@@ -42,7 +45,7 @@ from exporter.sources.engine_scrape import (
 
 
 def old_from_page(text: str, name: str, limits: PageLimits = DEFAULT_LIMITS) -> EngineReading:
-    kept = engine_page.prefilter(text).split("\n")
+    kept = prefilter_page(text).split("\n")
     truncated = len(kept) > limits.max_kept_lines + 1
     if truncated:
         kept = [*kept[: limits.max_kept_lines], ""]
@@ -50,9 +53,9 @@ def old_from_page(text: str, name: str, limits: PageLimits = DEFAULT_LIMITS) -> 
     samples, refused = sanitise(parse_page("\n".join(kept), prefilter=False), limits)
     lost.update(refused)
     values = sum(refused[r] for r in VALUE_REASONS)
-    if engine_page.detect_kind(samples) is None:
+    if detect_kind(samples) is None:
         raise PageError("no engine metrics")
-    reading = engine_page.normalise(samples, name=name, multiprocess=engine_page.looks_multiprocess(text))
+    reading = engine_page.normalise(samples, name=name, multiprocess=looks_multiprocess(text))
     reading = replace(
         reading,
         model=bounded(reading.model, limits.max_label_chars),
@@ -68,7 +71,7 @@ def old_from_multiproc(reader: MultiprocReader, name: str, kind: str | None) -> 
     samples, refused = sanitise(raw, reader.limits)
     refused.update(reader.refused)
     per_pid = tuple((pid, c) for pid, c in per_pid_raw if 0.0 <= c <= float(2**53))
-    if engine_page.detect_kind(samples) is None and kind is None:
+    if detect_kind(samples) is None and kind is None:
         raise PageError("no engine metrics")
     reading = engine_page.normalise(
         samples, name=name, source="multiproc_files", multiprocess=True, kind=kind
@@ -106,7 +109,7 @@ def new_processes(reading: EngineReading, titled: int, cmdline: int | None, lone
 
 # --- random pages and multiprocess dirs -------------------------------------------------------
 
-NAMES = [*engine_page.WANTED, "vllm:other_total", "sglang:x", "process_cpu_seconds_total"]
+NAMES = [*WANTED, "vllm:other_total", "sglang:x", "process_cpu_seconds_total"]
 LABELS = ["engine", "model_name", "tp_rank", "dp_rank", "pp_rank", "pid", "priority", "mode", "rank_state"]
 VALUES = ["0", "1", "3", "7.5", "40", "1e3", "NaN", "-1", "+Inf", "1e300", "12345"]
 LABEL_VALUES = ["", "0", "1", "2", "m", "model-" + "x" * 150, "decode_cuda_graph", "prefill_none", "active"]

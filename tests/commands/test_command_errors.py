@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from exporter.analysis.engine_page import normalise_once
 from exporter.cli import main
 from exporter.sources.engine import read_once
 
@@ -83,7 +84,7 @@ def test_inspect_of_a_page_of_vllm_families_it_does_not_read_says_which_it_reads
 def test_inspect_prints_what_the_reader_returns_for_an_sglang_page_with_dp_attention(tmp_path, capsys):
     page = tmp_path / "sglang-dp.prom"
     page.write_text(SGLANG_DP_ATTENTION)
-    reading = asyncio.run(read_once(str(page)))
+    reading = normalise_once(asyncio.run(read_once(str(page))))
     rc = main(["inspect", "engine", str(page)])
     data = json.loads(capsys.readouterr().out)
     assert rc == 0

@@ -6,7 +6,6 @@ import json
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from exporter.cli import main
 from exporter.config import Config, RooflineConfig
 from exporter.snapshot import codec
 from tests.fakes.verdict_scenes import SEED, Recorder, Scene, series
+from tests.fakes.wait import wait_until
 
 
 def test_seed000_report_names_the_api_server_and_its_fix() -> None:
@@ -151,11 +151,13 @@ def daemon(tmp_path):
     from exporter.commands._live import daemon_answers
 
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
-    while not daemon_answers(url) and time.monotonic() < deadline:
+
+    def answers() -> bool:
         if proc.poll() is not None:
             pytest.fail(proc.stderr.read().decode() if proc.stderr else "daemon exited")
-        time.sleep(0.1)
+        return daemon_answers(url)
+
+    wait_until(answers, 20, 0.1, f"the daemon to answer at {url}")
     yield url
     proc.terminate()
     proc.wait(10)

@@ -19,6 +19,7 @@ from exporter.snapshot import Snapshot
 from exporter.snapshot.engine import EngineReading
 from exporter.snapshot.gpu import GpuReading
 from exporter.snapshot.probe import ProbeSummary
+from tests.fakes.wait import wait_until_async
 
 ON = ProbeConfig(enabled=True, interval_seconds=600.0, idle_seconds=10.0, idle_busy_max=0.02)
 HAS_TORCH = importlib.util.find_spec("torch") is not None
@@ -185,34 +186,36 @@ def slow_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return pidfile
 
 
-def _gone(pid: int, within: float = 5.0) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.05)
+def _gone(pid: int) -> bool:
+    """Say whether a process no longer exists."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
     return False
+
+
+def _started(pidfile: Path) -> bool:
+    """Say whether the stand-in probe wrote its pid."""
+    return pidfile.exists() and bool(pidfile.read_text().strip())
 
 
 async def test_async_probe_times_out_and_kills_the_subprocess(slow_python: Path) -> None:
     result = await scheduled.run_probe_async(None, ProbeConfig(timeout_seconds=0.5))
     assert result["status"] == "error"
     assert "timed out" in result["message"]
-    assert _gone(int(slow_python.read_text()))
+    pid = int(slow_python.read_text())
+    await wait_until_async(lambda: _gone(pid), timeout=5, interval=0.05, what=f"pid {pid} gone")
 
 
 async def test_cancelling_the_async_probe_kills_the_subprocess(slow_python: Path) -> None:
     task = asyncio.create_task(scheduled.run_probe_async(None, ProbeConfig(timeout_seconds=60)))
-    for _ in range(100):
-        if slow_python.exists() and slow_python.read_text().strip():
-            break
-        await asyncio.sleep(0.05)
+    await wait_until_async(lambda: _started(slow_python), timeout=5, interval=0.05, what="the probe started")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert _gone(int(slow_python.read_text()))
+    pid = int(slow_python.read_text())
+    await wait_until_async(lambda: _gone(pid), timeout=5, interval=0.05, what=f"pid {pid} gone")
 
 
 class _Runner:

@@ -27,7 +27,8 @@ from exporter.serve.web import make_app
 from exporter.snapshot.engine import demand
 from exporter.snapshot.totals import EngineServer
 from exporter.sources.engine import EngineSource
-from exporter.sources.engine_discovery import discover
+from exporter.sources.engine_discovery import EngineTarget, discover
+from tests.fakes.wait import wait_until_async
 
 RUNNING = catalogue.ENGINE_RUNNING_REQUEST_SECONDS_TOTAL.name
 
@@ -197,15 +198,21 @@ def fake_vllm(tmp_path):
     proc.wait(timeout=10)
 
 
+def _titled_servers(port: int) -> EngineTarget | None:
+    """Return the fake engine as discovery finds it once both API servers carry their titles, else None."""
+    found = (t for t in discover("/proc") if t.name == f"vllm:{port}")
+    return next((t for t in found if t.servers_titled and len(t.api_server_pids) == 2), None)
+
+
 async def test_a_saturated_api_server_is_reported_within_two_ticks_and_an_idle_one_is_not(fake_vllm):
     port, proc = fake_vllm
-    await asyncio.sleep(0.3)  # let the children take their titles
+    await wait_until_async(lambda: _titled_servers(port), interval=0.05, what="the two titled API servers")
     cfg = dataclasses.replace(config(), tick_seconds=0.5)
     source = EngineSource(cfg)
     sampler = Sampler(cfg, [source])
     try:
         await sampler.tick()
-        await asyncio.sleep(cfg.tick_seconds)
+        await asyncio.sleep(cfg.tick_seconds)  # a tick's real time: the servers' CPU is measured over it
         snap = await sampler.tick()
     finally:
         await source.aclose()

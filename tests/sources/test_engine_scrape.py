@@ -14,10 +14,8 @@ from exporter.sources.engine_scrape import (
     DEFAULT_LIMITS,
     MultiprocReader,
     PageError,
-    reading_from_bytes,
-    reading_from_multiproc,
-    reading_from_page,
 )
+from tests.fakes.engine_reads import reading_from_bytes, reading_from_multiproc, reading_from_page
 from tests.fakes.vllm_pages import page
 
 

@@ -9,7 +9,8 @@ import pytest
 from engine_fixtures import PAGES
 
 from exporter.analysis import dedup, engine_page
-from exporter.sources.engine_scrape import parse_page, reading_from_page
+from exporter.sources.engine_scrape import looks_multiprocess, parse_page, prefilter_page
+from tests.fakes.engine_reads import reading_from_multiproc, reading_from_page
 
 
 def page(name: str) -> str:
@@ -67,12 +68,8 @@ def test_generated_multiprocess_page_shows_the_double_count_and_its_bounds():
 @pytest.mark.parametrize("name", sorted(p.name for p in PAGES.glob("*.prom")))
 def test_prefiltered_parse_reads_the_same_as_a_full_parse(name):
     text = page(name)
-    full = engine_page.normalise(
-        parse_page(text, prefilter=False), multiprocess=engine_page.looks_multiprocess(text)
-    )
-    cut = engine_page.normalise(
-        parse_page(text, prefilter=True), multiprocess=engine_page.looks_multiprocess(text)
-    )
+    full = engine_page.normalise(parse_page(text, prefilter=False), multiprocess=looks_multiprocess(text))
+    cut = engine_page.normalise(parse_page(text, prefilter=True), multiprocess=looks_multiprocess(text))
     assert full == cut
 
 
@@ -81,7 +78,7 @@ def test_prefilter_keeps_a_wanted_name_but_not_a_longer_name_it_prefixes():
         'vllm:num_requests_waiting{engine="0",model_name="m"} 3.0\n'
         'vllm:num_requests_waiting_by_reason{engine="0",model_name="m",reason="capacity"} 9.0\n'
     )
-    kept = engine_page.prefilter(text)
+    kept = prefilter_page(text)
     assert "vllm:num_requests_waiting{" in kept
     assert "by_reason" not in kept
 
@@ -127,8 +124,6 @@ def test_a_page_without_engine_metrics_is_an_error():
 def test_sglang_multiprocess_files_and_page_agree_and_count_tp_rank_zero_once(tmp_path):
     import vllm_sim
     from prometheus_client import CollectorRegistry, generate_latest, multiprocess
-
-    from exporter.sources.engine_scrape import reading_from_multiproc
 
     vllm_sim.run_sglang(str(tmp_path), tp=2, dp=2)
     registry = CollectorRegistry()

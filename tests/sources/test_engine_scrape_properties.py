@@ -11,19 +11,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.analysis import engine_page
 from exporter.analysis.engine import accumulate
-from exporter.analysis.engine_page import WANTED
 from exporter.config import Config
 from exporter.snapshot import Snapshot
 from exporter.snapshot.engine import EngineReading
+from exporter.snapshot.engine_names import WANTED
 from exporter.sources.engine_scrape import (
     DEFAULT_LIMITS,
     PageError,
     Sample,
     plain_samples,
-    reading_from_bytes,
+    prefilter_page,
 )
+from tests.fakes.engine_reads import reading_from_bytes
 
 ENGINE_SAMPLE_PAGE = ROOT / "bench" / "results" / "engine_sample_page.prom"
 LIMITS = dataclasses.replace(DEFAULT_LIMITS, max_bytes=16_384, max_lines=400, max_kept_lines=200)
@@ -132,7 +132,7 @@ def _reference_prefilter(text: str) -> str:
 @given(lines=st.lists(TEXT_LINE, max_size=30), end=st.sampled_from(["", "\n", "\r\n"]))
 def test_the_cut_and_the_plain_reader_agree_with_prometheus_clients_parser(lines, end):
     text = end.join(lines) if end else "\n".join(lines)
-    assert engine_page.prefilter(text) == _reference_prefilter(text)
+    assert prefilter_page(text) == _reference_prefilter(text)
     try:
         want = [
             (s.name, dict(s.labels), float(s.value))
@@ -156,7 +156,7 @@ def _same_with_nan(got: list, want: list) -> bool:
 
 @pytest.mark.parametrize("path", sorted({*PAGES.glob("*.prom"), ENGINE_SAMPLE_PAGE}), ids=lambda p: p.name)
 def test_every_fixture_page_cut_is_read_by_the_plain_reader_as_the_parser_reads_it(path):
-    body = engine_page.prefilter(path.read_text())
+    body = prefilter_page(path.read_text())
     got = plain_samples(body)
     assert got is not None  # real pages take the cheap path
     want = [

@@ -348,7 +348,7 @@ def _window(d: Any) -> Window:
     if not isinstance(d, dict):
         raise WireError("window is not an object")
     get = d.get
-    ints = (
+    ints: tuple[Any, ...] = (
         get("dev"),
         get("t0"),
         get("t1"),

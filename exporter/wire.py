@@ -35,7 +35,7 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 VERSION = 1
 MAX_DATAGRAM_BYTES = 16 * 1024
@@ -60,6 +60,8 @@ MAX_TOKENS_PER_STEP = 1 << 24
 MAX_SEQS_PER_STEP = 1 << 20
 MIN_RECORD_NS = 10  # at most one activity record per 10 ns of window (100 M/s)
 IDLE_GAP_MIN_NS = 1_000_000  # the shortest idle gap the gap histogram counts (1 ms)
+
+F = TypeVar("F")
 
 
 class WireError(ValueError):
@@ -290,6 +292,8 @@ def _int(d: Mapping[str, Any], key: str, default: int | None = None, lo: int = 0
 
 def _str(d: Mapping[str, Any], key: str, default: str = "", limit: int = 512) -> str:
     value = d.get(key, default)
+    if type(value) is str and len(value) <= limit and value.isprintable():  # the common case first
+        return value
     if not isinstance(value, str):
         raise WireError(f"{key} is not a string")
     value = value[:limit]
@@ -309,7 +313,8 @@ def _ints(
         raise WireError(f"{key} has {len(value)} entries, over {limit}")
     if value and set(map(type, value)) != {int}:  # one pass in C: no bool, float or str slips in
         raise WireError(f"{key} is not a list of integers")
-    if value and (min(value) < 0 or max(value) > MAX_INT):
+    # none negative, then: the largest is over MAX_INT only where their sum is (a sum is cheaper than a max)
+    if value and (min(value) < 0 or (sum(value) > MAX_INT and max(value) > MAX_INT)):
         raise WireError(f"{key} holds a negative or too large value")
     if length is not None and value and len(value) != length:
         raise WireError(f"{key} has {len(value)} entries, expected {length}")
@@ -325,10 +330,76 @@ def _list(d: Mapping[str, Any], key: str, limit: int) -> list[Any]:
     return value
 
 
+def _frozen(cls: type[F], values: dict[str, Any]) -> F:
+    """Return a frozen dataclass with its fields set from `values` (every field, in field order).
+
+    The same object as `cls(**values)`, without the frozen __init__'s one object.__setattr__ per
+    field; only for values already checked, each field present.
+    """
+    obj = object.__new__(cls)
+    obj.__dict__.update(values)
+    return obj
+
+
+_ONLY_INT = {int}
+
+
 def _window(d: Any) -> Window:
     if not isinstance(d, dict):
         raise WireError("window is not an object")
-    w = Window(
+    get = d.get
+    ints: tuple[Any, ...] = (
+        get("dev"),
+        get("t0"),
+        get("t1"),
+        get("busy"),
+        get("graph_busy", 0),
+        get("kernels", 0),
+        get("memcpys", 0),
+        get("memsets", 0),
+        get("graphs", 0),
+        get("dropped", 0),
+        get("gap_sum", 0),
+        get("slack", 0),
+    )
+    # Every integer key checked in one pass in C (no bool, None or float, none negative or too
+    # large): then each _int would return it as it is. Else the key by key path says what is wrong.
+    if (
+        set(map(type, ints)) == _ONLY_INT
+        and min(ints) >= 0
+        and max(ints) <= MAX_INT
+        and ints[0] <= MAX_ORDINAL
+    ):
+        w = _frozen(Window, _window_fields(ints, _ints(d, "gaps", IDLE_GAP_BUCKET_COUNT), _ints(d, "iv")))
+    else:
+        w = _window_by_key(d)
+    return _window_bounded(w)
+
+
+def _window_fields(ints: tuple[int, ...], gaps: tuple[int, ...], iv: tuple[int, ...]) -> dict[str, Any]:
+    """Return a Window's fields in field order from its checked integers (as `_window` reads them) and lists."""
+    dev, t0, t1, busy, graph_busy, kernels, memcpys, memsets, graphs, dropped, gap_sum, slack = ints
+    return {
+        "dev": dev,
+        "t0": t0,
+        "t1": t1,
+        "busy": busy,
+        "graph_busy": graph_busy,
+        "kernels": kernels,
+        "memcpys": memcpys,
+        "memsets": memsets,
+        "graphs": graphs,
+        "dropped": dropped,
+        "gaps": gaps,
+        "gap_sum": gap_sum,
+        "iv": iv,
+        "slack": slack,
+    }
+
+
+def _window_by_key(d: dict[str, Any]) -> Window:
+    """Return a window checked key by key, raising the first bad key's error."""
+    return Window(
         dev=_int(d, "dev", hi=MAX_ORDINAL),
         t0=_int(d, "t0"),
         t1=_int(d, "t1"),
@@ -344,6 +415,10 @@ def _window(d: Any) -> Window:
         iv=_ints(d, "iv"),
         slack=_int(d, "slack", 0),
     )
+
+
+def _window_bounded(w: Window) -> Window:
+    """Return a window whose figures fit its span, or raise what does not."""
     span = w.t1 - w.t0
     if span <= 0:
         raise WireError("window ends before it starts")
@@ -471,20 +546,24 @@ def _message(body: Any) -> Message:
         devices.append((_int(item, "dev", hi=MAX_ORDINAL), _str(item, "uuid", limit=96)))
     windows_raw = _list(body, "windows", MAX_WINDOWS)
     steps_raw = _list(body, "steps", MAX_STEPS)
-    return Message(
-        pid=_int(body, "pid", hi=2**31),
-        state=state,
-        seq=_int(body, "seq", 0),
-        role=role,
-        detail=_str(body, "detail", limit=256),
-        lib=_str(body, "lib", limit=256),
-        mode=_str(body, "mode", limit=32),
-        devices=tuple(devices),
-        windows=tuple(_window(w) for w in windows_raw),
-        steps=tuple(_steps(s) for s in steps_raw),
-        sent_dropped=_int(body, "sent_dropped", 0),
-        settings_rejected=_int(body, "settings_rejected", 0, hi=MAX_SETTINGS_REJECTED),
-        graphs=_graph_counts(body),
+    return _frozen(  # every value checked: Message(**these) without its frozen __init__
+        Message,
+        {
+            "pid": _int(body, "pid", hi=2**31),
+            "state": state,
+            "seq": _int(body, "seq", 0),
+            "role": role,
+            "detail": _str(body, "detail", limit=256),
+            "lib": _str(body, "lib", limit=256),
+            "mode": _str(body, "mode", limit=32),
+            "devices": tuple(devices),
+            "windows": tuple([_window(w) for w in windows_raw]),
+            "steps": tuple([_steps(s) for s in steps_raw]),
+            "sent_dropped": _int(body, "sent_dropped", 0),
+            "settings_rejected": _int(body, "settings_rejected", 0, hi=MAX_SETTINGS_REJECTED),
+            "graphs": _graph_counts(body),
+            "v": VERSION,
+        },
     )
 
 

@@ -1,6 +1,7 @@
 """The agent -> sidecar wire format: round trips, validation, interval packing, shared bucket layouts."""
 
 import ast
+import dataclasses
 import json
 from pathlib import Path
 
@@ -98,6 +99,49 @@ def test_decode_rejects_unknown_version() -> None:
 def test_decode_says_what_is_wrong(body: bytes, why: str) -> None:
     with pytest.raises(wire.WireError, match=why):
         wire.decode(body)
+
+
+def test_a_decoded_message_is_the_one_its_constructor_builds_and_stays_frozen() -> None:
+    w = window(slack=7, dropped=1, memsets=2)
+    msg = wire.Message(
+        pid=9,
+        state="running",
+        devices=((0, "GPU-a"),),
+        windows=(w, window(t0=1_000_500_000_000, t1=1_001_000_000_000)),
+    )
+    got = wire.decode(wire.encode(msg))
+    assert got == msg and repr(got) == repr(msg) and hash(got.windows[0]) == hash(w)
+    assert list(vars(got.windows[0])) == list(vars(w)) and list(vars(got)) == list(vars(msg))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        got.windows[0].busy = 1  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        got.pid = 1  # type: ignore[misc]
+
+
+def _one_window(**keys: object) -> bytes:
+    d = {"dev": 0, "t0": 0, "t1": 10_000_000, "busy": 1, **keys}
+    return json.dumps({"v": 1, "pid": 1, "state": "running", "windows": [d]}).encode()
+
+
+@pytest.mark.parametrize(
+    "keys, why",
+    [
+        ({"kernels": True}, "kernels is not an integer"),
+        ({"dev": 256}, "dev is over 255"),
+        ({"slack": -1}, "slack is negative"),
+        ({"gap_sum": 2**62 + 1}, "gap_sum is over"),
+        ({"t1": None}, "missing t1"),
+        ({"busy": 1.0}, "busy is not an integer"),
+        ({"iv": [0, 2**62 + 1]}, "iv holds a negative or too large value"),
+        ({"iv": [2**62, 2**62]}, "iv reaches past"),
+        ({"iv": [0, -1]}, "iv holds a negative"),
+        ({"iv": [0, True]}, "iv is not a list of integers"),
+        ({"gaps": [0] * 11, "memcpys": "3"}, "memcpys is not an integer"),
+    ],
+)
+def test_each_window_key_is_refused_with_its_own_reason(keys: dict[str, object], why: str) -> None:
+    with pytest.raises(wire.WireError, match=why):
+        wire.decode(_one_window(**keys))
 
 
 def test_encode_refuses_a_message_over_16_kib() -> None:

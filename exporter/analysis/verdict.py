@@ -359,22 +359,80 @@ def owned_steps(snap: Snapshot) -> dict[str, list[EngineSteps]]:
 
 def views(snap: Snapshot, gpu: int) -> list[View]:
     """Return the engines driving a GPU at one tick, with the agent's counts joined (by pid first)."""
-    owned: dict[str, list[EngineSteps]] | None = None  # joined once the GPU has an engine (most have none)
-    out = []
-    for e in snap.engines:
-        if e.error or not drives(e, gpu, snap):
-            continue
-        if owned is None:
-            owned = owned_steps(snap)
-        steps = _on_gpu(e, owned.get(e.name, ()), gpu)
-        a_run, a_wait, a_limit = _agent_counts(steps)
-        running = a_run if a_run is not None else e.running
-        waiting = a_wait if a_wait is not None else e.waiting
-        if running is None and waiting is None:
-            continue
-        counts = "agent" if a_run is not None or a_wait is not None else e.counts_source
-        out.append(View(e, running, waiting, a_limit or e.max_num_seqs, steps, counts))
-    return out
+    return _Drivers(snap).views(gpu)
+
+
+class _Drivers:
+    """One tick's live engines with the GPUs each drives, and its agent steps: what every GPU's views read.
+
+    Built once per Snapshot and tick (not once per GPU): the placements, the steps joined to their
+    engines (only once a GPU has an engine) and the steps that join none (`_gpu_steps`).
+    """
+
+    __slots__ = ("_owned", "_unowned", "placed", "snap")
+
+    def __init__(self, snap: Snapshot) -> None:
+        self.snap = snap
+        self.placed = [(e, placed(e, snap)) for e in snap.engines if not e.error]
+        self._owned: dict[str, list[EngineSteps]] | None = None
+        self._unowned: list[tuple[EngineSteps, int | None]] | None = None
+
+    def views(self, gpu: int) -> list[View]:
+        """Return the engines driving a GPU (see `views`)."""
+        out = []
+        for e, gpus in self.placed:
+            if gpu not in gpus:
+                continue
+            if self._owned is None:  # joined once an engine drives a GPU (most GPUs have none)
+                self._owned = owned_steps(self.snap)
+            steps = _on_gpu(e, self._owned.get(e.name, ()), gpu)
+            a_run, a_wait, a_limit = _agent_counts(steps)
+            running = a_run if a_run is not None else e.running
+            waiting = a_wait if a_wait is not None else e.waiting
+            if running is None and waiting is None:
+                continue
+            counts = "agent" if a_run is not None or a_wait is not None else e.counts_source
+            out.append(View(e, running, waiting, a_limit or e.max_num_seqs, steps, counts))
+        return out
+
+    def unowned(self) -> list[tuple[EngineSteps, int | None]]:
+        """Return the tick's agent steps that join no engine, each with its agent's GPU (None: matched by kind).
+
+        Steps whose kind several live engines share are left out: whose they are cannot be told.
+        """
+        if self._unowned is None:
+            snap = self.snap
+            self._unowned = []
+            engines = [e for e in snap.engines if not e.error]
+            agent_gpu = (
+                {a.pid: a.gpu for a in snap.agent.agents if a.gpu >= 0} if snap.agent is not None else {}
+            )
+            for st in snap.agent.steps if snap.agent is not None else ():
+                if owner(st, engines) is not None:
+                    continue
+                if st.pid in agent_gpu:
+                    self._unowned.append((st, agent_gpu[st.pid]))
+                elif sum(1 for e in engines if e.kind == st.engine.split(":", 1)[0]) <= 1:
+                    self._unowned.append((st, None))
+        return self._unowned
+
+
+class _Tick:
+    """What the verdict of every GPU reads alike in one window: computed once per tick, not once per GPU."""
+
+    __slots__ = ("_lost", "activity", "busy_inside", "drivers")
+
+    def __init__(self, win: Sequence[Snapshot], cfg: VerdictConfig) -> None:
+        self.drivers = [_Drivers(s) for s in win]
+        self.busy_inside = _inside(window(win, cfg.busy_window_seconds))
+        self.activity = [_activity_of(s.agent) for s in _inside(win) if s.agent is not None]
+        self._lost: tuple[str, ...] | None = None
+
+    def lost(self, last: Snapshot) -> tuple[str, ...]:
+        """Return the newest tick's engines placed on no GPU (`unplaced`)."""
+        if self._lost is None:
+            self._lost = unplaced(last)
+        return self._lost
 
 
 def _counter_rate(win: Sequence[Snapshot], vs: Sequence[Sequence[View]], attr: str) -> float | None:
@@ -430,25 +488,31 @@ def gather(
     cfg: VerdictConfig,
     roofline: RooflineConfig | None = None,
     whole: bool = False,
+    tick: _Tick | None = None,
 ) -> Facts:
-    """Return what a window (from `window()`) shows about one GPU (whole: CUPTI shares over all of it)."""
+    """Return what a window (from `window()`) shows about one GPU (whole: CUPTI shares over all of it).
+
+    `tick`: what every GPU of this window reads alike, built once by `classify_all` (else here).
+    """
     if not win:
         return Facts(gpu)
+    if tick is None:
+        tick = _Tick(win, cfg)
     last = win[-1]
-    vs = [views(s, gpu) for s in win]
+    vs = [d.views(gpu) for d in tick.drivers]
     span = max(0.0, last.mono - win[0].mono) if len(win) > 1 else 0.0
     f: dict[str, object] = {"gpu": gpu, "span_seconds": span}
-    f.update(_busy(win, gpu, cfg))
+    f.update(_busy(win, gpu, cfg, tick.busy_inside))
     good = [(s, v) for s, v in zip(_inside(win), _inside(vs), strict=True) if v]
     if good:
         f.update(_engine_facts(win, vs, good, cfg, whole))
         f.update(_offered(win, vs, cfg))
-    elif lost := unplaced(last):
+    elif lost := tick.lost(last):
         f["unplaced"] = "+".join(lost)
-    f.update(_agent_activity(win, gpu, whole))
+    f.update(_agent_activity(tick.activity, gpu, whole))
     names = {x.reading.name for _, v in good for x in v}
     ran_all = bool(good) and all((_sum([x.running for x in v]) or 0) > 0 for _, v in good)
-    mine = [_gpu_steps(s, v, names, gpu) for s, v in zip(_inside(win), _inside(vs), strict=True)]
+    mine = [_gpu_steps(d, v, names, gpu) for d, v in zip(_inside(tick.drivers), _inside(vs), strict=True)]
     f.update(_step_timing(win, vs, mine, ran_all, span))
     f.update(_graph_steps(win, vs, mine, gpu, span))
     if good and "graph_share" not in f and "graph_step_share" not in f:
@@ -478,13 +542,17 @@ def gather(
     return Facts.of(f)
 
 
-def _busy(win: Sequence[Snapshot], gpu: int, cfg: VerdictConfig) -> dict[str, object]:
-    """Return the busy share over the (short) busy window: the latest ticks, weighted by their length."""
+def _busy(
+    win: Sequence[Snapshot], gpu: int, cfg: VerdictConfig, busy_inside: Sequence[Snapshot]
+) -> dict[str, object]:
+    """Return the busy share over the (short) busy window: the latest ticks, weighted by their length.
+
+    `busy_inside`: the busy window's snapshots whose figures count (`_Tick.busy_inside`).
+    """
     latest = busy_of(win[-1], gpu, cfg.busy_source)
     if latest is None:
         return {}
-    busy_win = window(win, cfg.busy_window_seconds)
-    rows = [(b, s.dt) for s in _inside(busy_win) if (b := busy_of(s, gpu, cfg.busy_source)) is not None]
+    rows = [(b, s.dt) for s in busy_inside if (b := busy_of(s, gpu, cfg.busy_source)) is not None]
     return {
         "busy": _weighted_mean([(b[0], dt) for b, dt in rows if b[1] == latest[1]]),
         "busy_source": latest[1],
@@ -642,19 +710,21 @@ def _activity_of(agent: AgentReading) -> dict[int, list[GpuActivity]]:
     return index
 
 
-def _agent_activity(win: Sequence[Snapshot], gpu: int, whole: bool) -> dict[str, object]:
+def _agent_activity(
+    indices: Sequence[dict[int, list[GpuActivity]]], gpu: int, whole: bool
+) -> dict[str, object]:
     """Return CUPTI's exact busy, graph share and idle gaps for a GPU.
 
-    CUPTI windows arrive 1-2 s late, so the shares come from the newest tick that brought one
-    (averaging more would only add delay); `whole=True` (the report over a run) takes every window.
+    `indices`: the activity by GPU of each snapshot inside the window that has an agent reading
+    (`_Tick.activity`). CUPTI windows arrive 1-2 s late, so the shares come from the newest tick
+    that brought one (averaging more would only add delay); `whole=True` (the report over a run)
+    takes every window.
     """
     f: dict[str, object] = {}
     busy_ns = graph_ns = observed_ns = gaps = gap_ns = 0
     newest: tuple[int, int, int] | None = None
-    for s in _inside(win):
-        if s.agent is None:
-            continue
-        for a in _activity_of(s.agent).get(gpu, ()):
+    for index in indices:
+        for a in index.get(gpu, ()):
             f["agent"] = True
             if lossy(a):  # records lost: its busy, graph and gap figures undercount
                 continue
@@ -675,7 +745,7 @@ def _agent_activity(win: Sequence[Snapshot], gpu: int, whole: bool) -> dict[str,
     return f
 
 
-def _gpu_steps(snap: Snapshot, v: Sequence[View], names: set[str], gpu: int) -> list[EngineSteps]:
+def _gpu_steps(drivers: _Drivers, v: Sequence[View], names: set[str], gpu: int) -> list[EngineSteps]:
     """Return the agent steps of one tick that belong to the GPU's engines.
 
     Steps joined to an engine (by pid, name, or the only engine of their kind) belong to it alone.
@@ -684,18 +754,14 @@ def _gpu_steps(snap: Snapshot, v: Sequence[View], names: set[str], gpu: int) -> 
     engines of that kind run: then whose steps they are cannot be told, and they count nowhere.
     """
     mine = [st for x in v for st in x.steps]
-    if snap.agent is None or not snap.agent.steps:
+    agent = drivers.snap.agent
+    if agent is None or not agent.steps:
         return mine
-    engines = [e for e in snap.engines if not e.error]
-    agent_gpu = {a.pid: a.gpu for a in snap.agent.agents if a.gpu >= 0}
-    for st in snap.agent.steps:
-        if owner(st, engines) is not None:
-            continue
-        kind = st.engine.split(":", 1)[0]
-        if st.pid in agent_gpu:
-            if agent_gpu[st.pid] == gpu:
+    for st, agent_gpu in drivers.unowned():
+        if agent_gpu is not None:
+            if agent_gpu == gpu:
                 mine.append(st)
-        elif sum(1 for e in engines if e.kind == kind) <= 1 and _step_matches(st.engine, names):
+        elif _step_matches(st.engine, names):
             mine.append(st)
     return mine
 
@@ -992,9 +1058,10 @@ def classify(
     cfg: VerdictConfig,
     prev: Verdict | None = None,
     roofline: RooflineConfig | None = None,
+    tick: _Tick | None = None,
 ) -> Verdict:
     """Return the verdict to report for one GPU: the window's verdict, held against the previous one."""
-    f = gather(win, gpu, cfg, roofline)
+    f = gather(win, gpu, cfg, roofline, tick=tick)
     verdict, reasons = decide(f, cfg, prev)
     lean = decide(f, cfg, None)[0]  # inside the band: the side of its midpoint
     raw = Verdict(gpu, verdict, reasons, f.busy, f.busy_source, f.evidence(), raw=verdict, offered=f.offered)
@@ -1024,7 +1091,8 @@ def classify_all(history: Sequence[Snapshot], cfg: Config) -> tuple[Verdict, ...
     win = window(history, _reach(v))
     prev_snap = history[-2] if len(history) > 1 else None
     prev = {p.gpu: p for p in prev_snap.verdicts} if prev_snap is not None else {}
-    return tuple(classify(win, gpu, v, prev.get(gpu), cfg.roofline) for gpu in gpus_of(history[-1]))
+    tick = _Tick(win, v)  # what every GPU reads alike, once
+    return tuple(classify(win, gpu, v, prev.get(gpu), cfg.roofline, tick) for gpu in gpus_of(history[-1]))
 
 
 def classify_tick(history: Sequence[Snapshot], snap: Snapshot, cfg: Config) -> Snapshot:

@@ -87,3 +87,17 @@ def test_an_increment_of_known_series_adds_like_one_of_new_series() -> None:
 def test_histograms_of_different_bucket_counts_do_not_add() -> None:
     with pytest.raises(ValueError):
         HistogramValue((1.0,), (1.0, 2.0)).add((1.0,), 1.0)
+
+
+def test_the_same_series_in_the_same_order_add_as_series_by_key_do() -> None:
+    keys = [GpuSource(g, s) for g in range(3) for s in ("gpm", "nvml")]
+    known = MappingProxyType({k: 1.0 + i for i, k in enumerate(keys)})
+    inc = {k: 0.25 * i for i, k in enumerate(keys)}  # the same keys, the same order: added in one pass
+    shuffled = dict(reversed(list(inc.items())))  # the same keys in another order: added key by key
+    same = Totals(busy=BusyTotals(busy_seconds=known)).plus(Totals(busy=BusyTotals(busy_seconds=inc)))
+    other = Totals(busy=BusyTotals(busy_seconds=known)).plus(Totals(busy=BusyTotals(busy_seconds=shuffled)))
+    assert list(same.busy.busy_seconds.items()) == list(other.busy.busy_seconds.items())
+    assert list(same.busy.busy_seconds) == keys and isinstance(same.busy.busy_seconds, MappingProxyType)
+    h = HistogramValue((0.01,), (1.0, 2.0), 0.5)
+    hist = Totals(engine=EngineTotals(step_seconds=MappingProxyType({"vllm": h})))
+    assert hist.plus(hist).engine.step_seconds["vllm"] == HistogramValue((0.01,), (2.0, 4.0), 1.0)

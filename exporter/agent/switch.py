@@ -140,8 +140,8 @@ class Switch:
         with self._lock:
             funcs = {id(f): (orig, hook) for _, _, orig, hook in self._sites for f in (orig, hook)}
             if self._driver >= 0:
-                pair = self._sites[self._driver][2:]
-                funcs.update({id(f): pair for f in self._wrapped})
+                _, _, d_orig, d_hook = self._sites[self._driver]
+                funcs.update({id(f): (d_orig, d_hook) for f in self._wrapped})
             for name, value in attrs:
                 pair = funcs.get(id(getattr(value, "__func__", None)))
                 if pair is None or getattr(value, "__self__", None) is not obj:

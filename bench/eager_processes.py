@@ -10,6 +10,8 @@ Each fresh process (modes rotated round by round) initialises CUDA, then times t
 
 - none: no agent (its later slices against its first are the A/A);
 - light: the light agent as shipped (hooks sampled, in 1/8 of each tick);
+- light_thread: the light agent with BOUNDWATCH_AGENT_INLINE=off (its thread swaps the hooks and
+  ticks, as before session 10: two wake-ups a tick whatever the engine does);
 - light_full: the light agent with BOUNDWATCH_AGENT_HOOK_SHARE=1 (hooks always in, no swaps);
 - light_early: the sampled light agent started before `import torch`, as a plugin starts it (no
   slice before: it only joins the across-process comparison).
@@ -38,8 +40,9 @@ sys.path.insert(0, ROOT)
 from bench.ab import write_results  # noqa: E402
 from bench.light_agent_overhead import Listener, Spans, pause_attributed, timed_loop  # noqa: E402
 
-MODES = ("none", "light", "light_full", "light_early")
-ENV = {"light_full": {"BOUNDWATCH_AGENT_HOOK_SHARE": "1"}}
+MODES = ("none", "light", "light_thread", "light_full", "light_early")
+ENV = {"light_full": {"BOUNDWATCH_AGENT_HOOK_SHARE": "1"}, "light_thread": {"BOUNDWATCH_AGENT_INLINE": "off"}}
+STARTED_LATE = ("light", "light_thread", "light_full")  # the agent starts after the first slice
 
 
 def on_cpu() -> int:
@@ -75,12 +78,12 @@ def child(mode: str, seconds: float, segments: int, cpus: str, pause_s: float = 
             torch.cuda.synchronize()
 
         for i in range(segments):
-            if i == 1 and mode in ("light", "light_full"):
+            if i == 1 and mode in STARTED_LATE:
                 res["agent_state"] = agent.start(role="generic")
             r = timed_loop(eager, seconds)
             res["slices"].append({"per_s": round(r["per_s"], 2), "median_us": round(r["median_us"], 2),
                                   "max_us": round(r["max_us"], 1), "cpu": on_cpu()})  # fmt: skip
-    elif mode in ("light", "light_full"):
+    elif mode in STARTED_LATE:
         res["agent_state"] = agent.start(role="generic")
     a = agent.current()
     if pause_s > 0:  # the longest pauses a pure-Python thread sees beside the agent, and what overlapped each
@@ -88,15 +91,33 @@ def child(mode: str, seconds: float, segments: int, cpus: str, pause_s: float = 
         gc.callbacks.append(spans.on_gc)
         if a is not None:
             spans.wrap(a, "tick", "tick")
-            spans.wrap(a.switch, "set_in", "swap")
+            spans.wrap(a.switch, "_set", "swap")  # every swap: the thread's and the inline ones
         res["pause"] = pause_attributed(pause_s, spans)
         if cuda:  # the engine-like thread: a launch per iteration (the GIL let go in each), no sync
             res["pause_launch"] = pause_attributed(pause_s, spans, call=lambda: small.add_(1.0))
             torch.cuda.synchronize()
+            # ... and stepping: a captured graph replayed (torch's CUDAGraph.replay, the light agent's
+            # hook site) every 256 launches, so a light agent's cycle is driven from this thread
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                small.add_(1.0)
+            n = [0]
+
+            def launch_and_step() -> None:
+                n[0] += 1
+                if n[0] % 256:
+                    small.add_(1.0)
+                else:
+                    g.replay()
+
+            res["pause_steps"] = pause_attributed(pause_s, spans, call=launch_and_step)
+            torch.cuda.synchronize()
         gc.callbacks.remove(spans.on_gc)
     if a is not None:
         res["agent"] = {
-            k: v for k, v in a.describe().items() if k in ("mode", "state", "hook_share", "switch")
+            k: v
+            for k, v in a.describe().items()
+            if k in ("mode", "state", "hook_share", "hooks_driven", "wakes", "messages_sent", "replays")
         }
         agent.stop()
     return res
@@ -139,7 +160,7 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
                     "after_over_before_range": [round(min(ratios), 4), round(max(ratios), 4)],
                 }
             )
-        for key in ("pause", "pause_launch"):  # the pure-Python spin, then the engine-like launch loop
+        for key in ("pause", "pause_launch", "pause_steps"):  # pure-Python spin, launches, launches and steps
             pauses = [r[key] for r in rs if key in r]
             if pauses:
                 out[mode].update(pause_summary(key, pauses))

@@ -385,7 +385,7 @@ def child(mode: str, seconds: float) -> dict[str, Any]:
         a = agent.current()
         if a is not None:
             spans.wrap(a, "tick", "tick")
-            spans.wrap(a.switch, "set_in", "swap")
+            spans.wrap(a.switch, "_set", "swap")  # every swap: the thread's and the inline ones
     started = time.monotonic()
     res["gpu"] = gpu_workloads(light, seconds)
     if "skipped" in res["gpu"]:

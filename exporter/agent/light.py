@@ -19,6 +19,7 @@ from exporter.agent.sender import Sender
 from exporter.agent.settings import Settings
 from exporter.agent.steps import StepTracker
 from exporter.agent.switch import SWITCH, Switch
+from exporter.agent.timer import WakeTimer
 
 STEPS_PER_MESSAGE = 8
 
@@ -48,6 +49,10 @@ class LightAgent:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_send_ns = 0
+        self._tick_lock = threading.Lock()  # one tick at a time: the agent's thread, the engine's, stop()
+        self._timer: WakeTimer | None = None
+        self.wakes = 0  # the agent thread's wake-ups (each takes the GIL from whoever runs)
+        self.inline = self.settings.inline != "off"  # the engine's step drives the cycle where it can
 
     def start(self) -> str:
         """Install the hooks and start the agent's thread; return 'running', never raise."""
@@ -61,9 +66,11 @@ class LightAgent:
         return self.state
 
     def _loop(self) -> None:
-        # Every wake-up takes the GIL from the engine's thread (a switch whose tail, on the H200's VM,
-        # reached 2 ms when this thread woke at 10 Hz; bench/README.md): one per flush_s, and one more
-        # where the hooks are sampled (in for hook_share of each tick, then out: exporter.agent.switch).
+        # Every wake-up takes the GIL from the engine's thread (130-145 us on the H200's VM, even where
+        # the engine lets go of it in each op; bench/README.md): one per flush_s, and one more where the
+        # hooks are sampled (in for hook_share of each tick, then out: exporter.agent.switch). After its
+        # first cycle (whose tick loads what ticks need once), the engine's own step drives the cycle
+        # where a driver site exists, and this thread sleeps on a timer the engine keeps pushing.
         share = self.settings.hook_share
         sw = self.switch
         cycling = share < 1.0 and sw.start_cycle()
@@ -71,39 +78,84 @@ class LightAgent:
         try:
             while True:
                 if cycling and sw.cycling:
-                    if self._stop.wait(out_s):
+                    if self._wait(out_s):
                         break
                     sw.set_in(True)
-                    if self._stop.wait(in_s):
+                    if self._wait(in_s):
                         break
                     sw.set_in(False)
-                elif self._stop.wait(self.settings.flush_s):
+                elif self._wait(self.settings.flush_s):
                     break
-                t = time.perf_counter_ns()
-                try:
-                    self.tick()
-                except Exception as exc:  # never let the thread die silently
-                    self.detail = f"agent loop: {type(exc).__name__}: {exc}"[:400]
-                self.tick_ns_max = max(self.tick_ns_max, time.perf_counter_ns() - t)
+                self._tick_timed()
+                if cycling and sw.cycling and self.inline and self._driven(out_s, in_s):
+                    break
         finally:
             if cycling:
                 sw.stop_cycle()  # hooks in for good: a CUPTI agent taking over times every step
 
-    def tick(self, force: bool = False, final: bool = False) -> None:
-        """Send what the hooks counted since the last tick (a heartbeat once a second when nothing)."""
+    def _wait(self, seconds: float) -> bool:
+        stopped = self._stop.wait(seconds)
+        self.wakes += 0 if stopped else 1
+        return stopped
+
+    def _tick_timed(self) -> None:
+        """One tick, unless one runs (on another thread); never raises."""
+        if not self._tick_lock.acquire(blocking=False):
+            return
+        t = time.perf_counter_ns()
+        try:
+            self.tick(yield_gil=threading.current_thread() is self._thread)
+        except Exception as exc:  # never let a thread (the engine's least of all) see it
+            self.detail = f"agent loop: {type(exc).__name__}: {exc}"[:400]
+        finally:
+            self._tick_lock.release()
+        self.tick_ns_max = max(self.tick_ns_max, time.perf_counter_ns() - t)
+
+    def _driven(self, out_s: float, in_s: float) -> bool:
+        """Hand the cycle to the engine's step and sleep on the timer; True once stopped, False if it cannot."""
+        timer = self._timer = self._timer or WakeTimer.make()
+        if timer is None:
+            return False
+        sw = self.switch
+        margin = max(int(in_s * 1e9) // 2, 5_000_000)  # how late the engine may be before this thread swaps
+
+        def rearm(due_ns: int, by_thread: bool = False) -> None:  # after the engine swapped: a margin
+            timer.at(due_ns + (0 if by_thread else margin))
+
+        if not sw.drive_inline(int(out_s * 1e9), int(in_s * 1e9), self._tick_timed, rearm):
+            return False
+        while sw.driving:
+            if self._stop.is_set() or not timer.wait():
+                return True
+            self.wakes += 1
+            due = sw.due[0]
+            sw.drive(by_thread=True)  # the engine did not step past the due: swap (and tick) from here
+            if sw.due[0] == due:  # nothing was due (the engine swapped meanwhile) or the lock was taken
+                rearm(due)
+        return self._stop.is_set()
+
+    def tick(self, force: bool = False, final: bool = False, yield_gil: bool = True) -> None:
+        """Send what the hooks counted since the last tick (a heartbeat once a second when nothing).
+
+        yield_gil: hand the GIL back between phases (on the agent's thread, so the engine's never waits
+        on a whole tick); off where the engine's own thread runs the tick inline.
+        """
         plugins.flush_pending(self.steps, 0)  # every engine's steps since the last hand-over
         scale = self.switch.scale()  # what the counts since stand for, the hooks having been in a slice of it
-        time.sleep(0)  # hand the GIL back between phases: the engine's thread never waits on a whole tick
+        if yield_gil:
+            time.sleep(0)
         steps = self.steps.take(final=True, scale=scale)
         now = time.monotonic_ns()
         if not steps and not force and now - self._last_send_ns < 1_000_000_000:
             self.graphs.count(scale)  # sent with the next message, each tick's at its own scale
             return
         self._last_send_ns = now
-        time.sleep(0)
+        if yield_gil:
+            time.sleep(0)
         graphs = self.graph_counts(scale)
-        time.sleep(0)
-        self.send(steps, graphs)
+        if yield_gil:
+            time.sleep(0)
+        self.send(steps, graphs, yield_gil)
 
     def graph_counts(self, scale: float = 1.0) -> wire.GraphCounts | None:
         """Return the graph counters' window since the last call, None while the hooks are not installed."""
@@ -120,11 +172,11 @@ class LightAgent:
             uuid=self.graphs.uuid(dev),
         )
 
-    def send(self, steps: list[wire.Steps], graphs: wire.GraphCounts | None) -> None:
+    def send(self, steps: list[wire.Steps], graphs: wire.GraphCounts | None, yield_gil: bool = True) -> None:
         """Send steps in messages of a few entries each, the graph counts on the first."""
         chunks = [steps[i : i + STEPS_PER_MESSAGE] for i in range(0, len(steps), STEPS_PER_MESSAGE)] or [[]]
         for i, chunk in enumerate(chunks):
-            if i:
+            if i and yield_gil:
                 time.sleep(0)
             self.sender.send(
                 wire.Message(
@@ -144,9 +196,14 @@ class LightAgent:
     def detach(self) -> None:
         """Stop the thread without a final message (the CUPTI agent takes over steps and sender)."""
         self._stop.set()
+        if self._timer is not None:
+            self._timer.wake()
         if self._thread is not None:
             self._thread.join(timeout=5.0)
             self._thread = None
+        if self._timer is not None:
+            self._timer.close()
+            self._timer = None
 
     def stop(self) -> None:
         """Send what is left and a 'stopped' message; safe to call twice."""
@@ -154,7 +211,8 @@ class LightAgent:
             return
         self.detach()
         try:
-            self.tick(force=True, final=True)
+            with self._tick_lock:  # after an inline tick the engine's thread may be finishing
+                self.tick(force=True, final=True)
         except Exception:
             pass
         self.state = "stopped"
@@ -178,6 +236,8 @@ class LightAgent:
             "messages_sent": self.sender.sent,
             "messages_dropped": self.sender.dropped,
             "tick_ns_max": self.tick_ns_max,
+            "wakes": self.wakes,
+            "hooks_driven": self.switch.driving,
             "hook_share": self.settings.hook_share,
             "hooks_cycling": self.switch.cycling,
             "hooks_held": self.switch.held,

@@ -238,7 +238,7 @@ def hook_step(
     fn = cls.__dict__.get(name)
     if fn is None or getattr(fn, "__boundwatch__", False):
         return False
-    SWITCH.add(cls, name, fn, wrap_step(fn, engine, batch_of, counts_of, prepare=prepare))
+    SWITCH.add(cls, name, fn, wrap_step(fn, engine, batch_of, counts_of, prepare=prepare), rank=2)
     return True
 
 

@@ -62,6 +62,9 @@ class Settings:
     # light hooks on the steps' path are in for this share of each flush_s and out between; counts
     # are scaled to the tick (exporter.agent.switch). 1 keeps them in: every step counted and timed.
     hook_share: float = 0.125
+    # on: the engine's own step swaps the sampled hooks and runs the tick inline, so the agent's thread
+    # does not wake while the engine steps (exporter.agent.switch) | off: the agent's thread swaps
+    inline: str = "on"
     lag_s: float = 1.0
     lag_max_s: float = 3.0  # windows wait up to this long for records that arrive late (core._hold_ns)
     buffer_kib: int = 1024  # raw mode copies a buffer in ~0.1 ms; object mode needs <= 256 KiB
@@ -93,6 +96,7 @@ class Settings:
             window_s=_envf("WINDOW_S", 0.5),
             flush_s=_envf("FLUSH_S", 0.5),
             hook_share=_envf("HOOK_SHARE", 0.125),
+            inline=_env("INLINE", "on"),
             lag_s=_envf("LAG_S", 1.0),
             lag_max_s=_envf("LAG_MAX_S", 3.0),
             buffer_kib=_envi("BUFFER_KIB", 1024),

@@ -13,6 +13,18 @@ in a slice), integers with the remainders carried (`Carry`). Ratios (a step's wa
 per sequence, the share of steps in graphs) need no scale; the scheduler's running and waiting are
 read at every tick and integrated over real time, never sampled.
 
+Who swaps. Each wake-up of the agent's thread takes the GIL from the engine's thread, and the engine's
+thread then waits for the OS to wake it again: 130-145 us a wake-up on the H200's VM, even where the
+engine lets go of the GIL in each op (bench/README.md, session 10). So once `drive_inline` is on, the
+engine's own step drives the cycle: the highest-ranked site (an engine step, else a graph replay)
+keeps a thin check while out (`thin`: one frame and a clock read) and a checked hook while in; the
+first call at or past `due` swaps the hooks in or out right there (and, at a slice's end, runs the
+agent's tick inline: tens of microseconds, no hand-over). The slices are fixed in advance,
+`[due, due + in)`: the call that finds a slice begun starts inside it and is counted, the one that
+finds it ended is not, so the ratio estimator stays unbiased. The agent's thread sleeps on a timer
+that each drive pushes past the next `due`: it wakes only when the engine has stopped stepping (then
+no thread waits on the GIL) and swaps at its own wake-up times, as before.
+
 The agent's thread swaps (`set_in`); a hook that cannot be swapped but feeds the same counts (SGLang's
 hook registry) keeps the hooks in for good (`hold`), so no count is ever scaled that was not sampled.
 Hooks start in: until an agent drives the cycle, and again after it stops or the process forks.
@@ -48,9 +60,20 @@ class Switch:
         self._since = clock()  # the hooks went in (while in), or the last scale
         self._in_ns = 0  # time in since the last scale
         self._scaled_at = self._since
+        self.due = [0]  # when the engine's thread next swaps (monotonic ns; 0: it does not drive)
+        self.driving = False  # drive_inline is on: the driver site checks `due`
+        self._driver = -1  # index in _sites of the site that drives (the highest rank), -1: none
+        self._rank = -1
+        self._wrapped: tuple[Any, Any] = (None, None)  # the driver's (thin, checked) functions
+        self._slice = (0, 0)  # (out ns, in ns) of a cycle
+        self._on_out: Any = None  # the agent's tick, run inline where the engine's thread ends a slice
+        self._rearm: Any = None  # pushes the agent thread's timer past the next due
 
-    def add(self, owner: Any, name: str, original: Any, hook: Any) -> None:
-        """Manage owner.name (a class attribute or module global) that holds hook in place of original."""
+    def add(self, owner: Any, name: str, original: Any, hook: Any, rank: int = 0) -> None:
+        """Manage owner.name (a class attribute or module global) that holds hook in place of original.
+
+        rank: how well the site can drive the cycle (2: once an engine step, 1: a graph replay, 0: not).
+        """
         with self._lock:
             if len(self._sites) >= MAX_SWITCHES:
                 self._hold("too many hook sites")
@@ -60,7 +83,53 @@ class Switch:
                 setattr(hook, SWITCHED, True)
             except (AttributeError, TypeError):
                 pass
-            setattr(owner, name, hook if self.hooks_in else original)
+            if rank > 0 and rank > self._rank:
+                self._driver, self._rank = len(self._sites) - 1, rank
+                self._wrapped = self._driving_pair(original, hook)
+                for i in range(len(self._sites)):
+                    self._place(i)
+                self._rebind()
+            else:
+                self._place(len(self._sites) - 1)
+
+    def _driving_pair(self, original: Any, hook: Any) -> tuple[Any, Any]:
+        """Return the driver site's functions: out, the engine's own behind a check; in, the hook behind one."""
+        due, clock, drive = self.due, self._clock, self.drive
+
+        def thin(*args: Any, **kwargs: Any) -> Any:
+            if due[0] and clock() >= due[0] and drive():
+                return hook(*args, **kwargs)  # this call starts the slice: it is counted
+            return original(*args, **kwargs)
+
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            if due[0] and clock() >= due[0] and not drive():
+                return original(*args, **kwargs)  # this call starts after the slice: not counted
+            return hook(*args, **kwargs)
+
+        for fn in (thin, checked):
+            for attr in ("__name__", "__qualname__", "__doc__", "__wrapped__"):
+                try:
+                    setattr(fn, attr, getattr(hook, attr))
+                except (AttributeError, TypeError):
+                    pass
+            setattr(fn, SWITCHED, True)
+        return thin, checked
+
+    def _value(self, i: int, hooks_in: bool) -> Any:
+        """Return what site i holds with the hooks in or out (its check while the engine drives)."""
+        _, _, original, hook = self._sites[i]
+        if i == self._driver and self.driving:
+            return self._wrapped[1] if hooks_in else self._wrapped[0]
+        return hook if hooks_in else original
+
+    def _place(self, i: int) -> None:
+        owner, name, _, _ = self._sites[i]
+        setattr(owner, name, self._value(i, self.hooks_in))
+
+    def _bound_value(self, original: Any, hook: Any, hooks_in: bool) -> Any:
+        if self._driver >= 0 and self.driving and self._sites[self._driver][2] is original:
+            return self._wrapped[1] if hooks_in else self._wrapped[0]
+        return hook if hooks_in else original
 
     def adopt(self, obj: Any) -> None:
         """Manage the attributes of obj that hold a bound method of a managed function (vLLM's step_fn)."""
@@ -70,6 +139,9 @@ class Switch:
             return
         with self._lock:
             funcs = {id(f): (orig, hook) for _, _, orig, hook in self._sites for f in (orig, hook)}
+            if self._driver >= 0:
+                _, _, d_orig, d_hook = self._sites[self._driver]
+                funcs.update({id(f): (d_orig, d_hook) for f in self._wrapped})
             for name, value in attrs:
                 pair = funcs.get(id(getattr(value, "__func__", None)))
                 if pair is None or getattr(value, "__self__", None) is not obj:
@@ -85,7 +157,7 @@ class Switch:
                     self._hold("an instance without weak references holds a hook")
                     return
                 self._bound.append((ref, name, pair[0], pair[1]))
-                setattr(obj, name, types.MethodType(pair[1] if self.hooks_in else pair[0], obj))
+                setattr(obj, name, types.MethodType(self._bound_value(pair[0], pair[1], self.hooks_in), obj))
 
     def hold(self, why: str) -> None:
         """Keep the hooks in for good: something counts into the same totals without being swapped."""
@@ -95,7 +167,79 @@ class Switch:
     def _hold(self, why: str) -> None:
         self.held = self.held or why
         self.cycling = False
+        self._undrive()
         self._set(True)
+
+    def _undrive(self) -> None:
+        """The engine's thread stops driving: every site holds its plain hook or original again."""
+        if self.driving:
+            self.driving = False
+            self.due[0] = 0
+            for i in range(len(self._sites)):
+                self._place(i)
+            self._rebind()
+
+    def drive_inline(self, out_ns: int, in_ns: int, on_out: Any, rearm: Any) -> bool:
+        """Let the driver site swap the hooks (and call on_out() at each slice's end); False if none can.
+
+        rearm(due_ns, by_thread) is called after each swap with the next due, so the agent's thread sleeps
+        past it (to the due itself where the thread swapped: the engine is not stepping).
+        """
+        with self._lock:
+            if not self.cycling or self._driver < 0:
+                return False
+            self._slice, self._on_out, self._rearm = (int(out_ns), int(in_ns)), on_out, rearm
+            self.driving = True
+            now = self._clock()
+            self.due[0] = now + (self._slice[1] if self.hooks_in else self._slice[0])
+            for i in range(len(self._sites)):
+                self._place(i)
+            self._rebind()
+            due = self.due[0]
+        rearm(due, False)
+        return True
+
+    def drive(self, by_thread: bool = False) -> bool:
+        """Swap the hooks if a slice began or ended (at `due`); return whether they are in after.
+
+        On the engine's thread (the driver site's check) the slice's edges are `due` itself, fixed in
+        advance; the agent's thread, waking on its timer, swaps at its own wake-up time (as `set_in`).
+        Never blocks: a call that finds the lock taken leaves the swap to the next one.
+        """
+        if not self._lock.acquire(blocking=False):
+            return self.hooks_in
+        on_out = None
+        try:
+            now, due = self._clock(), self.due[0]
+            if not self.driving or not due or now < due:
+                return self.hooks_in
+            out_ns, in_ns = self._slice
+            at = now if by_thread else due
+            if self.hooks_in:
+                self._set(False, at)
+                on_out = self._on_out
+                self.due[0] = max(due + out_ns, now + 1) if not by_thread else now + out_ns
+            else:
+                if not by_thread and now >= due + in_ns:  # the whole slice went by unseen: the next
+                    self.due[0] = now + out_ns
+                    due = 0
+                else:
+                    self._set(True, at)
+                    self.due[0] = (due if not by_thread else now) + in_ns
+            hooks_in, nxt, rearm = self.hooks_in, self.due[0], self._rearm
+        finally:
+            self._lock.release()
+        if on_out is not None:
+            try:
+                on_out()
+            except Exception:
+                pass  # never into the engine's step
+        if rearm is not None:
+            try:
+                rearm(nxt, by_thread)
+            except Exception:
+                pass
+        return hooks_in
 
     def start_cycle(self) -> bool:
         """Let the agent's thread swap the hooks; False (hooks stay in) when something holds them."""
@@ -107,6 +251,7 @@ class Switch:
         """Put the hooks in for good (the agent stopped, or CUPTI times every step)."""
         with self._lock:
             self.cycling = False
+            self._undrive()
             self._set(True)
 
     def set_in(self, hooks_in: bool) -> None:
@@ -115,21 +260,24 @@ class Switch:
             if self.cycling or hooks_in:
                 self._set(hooks_in)
 
-    def _set(self, hooks_in: bool) -> None:
-        now = self._clock()
+    def _set(self, hooks_in: bool, at: int | None = None) -> None:
+        now = self._clock() if at is None else at
         if hooks_in == self.hooks_in:
             return
         if self.hooks_in:
-            self._in_ns += now - self._since
+            self._in_ns += max(0, now - self._since)
         self._since = now
         self.hooks_in = hooks_in
-        for owner, name, original, hook in self._sites:
-            setattr(owner, name, hook if hooks_in else original)
+        for i in range(len(self._sites)):
+            self._place(i)
+        self._rebind()
+
+    def _rebind(self) -> None:
         live = []
         for ref, name, original, hook in self._bound:
             obj = ref()
             if obj is not None:
-                setattr(obj, name, types.MethodType(hook if hooks_in else original, obj))
+                setattr(obj, name, types.MethodType(self._bound_value(original, hook, self.hooks_in), obj))
                 live.append((ref, name, original, hook))
         self._bound = live
 
@@ -150,6 +298,7 @@ class Switch:
         """In a forked child: no agent's thread swaps the hooks; put them in until one does."""
         self._lock = threading.Lock()
         self.cycling = False
+        self._undrive()
         self._set(True)
 
 

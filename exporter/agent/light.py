@@ -117,12 +117,10 @@ class LightAgent:
         if timer is None:
             return False
         sw = self.switch
-        margin = max(int(in_s * 1e9) // 2, 5_000_000)  # how late the engine may be before this thread swaps
-
-        def rearm(due_ns: int, by_thread: bool = False) -> None:  # after the engine swapped: a margin
-            timer.at(due_ns + (0 if by_thread else margin))
-
-        if not sw.drive_inline(int(out_s * 1e9), int(in_s * 1e9), self._tick_timed, rearm):
+        # how late the engine's step may come before this thread swaps: half a slice (31 ms by default),
+        # so an engine stepping faster than that never has this thread take the GIL from it
+        margin = max(int(in_s * 1e9) // 2, 5_000_000)
+        if not sw.drive_inline(int(out_s * 1e9), int(in_s * 1e9), margin, self._tick_timed, timer.at):
             return False
         while sw.driving:
             if self._stop.is_set() or not timer.wait():
@@ -131,7 +129,7 @@ class LightAgent:
             due = sw.due[0]
             sw.drive(by_thread=True)  # the engine did not step past the due: swap (and tick) from here
             if sw.due[0] == due:  # nothing was due (the engine swapped meanwhile) or the lock was taken
-                rearm(due)
+                timer.at(due + margin)
         return self._stop.is_set()
 
     def tick(self, force: bool = False, final: bool = False, yield_gil: bool = True) -> None:

@@ -67,7 +67,8 @@ class Switch:
         self._wrapped: tuple[Any, Any] = (None, None)  # the driver's (thin, checked) functions
         self._slice = (0, 0)  # (out ns, in ns) of a cycle
         self._on_out: Any = None  # the agent's tick, run inline where the engine's thread ends a slice
-        self._rearm: Any = None  # pushes the agent thread's timer past the next due
+        self._rearm: Any = None  # sets the agent thread's timer (to the next due plus the margin)
+        self._margin = 0  # how long past a due the engine has to swap before the agent's thread does
 
     def add(self, owner: Any, name: str, original: Any, hook: Any, rank: int = 0) -> None:
         """Manage owner.name (a class attribute or module global) that holds hook in place of original.
@@ -179,24 +180,25 @@ class Switch:
                 self._place(i)
             self._rebind()
 
-    def drive_inline(self, out_ns: int, in_ns: int, on_out: Any, rearm: Any) -> bool:
+    def drive_inline(self, out_ns: int, in_ns: int, margin_ns: int, on_out: Any, rearm: Any) -> bool:
         """Let the driver site swap the hooks (and call on_out() at each slice's end); False if none can.
 
-        rearm(due_ns, by_thread) is called after each swap with the next due, so the agent's thread sleeps
-        past it (to the due itself where the thread swapped: the engine is not stepping).
+        rearm(wake_ns) is called after each swap: the agent's thread sleeps to the next due plus
+        margin_ns, so the engine, while it steps, always swaps first.
         """
         with self._lock:
             if not self.cycling or self._driver < 0:
                 return False
             self._slice, self._on_out, self._rearm = (int(out_ns), int(in_ns)), on_out, rearm
+            self._margin = max(0, int(margin_ns))
             self.driving = True
             now = self._clock()
             self.due[0] = now + (self._slice[1] if self.hooks_in else self._slice[0])
             for i in range(len(self._sites)):
                 self._place(i)
             self._rebind()
-            due = self.due[0]
-        rearm(due, False)
+            wake = self.due[0] + self._margin
+        rearm(wake)
         return True
 
     def drive(self, by_thread: bool = False) -> bool:
@@ -214,19 +216,19 @@ class Switch:
             if not self.driving or not due or now < due:
                 return self.hooks_in
             out_ns, in_ns = self._slice
-            at = now if by_thread else due
+            # the engine swaps at `due` (its slices fixed in advance); the agent's thread, a margin late,
+            # at its own wake-up, and sets the next due a margin early so that idle cycles keep their length
+            at, early = (now, self._margin) if by_thread else (due, 0)
             if self.hooks_in:
                 self._set(False, at)
                 on_out = self._on_out
-                self.due[0] = max(due + out_ns, now + 1) if not by_thread else now + out_ns
+                self.due[0] = max(at + out_ns - early, now + 1)
+            elif not by_thread and now >= due + in_ns:  # the whole slice went by unseen: the next one
+                self.due[0] = now + out_ns
             else:
-                if not by_thread and now >= due + in_ns:  # the whole slice went by unseen: the next
-                    self.due[0] = now + out_ns
-                    due = 0
-                else:
-                    self._set(True, at)
-                    self.due[0] = (due if not by_thread else now) + in_ns
-            hooks_in, nxt, rearm = self.hooks_in, self.due[0], self._rearm
+                self._set(True, at)
+                self.due[0] = max(at + in_ns - early, now + 1)
+            hooks_in, wake, rearm = self.hooks_in, self.due[0] + self._margin, self._rearm
         finally:
             self._lock.release()
         if on_out is not None:
@@ -236,7 +238,7 @@ class Switch:
                 pass  # never into the engine's step
         if rearm is not None:
             try:
-                rearm(nxt, by_thread)
+                rearm(wake)
             except Exception:
                 pass
         return hooks_in

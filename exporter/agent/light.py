@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from exporter import wire
@@ -100,6 +101,7 @@ class LightAgent:
 
     def _tick_timed(self) -> None:
         """One tick, unless one runs (on another thread); never raises."""
+        self.switch.finish_pending()  # the engine's thread no longer drives: a tick it began ends here
         if not self._tick_lock.acquire(blocking=False):
             return
         t = time.perf_counter_ns()
@@ -120,7 +122,7 @@ class LightAgent:
         # how late the engine's step may come before this thread swaps: half a slice (31 ms by default),
         # so an engine stepping faster than that never has this thread take the GIL from it
         margin = max(int(in_s * 1e9) // 2, 5_000_000)
-        if not sw.drive_inline(int(out_s * 1e9), int(in_s * 1e9), margin, self._tick_timed, timer.at):
+        if not sw.drive_inline(int(out_s * 1e9), int(in_s * 1e9), margin, self._inline_tick, timer.at):
             return False
         while sw.driving:
             if self._stop.is_set() or not timer.wait():
@@ -136,24 +138,38 @@ class LightAgent:
         """Send what the hooks counted since the last tick (a heartbeat once a second when nothing).
 
         yield_gil: hand the GIL back between phases (on the agent's thread, so the engine's never waits
-        on a whole tick); off where the engine's own thread runs the tick inline.
+        on a whole tick); off where the engine's own thread runs the tick.
         """
+        for _ in self.phases(force, final):
+            if yield_gil:
+                time.sleep(0)
+
+    def phases(self, force: bool = False, final: bool = False) -> Iterator[None]:
+        """The tick, in parts of tens of microseconds each (it pauses between them)."""
         plugins.flush_pending(self.steps, 0)  # every engine's steps since the last hand-over
         scale = self.switch.scale()  # what the counts since stand for, the hooks having been in a slice of it
-        if yield_gil:
-            time.sleep(0)
+        yield
         steps = self.steps.take(final=True, scale=scale)
         now = time.monotonic_ns()
         if not steps and not force and now - self._last_send_ns < 1_000_000_000:
             self.graphs.count(scale)  # sent with the next message, each tick's at its own scale
             return
         self._last_send_ns = now
-        if yield_gil:
-            time.sleep(0)
+        yield
         graphs = self.graph_counts(scale)
-        if yield_gil:
-            time.sleep(0)
-        self.send(steps, graphs, yield_gil)
+        yield
+        chunks = [steps[i : i + STEPS_PER_MESSAGE] for i in range(0, len(steps), STEPS_PER_MESSAGE)] or [[]]
+        for i, chunk in enumerate(chunks):
+            if i:
+                yield
+            self._send_one(chunk, graphs if i == 0 else None)
+
+    def _inline_tick(self) -> Iterator[None]:
+        """The tick as the engine's thread runs it (exporter.agent.switch), its failure kept as detail."""
+        try:
+            yield from self.phases()
+        except Exception as exc:
+            self.detail = f"agent tick: {type(exc).__name__}: {exc}"[:400]
 
     def graph_counts(self, scale: float = 1.0) -> wire.GraphCounts | None:
         """Return the graph counters' window since the last call, None while the hooks are not installed."""
@@ -176,20 +192,23 @@ class LightAgent:
         for i, chunk in enumerate(chunks):
             if i and yield_gil:
                 time.sleep(0)
-            self.sender.send(
-                wire.Message(
-                    pid=os.getpid(),
-                    state=self.state,
-                    seq=self.sender.next_seq(),
-                    role=self.settings.role,
-                    detail=self.detail,
-                    mode=self.mode,
-                    steps=tuple(chunk),
-                    graphs=graphs if i == 0 else None,
-                    sent_dropped=self.sender.dropped,
-                    settings_rejected=len(self.settings.rejected),
-                )
+            self._send_one(chunk, graphs if i == 0 else None)
+
+    def _send_one(self, steps: list[wire.Steps], graphs: wire.GraphCounts | None) -> None:
+        self.sender.send(
+            wire.Message(
+                pid=os.getpid(),
+                state=self.state,
+                seq=self.sender.next_seq(),
+                role=self.settings.role,
+                detail=self.detail,
+                mode=self.mode,
+                steps=tuple(steps),
+                graphs=graphs,
+                sent_dropped=self.sender.dropped,
+                settings_rejected=len(self.settings.rejected),
             )
+        )
 
     def detach(self) -> None:
         """Stop the thread without a final message (the CUPTI agent takes over steps and sender)."""
@@ -202,6 +221,7 @@ class LightAgent:
         if self._timer is not None:
             self._timer.close()
             self._timer = None
+        self.switch.finish_pending()  # a tick the engine's thread had begun: its messages go too
 
     def stop(self) -> None:
         """Send what is left and a 'stopped' message; safe to call twice."""

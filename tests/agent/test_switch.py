@@ -255,11 +255,11 @@ from tests.agent.fresh import ListSender
 stepping = os.environ["WAKES_MODE"] == "stepping"
 sender = ListSender()
 agent = LightAgent(Settings(socket="", flush_s=0.05, hook_share=0.25), sender=sender)
-in_at_tick, tick = [], agent.tick
-def counted_tick(*a, **k):
+in_at_tick, phases = [], agent.phases
+def counted_tick(*a, **k):  # every tick: the agent thread's, the engine's in phases, stop()'s
     in_at_tick.append(SWITCH.hooks_in)
-    return tick(*a, **k)
-agent.tick = counted_tick
+    return phases(*a, **k)
+agent.phases = counted_tick
 agent.start()
 g, replays = torch.cuda.CUDAGraph(), 0
 if os.environ["WAKES_MODE"] == "stepping":  # idle first (the agent's thread drives), then the engine steps

@@ -40,42 +40,48 @@ def _shape(message: str) -> str:
     return _NUMBER.sub("#", message)
 
 
-# Compact GPU readings by their fields: from one tick to the next a GPU's compact reading is most
-# often the one it had (utilization moves in whole percent), so history records share it. Bounded.
-_COMPACT_GPUS: dict[tuple[int, str, str, str, type, float | None], GpuReading] = {}
-_COMPACT_GPUS_SIZE = 4096
+class CompactGpus:
+    """Compact GPU readings shared by their fields, for one history (its Sampler owns it).
+
+    From one tick to the next a GPU's compact reading is most often the one it had (utilization moves
+    in whole percent), so history records share it. Bounded: past `size` kinds it starts afresh.
+    """
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self._kept: dict[tuple[int, str, str, str, type, float | None], GpuReading] = {}
+
+    def __call__(self, g: GpuReading) -> GpuReading:
+        """Return what a compact record keeps of a GPU reading: index, UUID, name, driver and utilization."""
+        u = g.utilization
+        if u == 0:  # 0.0 and -0.0 are one key but not one value: not shared
+            return GpuReading(g.index, g.uuid, g.name, g.driver, utilization=u)
+        key = (g.index, g.uuid, g.name, g.driver, type(u), u)  # 1 and 1.0 are one key too: typed
+        kept = self._kept.get(key)
+        if kept is None:
+            if len(self._kept) >= self.size:
+                self._kept.clear()
+            kept = self._kept[key] = GpuReading(g.index, g.uuid, g.name, g.driver, utilization=u)
+        return kept
 
 
-def _compact_gpu(g: GpuReading) -> GpuReading:
-    """Return what a compact record keeps of a GPU reading: index, UUID, name, driver and utilization."""
-    u = g.utilization
-    if u == 0:  # 0.0 and -0.0 are one key but not one value: not shared
-        return GpuReading(g.index, g.uuid, g.name, g.driver, utilization=u)
-    key = (g.index, g.uuid, g.name, g.driver, type(u), u)  # 1 and 1.0 are one key too: typed
-    kept = _COMPACT_GPUS.get(key)
-    if kept is None:
-        if len(_COMPACT_GPUS) >= _COMPACT_GPUS_SIZE:
-            _COMPACT_GPUS.clear()
-        kept = _COMPACT_GPUS[key] = GpuReading(g.index, g.uuid, g.name, g.driver, utilization=g.utilization)
-    return kept
-
-
-def compact(snap: Snapshot) -> Snapshot:
+def compact(snap: Snapshot, gpus: CompactGpus | None = None) -> Snapshot:
     """Return what an older Snapshot keeps: what is read of it once the verdict's windows passed it.
 
     Kept: the tick's times, the source statuses, the picked busy ratios, each GPU's index, UUID,
     name and utilization, each engine's running and waiting requests (the scheduled probe's idle
     check) and spec-decode counters (the acceptance window, analysis.engine), and the verdicts
     without their evidence (a timeline). Readings, agent windows, counters and evidence are
-    dropped: they are read from the newest Snapshots only.
+    dropped: they are read from the newest Snapshots only. `gpus`: the history's shared GPU records.
     """
+    share = gpus or CompactGpus()
     return Snapshot(
         seq=snap.seq,
         at=snap.at,
         mono=snap.mono,
         interval=snap.interval,
         dt=snap.dt,
-        gpus=tuple(_compact_gpu(g) for g in snap.gpus),
+        gpus=tuple(share(g) for g in snap.gpus),
         engines=tuple(
             EngineReading(
                 e.name,
@@ -140,6 +146,7 @@ class Sampler:
         self._state = {s.name: _SourceState() for s in self.sources}
         size = max(2, int(cfg.history_seconds / cfg.tick_seconds) + 1)
         self._history: collections.deque[Snapshot] = collections.deque(maxlen=size)
+        self._compact_gpus = CompactGpus()  # what the compacted history shares
         self._seq = 0
         self._on_tick = on_tick
         self.probes = probes or (ProbeScheduler(cfg) if cfg.probe.enabled else None)
@@ -284,7 +291,7 @@ class Sampler:
             return
         done, self._compacted_seq = self._compacted_seq, h[top].seq
         while top >= 0 and h[top].seq > done:
-            h[top] = compact(h[top])
+            h[top] = compact(h[top], self._compact_gpus)
             top -= 1
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -384,7 +384,7 @@ async def _run(compacting: bool, monkeypatch, ticks: int = 60):
     import exporter.sampling as sampling
 
     if not compacting:
-        monkeypatch.setattr(sampling, "compact", lambda snap: snap)
+        monkeypatch.setattr(sampling, "compact", lambda snap, gpus=None: snap)
     clock = Clock(100.0)
     gpus = [FakeGpu(uuid=f"GPU-{i}") for i in range(4)]
     nvml = NvmlSource(NvmlConfig(), nvml=FakeNvml(gpus))  # type: ignore[arg-type]
@@ -438,12 +438,22 @@ def test_a_compact_record_keeps_what_the_full_one_had_but_evidence_and_readings(
         for i, u in enumerate((0.5, 0.0, -0.0, 1, 1.0, None))
     )
     snap = Snapshot(seq=1, at=0.0, mono=0.0, interval=0.5, dt=0.5, gpus=gpus, verdicts=(v,))
-    for _ in range(2):  # the second time from the shared records
-        old = sampling.compact(snap)
+    shared = sampling.CompactGpus()
+    firsts = sampling.compact(snap, shared).gpus
+    for share in (shared, None):  # again from the shared records, then from none
+        old = sampling.compact(snap, share)
         assert old.verdicts == (dataclasses.replace(v, evidence=()),)
         assert [repr(g) for g in old.gpus] == [
             repr(GpuReading(g.index, g.uuid, g.name, g.driver, utilization=g.utilization)) for g in gpus
         ]
+        # one record per kind where shared (0.0 and -0.0 never: one key, two values); a history's own
+        assert [a is b for a, b in zip(old.gpus, firsts, strict=True)] == (
+            [True, False, False, True, True, True] if share else [False] * 6
+        )
+    tiny = sampling.CompactGpus(size=2)  # bounded: past its size it starts afresh
+    for i in range(5):
+        tiny(GpuReading(i, f"GPU-{i}", "H200", "580", utilization=0.5))
+    assert len(tiny._kept) <= 2
 
 
 def test_a_snapshot_finds_each_gpu_by_index_the_first_of_a_repeated_index():

@@ -54,16 +54,12 @@ def uuid_indices(snap: Snapshot, known: Sequence[str] = ()) -> tuple[str, ...]:
 
 def gpu_index(snap: Snapshot, uuid: str) -> int | None:
     """Return the GPU index of a UUID: NVML's, else its place among `Snapshot.gpu_uuids` past NVML's."""
-    for g in snap.gpus:
-        if g.uuid == uuid:
-            return g.index
-    if uuid in snap.gpu_uuids:
-        return max((g.index for g in snap.gpus), default=-1) + 1 + snap.gpu_uuids.index(uuid)
-    return None
+    return gpu_indices(snap).get(uuid)
 
 
 def gpu_indices(snap: Snapshot) -> dict[str, int]:
-    """Return `gpu_index` of every UUID the Snapshot knows, in one pass (NVML's first, as gpu_index looks)."""
+    """Return the GPU index of every UUID the Snapshot knows: NVML's (its first GPU with that UUID),
+    else its first place among `Snapshot.gpu_uuids`, counted past NVML's highest index."""
     out: dict[str, int] = {}
     for g in snap.gpus:
         out.setdefault(g.uuid, g.index)

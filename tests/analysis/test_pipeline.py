@@ -54,6 +54,8 @@ def test_gpu_indices_give_each_uuid_its_gpu_index():
         gpus=(_gpu(0), _gpu(3), _gpu(1)),
         gpu_uuids=("MIG-a", "GPU-1aaa", "MIG-b", "MIG-a"),  # one NVML's, one twice
     )
-    table = gpu_indices(snap)
-    for uuid in ("GPU-0aaa", "GPU-3aaa", "GPU-1aaa", "MIG-a", "MIG-b", "GPU-9"):
-        assert table.get(uuid) == gpu_index(snap, uuid)
+    # NVML's indices for its UUIDs; past its highest (3) each other UUID's first place in gpu_uuids
+    expected = {"GPU-0aaa": 0, "GPU-3aaa": 3, "GPU-1aaa": 1, "MIG-a": 4, "MIG-b": 6}
+    assert gpu_indices(snap) == expected
+    for uuid in (*expected, "GPU-9"):
+        assert gpu_index(snap, uuid) == expected.get(uuid)

@@ -50,7 +50,6 @@ class LightAgent:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_send_ns = 0
-        self._tick_lock = threading.Lock()  # one tick at a time: the agent's thread, the engine's, stop()
         self._timer: WakeTimer | None = None
         self.wakes = 0  # the agent thread's wake-ups (each takes the GIL from whoever runs)
         self.inline = self.settings.inline != "off"  # the engine's step drives the cycle where it can
@@ -100,17 +99,13 @@ class LightAgent:
         return stopped
 
     def _tick_timed(self) -> None:
-        """One tick, unless one runs (on another thread); never raises."""
+        """The agent thread's tick (the engine's thread runs its own through the switch); never raises."""
         self.switch.finish_pending()  # the engine's thread no longer drives: a tick it began ends here
-        if not self._tick_lock.acquire(blocking=False):
-            return
         t = time.perf_counter_ns()
         try:
-            self.tick(yield_gil=threading.current_thread() is self._thread)
-        except Exception as exc:  # never let a thread (the engine's least of all) see it
+            self.tick()
+        except Exception as exc:  # never let the thread die silently
             self.detail = f"agent loop: {type(exc).__name__}: {exc}"[:400]
-        finally:
-            self._tick_lock.release()
         self.tick_ns_max = max(self.tick_ns_max, time.perf_counter_ns() - t)
 
     def _driven(self, out_s: float, in_s: float) -> bool:
@@ -125,8 +120,11 @@ class LightAgent:
         if not sw.drive_inline(int(out_s * 1e9), int(in_s * 1e9), margin, self._inline_tick, timer.at):
             return False
         while sw.driving:
-            if self._stop.is_set() or not timer.wait():
+            if self._stop.is_set():
                 return True
+            if not timer.wait():  # stopped, or the timer failed: the thread swaps by itself again
+                sw.undrive()
+                return self._stop.is_set()
             self.wakes += 1
             due = sw.due[0]
             sw.drive(by_thread=True)  # the engine did not step past the due: swap (and tick) from here
@@ -134,15 +132,14 @@ class LightAgent:
                 timer.at(due + margin)
         return self._stop.is_set()
 
-    def tick(self, force: bool = False, final: bool = False, yield_gil: bool = True) -> None:
+    def tick(self, force: bool = False, final: bool = False) -> None:
         """Send what the hooks counted since the last tick (a heartbeat once a second when nothing).
 
-        yield_gil: hand the GIL back between phases (on the agent's thread, so the engine's never waits
-        on a whole tick); off where the engine's own thread runs the tick.
+        The GIL is handed back between phases, so the engine's thread never waits on a whole tick (where
+        the engine drives the cycle, its own thread runs `phases` one per call: exporter.agent.switch).
         """
         for _ in self.phases(force, final):
-            if yield_gil:
-                time.sleep(0)
+            time.sleep(0)
 
     def phases(self, force: bool = False, final: bool = False) -> Iterator[None]:
         """The tick, in parts of tens of microseconds each (it pauses between them)."""
@@ -158,11 +155,7 @@ class LightAgent:
         yield
         graphs = self.graph_counts(scale)
         yield
-        chunks = [steps[i : i + STEPS_PER_MESSAGE] for i in range(0, len(steps), STEPS_PER_MESSAGE)] or [[]]
-        for i, chunk in enumerate(chunks):
-            if i:
-                yield
-            self._send_one(chunk, graphs if i == 0 else None)
+        yield from self._sends(steps, graphs)
 
     def _inline_tick(self) -> Iterator[None]:
         """The tick as the engine's thread runs it (exporter.agent.switch), its failure kept as detail."""
@@ -186,12 +179,17 @@ class LightAgent:
             uuid=self.graphs.uuid(dev),
         )
 
-    def send(self, steps: list[wire.Steps], graphs: wire.GraphCounts | None, yield_gil: bool = True) -> None:
+    def send(self, steps: list[wire.Steps], graphs: wire.GraphCounts | None) -> None:
         """Send steps in messages of a few entries each, the graph counts on the first."""
+        for _ in self._sends(steps, graphs):
+            time.sleep(0)
+
+    def _sends(self, steps: list[wire.Steps], graphs: wire.GraphCounts | None) -> Iterator[None]:
+        """Send the messages one by one, pausing between them."""
         chunks = [steps[i : i + STEPS_PER_MESSAGE] for i in range(0, len(steps), STEPS_PER_MESSAGE)] or [[]]
         for i, chunk in enumerate(chunks):
-            if i and yield_gil:
-                time.sleep(0)
+            if i:
+                yield
             self._send_one(chunk, graphs if i == 0 else None)
 
     def _send_one(self, steps: list[wire.Steps], graphs: wire.GraphCounts | None) -> None:
@@ -229,8 +227,7 @@ class LightAgent:
             return
         self.detach()
         try:
-            with self._tick_lock:  # after an inline tick the engine's thread may be finishing
-                self.tick(force=True, final=True)
+            self.tick(force=True, final=True)
         except Exception:
             pass
         self.state = "stopped"

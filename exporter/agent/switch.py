@@ -174,6 +174,11 @@ class Switch:
         self._undrive()
         self._set(True)
 
+    def undrive(self) -> None:
+        """The engine's thread stops driving (the agent's thread swaps by itself again)."""
+        with self._lock:
+            self._undrive()
+
     def _undrive(self) -> None:
         """The engine's thread stops driving: every site holds its plain hook or original again."""
         if self.driving:
@@ -216,21 +221,22 @@ class Switch:
         """
         if not self._lock.acquire(blocking=False):
             return self.hooks_in
-        pending = None
+        pending = rearm = None
         try:
             now, due = self._clock(), self.due[0]
             if not self.driving or not due or now < due:
                 return self.hooks_in
-            if self._pending is not None:
+            if self._pending is not None:  # a phase of the tick begun: the timer already stands
                 pending = self._pending
             else:
                 self._swap(now, due, by_thread)
+                wake = self.due[0] + self._margin
                 if not self.hooks_in and self._on_out is not None:  # the slice ended: its tick next
                     self._pending, self._resume_due = self._on_out(), self.due[0]
                     self.due[0] = 1  # the next call runs the first phase
                     pending = self._pending if by_thread else None
-            hooks_in, rearm = self.hooks_in, self._rearm
-            wake = (self._resume_due if self._pending is not None else self.due[0]) + self._margin
+                rearm = self._rearm
+            hooks_in = self.hooks_in
         finally:
             self._lock.release()
         if pending is not None:
@@ -282,8 +288,7 @@ class Switch:
         """Run what is left of a tick the engine's thread had begun (the agent stops or takes over)."""
         pending = self._pending
         if pending is not None:
-            self._run_phases(pending, every=True)
-            self._pending = None
+            self._run_phases(pending, every=True)  # clears it
 
     def start_cycle(self) -> bool:
         """Let the agent's thread swap the hooks; False (hooks stay in) when something holds them."""

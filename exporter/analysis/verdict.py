@@ -273,11 +273,6 @@ def placed(engine: EngineReading, snap: Snapshot | None = None) -> tuple[int, ..
     return (lone,) if lone is not None else ()
 
 
-def drives(engine: EngineReading, gpu: int, snap: Snapshot | None = None) -> bool:
-    """Say whether an engine drives a GPU; an engine placed on no GPU drives none (see `unplaced`)."""
-    return gpu in placed(engine, snap)
-
-
 def unplaced(snap: Snapshot) -> tuple[str, ...]:
     """Return the live engines that could be placed on no GPU (their GPUs then read `no_gpu_mapping`)."""
     return tuple(e.name for e in snap.engines if not e.error and not placed(e, snap))

@@ -146,9 +146,17 @@ BOUNDS: dict[str, tuple[float, float]] = {
 }
 
 
+# settings that take one of a few words: another value gets the default, counted as rejected
+CHOICES: dict[str, tuple[str, ...]] = {"inline": ("on", "off")}
+
+
 def _bound(s: Settings) -> list[str]:
-    """Reset each numeric setting outside BOUNDS to its default; return the names reset."""
+    """Reset each numeric setting outside BOUNDS, or word outside CHOICES, to its default; return the names reset."""
     reset = []
+    for name, allowed in CHOICES.items():
+        if getattr(s, name) not in allowed:
+            setattr(s, name, next(f.default for f in fields(s) if f.name == name))
+            reset.append(name)
     for f in fields(s):
         if f.name not in BOUNDS:
             continue

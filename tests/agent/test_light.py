@@ -158,6 +158,15 @@ def test_settings_out_of_bounds_or_not_numbers_get_their_defaults_and_say_so(mon
     assert "flush_s" not in Settings.from_env().rejected
 
 
+def test_the_inline_switch_takes_on_or_off_and_counts_anything_else_as_rejected(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("BOUNDWATCH_AGENT_INLINE", "sometimes")
+    s = Settings.from_env()
+    assert s.inline == "on" and s.rejected == ("inline",) and LightAgent(s).inline
+    monkeypatch.setenv("BOUNDWATCH_AGENT_INLINE", "off")
+    s = Settings.from_env()
+    assert s.inline == "off" and s.rejected == () and not LightAgent(s).inline
+
+
 def test_the_light_agent_tells_the_sidecar_how_many_settings_it_rejected(tmp_path: Path) -> None:
     path = str(tmp_path / "agent.sock")
     rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)

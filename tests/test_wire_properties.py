@@ -196,3 +196,80 @@ def test_unpacked_intervals_and_their_end_are_those_of_the_plain_loop(iv: tuple[
     want = _reference_unpack(iv, t0)
     assert wire.unpack_intervals(iv, t0) == want
     assert wire.intervals_end(iv, t0) == (want[-1][1] if want else None)
+
+
+def reference_body(msg: wire.Message) -> dict:  # type: ignore[type-arg]
+    """The message as the dict-building encoder wrote it (before the %-format one): keys, order, values."""
+    body: dict = {"v": msg.v, "pid": msg.pid, "seq": msg.seq, "state": msg.state, "role": msg.role}  # type: ignore[type-arg]
+    for key in ("detail", "lib", "mode"):
+        if getattr(msg, key):
+            body[key] = getattr(msg, key)
+    if msg.devices:
+        body["devices"] = [{"dev": d, "uuid": u} for d, u in msg.devices]
+    if msg.windows:
+        body["windows"] = [wire._window_dict(w) for w in msg.windows]
+    if msg.steps:
+        body["steps"] = [
+            {
+                "engine": s.engine,
+                "n": s.n,
+                "wall": s.wall,
+                "gpu": s.gpu,
+                "tokens": s.tokens,
+                "seqs": s.seqs,
+                "measured": s.measured,
+                "hist": list(s.hist),
+                "t0": s.t0,
+                "t1": s.t1,
+                **{k: getattr(s, k) for k, d in wire._STEPS_LIGHT_DEFAULTS.items() if getattr(s, k) != d},
+            }
+            for s in msg.steps
+        ]
+    if msg.sent_dropped:
+        body["sent_dropped"] = msg.sent_dropped
+    if msg.settings_rejected:
+        body["settings_rejected"] = msg.settings_rejected
+    if msg.graphs is not None:
+        g = msg.graphs
+        body["graphs"] = {"t0": g.t0, "t1": g.t1, "replays": g.replays, "captures": g.captures}
+        if g.dev >= 0:
+            body["graphs"]["dev"] = g.dev
+        if g.uuid:
+            body["graphs"]["uuid"] = g.uuid
+    return body
+
+
+small = st.integers(0, 2**40)
+texts = st.text(max_size=12)  # quotes, backslashes, control and non-ASCII characters included
+steps_st = st.builds(
+    wire.Steps,
+    engine=texts, n=small, wall=small, gpu=small, tokens=small, seqs=small, measured=st.integers(0, 1),
+    hist=st.lists(small, max_size=wire.STEP_BUCKET_COUNT).map(tuple), t0=small, t1=small,
+    graph=st.sampled_from([0, 3]), eager=st.sampled_from([0, 1]), run_ns=st.sampled_from([0, 10**12]),
+    wait_ns=st.just(0), running=st.sampled_from([-1, 0, 8]), waiting=st.sampled_from([-1, 2]),
+    max_seqs=st.sampled_from([0, 256]), dp=st.sampled_from([-1, 1]), owner=st.sampled_from([0, 4141]),
+)  # fmt: skip
+messages = st.builds(
+    wire.Message,
+    pid=small, state=st.sampled_from(wire.STATES), seq=small, role=st.sampled_from(wire.ROLES), detail=texts,
+    lib=texts, mode=texts, devices=st.lists(st.tuples(st.integers(0, 9), texts), max_size=2).map(tuple),
+    steps=st.lists(steps_st, max_size=3).map(tuple), sent_dropped=small, settings_rejected=st.integers(0, 9),
+    graphs=st.none() | st.builds(wire.GraphCounts, t0=small, t1=small, replays=small, captures=small,
+                                 dev=st.integers(-1, 3), uuid=texts),
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(messages)
+def test_the_encoder_writes_what_the_dict_encoder_wrote(msg: wire.Message) -> None:
+    data = wire.encode(msg)
+    assert json.loads(data) == reference_body(msg)
+    assert list(json.loads(data)) == list(reference_body(msg))  # the keys in the same order
+
+
+def test_a_message_that_cannot_encode_is_a_wire_error_not_a_crash() -> None:
+    import pytest
+
+    for bad in (wire.Steps(engine="vllm", n=1, wall=math.nan), wire.Steps(engine="vllm", n=None, wall=1)):  # type: ignore[arg-type]
+        with pytest.raises(wire.WireError):
+            wire.encode(wire.Message(pid=1, state="running", steps=(bad,)))

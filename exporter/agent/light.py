@@ -23,6 +23,7 @@ from exporter.agent.switch import SWITCH, Switch
 from exporter.agent.timer import WakeTimer
 
 STEPS_PER_MESSAGE = 8
+PHASE_YIELD_S = 50e-6  # the agent's thread sleeps this long between its tick's phases (the GIL handed back)
 
 
 class LightAgent:
@@ -135,17 +136,25 @@ class LightAgent:
     def tick(self, force: bool = False, final: bool = False) -> None:
         """Send what the hooks counted since the last tick (a heartbeat once a second when nothing).
 
-        The GIL is handed back between phases, so the engine's thread never waits on a whole tick (where
-        the engine drives the cycle, its own thread runs `phases` one per call: exporter.agent.switch).
+        The GIL is handed back between phases (a short sleep: a thread waiting for it takes it at once),
+        so no other thread waits on a whole tick (where the engine drives the cycle, its own thread runs
+        `phases` one per call: exporter.agent.switch).
         """
         for _ in self.phases(force, final):
-            time.sleep(0)
+            time.sleep(PHASE_YIELD_S)
 
     def phases(self, force: bool = False, final: bool = False) -> Iterator[None]:
-        """The tick, in parts of tens of microseconds each (it pauses between them)."""
-        plugins.flush_pending(self.steps, 0)  # every engine's steps since the last hand-over
+        """The tick in parts, each a few tens of microseconds with every cache cold (it pauses between them).
+
+        On the engine's thread each part is one pause of the engine's: the scale, each engine's hand-over,
+        the raw steps folded FOLD_CHUNK at a time, the totals taken, the graph counts, then each message
+        encoded and sent apart.
+        """
         scale = self.switch.scale()  # what the counts since stand for, the hooks having been in a slice of it
         yield
+        yield from plugins.flush_phases(self.steps, 0)  # every engine's steps since the last hand-over
+        while self.steps.fold():
+            yield
         steps = self.steps.take(final=True, scale=scale)
         now = time.monotonic_ns()
         if not steps and not force and now - self._last_send_ns < 1_000_000_000:
@@ -185,27 +194,27 @@ class LightAgent:
             time.sleep(0)
 
     def _sends(self, steps: list[wire.Steps], graphs: wire.GraphCounts | None) -> Iterator[None]:
-        """Send the messages one by one, pausing between them."""
+        """Encode and send the messages one by one, pausing after each encoding and between messages."""
         chunks = [steps[i : i + STEPS_PER_MESSAGE] for i in range(0, len(steps), STEPS_PER_MESSAGE)] or [[]]
         for i, chunk in enumerate(chunks):
             if i:
                 yield
-            self._send_one(chunk, graphs if i == 0 else None)
+            data = self.sender.encode(self._message(chunk, graphs if i == 0 else None))
+            yield
+            self.sender.send_data(data)
 
-    def _send_one(self, steps: list[wire.Steps], graphs: wire.GraphCounts | None) -> None:
-        self.sender.send(
-            wire.Message(
-                pid=os.getpid(),
-                state=self.state,
-                seq=self.sender.next_seq(),
-                role=self.settings.role,
-                detail=self.detail,
-                mode=self.mode,
-                steps=tuple(steps),
-                graphs=graphs,
-                sent_dropped=self.sender.dropped,
-                settings_rejected=len(self.settings.rejected),
-            )
+    def _message(self, steps: list[wire.Steps], graphs: wire.GraphCounts | None) -> wire.Message:
+        return wire.Message(
+            pid=os.getpid(),
+            state=self.state,
+            seq=self.sender.next_seq(),
+            role=self.settings.role,
+            detail=self.detail,
+            mode=self.mode,
+            steps=tuple(steps),
+            graphs=graphs,
+            sent_dropped=self.sender.dropped,
+            settings_rejected=len(self.settings.rejected),
         )
 
     def detach(self) -> None:

@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 from exporter.agent import hooks
@@ -368,6 +369,12 @@ def _record_step(
 
 def flush_pending(tracker: Any, idle_ns: int, now_ns: int | None = None) -> None:
     """Hand over to tracker the steps counted since the last hand-over whose newest ended idle_ns ago or more (agent's thread)."""
+    for _ in flush_phases(tracker, idle_ns, now_ns):
+        pass
+
+
+def flush_phases(tracker: Any, idle_ns: int, now_ns: int | None = None) -> Iterator[None]:
+    """flush_pending one engine at a time: a pause after each engine that had steps to hand over."""
     now = time.time_ns() if now_ns is None else now_ns
     for acc, engine, batch_of, counts_of, core_ref, prepare in list(_wrappers):
         if acc[_N] > acc[_N_HANDED] and now - acc[_LAST_T1] >= idle_ns and core_ref[0] is not None:
@@ -377,6 +384,7 @@ def flush_pending(tracker: Any, idle_ns: int, now_ns: int | None = None) -> None
                     _record_step(core, engine, batch_of, counts_of, acc, core_ref, tracker, prepare, now)
                 except Exception:
                     pass
+                yield
 
 
 def _patch_vllm_engine_core(core_mod: Any) -> None:

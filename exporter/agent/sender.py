@@ -33,16 +33,25 @@ class Sender:
 
     def send(self, msg: wire.Message) -> bool:
         """Encode and send one message (windows slimmed when it would not fit); return whether it went."""
+        return self.send_data(self.encode(msg), len(msg.windows))
+
+    def encode(self, msg: wire.Message) -> bytes | None:
+        """Return the datagram of a message (windows slimmed when it would not fit); None (counted dropped) if none fits."""
         self.sent_log.extend(msg.windows)
         try:
-            data = wire.encode(msg)
+            return wire.encode(msg)
         except wire.WireError:
             slim = tuple(dataclasses.replace(w, iv=(), slack=0) for w in msg.windows)
             try:
-                data = wire.encode(dataclasses.replace(msg, windows=slim))
+                return wire.encode(dataclasses.replace(msg, windows=slim))
             except wire.WireError:
                 self.dropped += 1
-                return False
+                return None
+
+    def send_data(self, data: bytes | None, windows: int = 0) -> bool:
+        """Send one encoded message without blocking; return whether it went (a drop is counted)."""
+        if data is None:
+            return False
         if self._sock is None:
             self.dropped += 1
             return False
@@ -52,7 +61,7 @@ class Sender:
             self.dropped += 1
             return False
         self.sent += 1
-        self.windows_sent += len(msg.windows)
+        self.windows_sent += windows
         return True
 
     def close(self) -> None:

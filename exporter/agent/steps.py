@@ -23,10 +23,9 @@ from exporter.analysis.intervals import WindowSummary
 STEP_BOUNDS_NS = tuple(round(b * 1e9) for b in wire.STEP_BUCKETS_SECONDS)
 MAX_STEPS = 100_000
 MAX_KEYS = 16  # (engine, dp) pairs one process reports at most
-# The agent's thread folds raw steps in chunks this long (~30-60 us), then sleeps so the engine's
-# threads take the GIL back at once (without it, they would wait out the 5 ms switch interval).
-FOLD_CHUNK = 16
-FOLD_YIELD_S = 50e-6
+# Raw steps are folded in chunks this long, one chunk a tick phase (exporter.agent.light): on the
+# engine's thread each phase is one pause, and the agent's thread hands the GIL back between phases.
+FOLD_CHUNK = 8
 
 # step list slots
 _ENGINE, _T0, _T1, _TOKENS, _GPU, _SEQS, _RUN, _WAIT, _RUNNING, _WAITING, _MAXSEQS, _DP, _MODE = range(13)
@@ -102,14 +101,16 @@ class StepTracker:
                 self._last[key] = (t1, running, waiting)
         return run_ns, wait_ns
 
-    def _fold(self) -> None:
-        """Fold the raw steps the engine's thread appended into the cumulative totals (agent's thread)."""
+    def fold(self, limit: int = FOLD_CHUNK) -> bool:
+        """Fold at most limit raw steps into the cumulative totals; return whether more are left."""
+        self._fold(limit)
+        return bool(self._raw)
+
+    def _fold(self, limit: int = MAX_STEPS) -> None:
+        """Fold the raw steps the engine's thread appended into the cumulative totals (at most limit)."""
         raw = self._raw
-        done = 0
-        while raw:
-            done += 1
-            if done % FOLD_CHUNK == 0:  # hand the GIL back: a long loop here would pause the engine ~5 ms
-                time.sleep(FOLD_YIELD_S)
+        while raw and limit > 0:
+            limit -= 1
             engine, t0, t1, tokens, seqs, running, waiting, max_seqs, dp, mode, n = raw.popleft()
             run_ns, wait_ns = self._integrate(engine, dp, t1, running, waiting)
             key = (engine, dp)
@@ -209,28 +210,28 @@ class StepTracker:
     def _take_cumulative(self, scale: float = 1.0) -> list[wire.Steps]:
         """Return what the cumulative totals gained since the last take (the light path), scaled."""
         out: list[wire.Steps] = []
-        sc = self._carry
         for key, c in list(self._cum.items()):
             hist = list(self._hist[key])
             prev, prev_hist = self._taken.get(key, ((0,) * 13, [0] * len(hist)))
             if c[0] == prev[0]:
                 continue
             self._taken[key] = (c, hist)
-            buckets = sc.many(
-                (*key, "h"), [max(0, a - b) for a, b in zip(hist, prev_hist, strict=True)], scale
-            )
+            # wall, tokens, seqs, graph and eager steps, then the buckets: each scaled with its own carry
+            got = [c[1] - prev[1], c[2] - prev[2], c[3] - prev[3], c[6] - prev[6], c[7] - prev[7]]
+            got += [max(0, a - b) for a, b in zip(hist, prev_hist, strict=True)]
+            wall, tokens, seqs, graph, eager, *buckets = self._carry.vector(key, got, scale)
             out.append(
                 wire.Steps(
                     engine=key[0],
                     n=sum(buckets),  # the histogram counts n steps (the wire checks it)
-                    wall=sc((*key, "w"), c[1] - prev[1], scale),
-                    tokens=sc((*key, "t"), c[2] - prev[2], scale),
-                    seqs=sc((*key, "s"), c[3] - prev[3], scale),
+                    wall=wall,
+                    tokens=tokens,
+                    seqs=seqs,
                     run_ns=c[4] - prev[4],
                     wait_ns=c[5] - prev[5],
-                    graph=sc((*key, "g"), c[6] - prev[6], scale),
-                    eager=sc((*key, "e"), c[7] - prev[7], scale),
-                    hist=buckets,
+                    graph=graph,
+                    eager=eager,
+                    hist=tuple(buckets),
                     t0=prev[9] if prev[0] else c[8],  # from the previous take's newest step end
                     t1=c[9],
                     running=c[10],

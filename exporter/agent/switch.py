@@ -72,6 +72,7 @@ class Switch:
         self._pending: Any = None  # a tick the engine's thread runs in phases, one a call (an iterator)
         self._resume_due = 0  # the due to restore once the pending tick is done
         self._phase_lock = threading.Lock()  # one phase at a time (never held across calls)
+        self._plan: Any = None  # ((sites, driving, driver), [(owner, name, in, out)]) for _set
 
     def add(self, owner: Any, name: str, original: Any, hook: Any, rank: int = 0) -> None:
         """Manage owner.name (a class attribute or module global) that holds hook in place of original.
@@ -317,9 +318,18 @@ class Switch:
             self._in_ns += max(0, now - self._since)
         self._since = now
         self.hooks_in = hooks_in
-        for i in range(len(self._sites)):
-            self._place(i)
-        self._rebind()
+        # what each site holds in and out, worked out once per change of sites or drive: a swap on the
+        # engine's thread is then one setattr a site (its caches are cold: every step there is a pause)
+        plan = self._plan
+        if plan is None or plan[0] != (len(self._sites), self.driving, self._driver):
+            plan = self._plan = (
+                (len(self._sites), self.driving, self._driver),
+                [(s[0], s[1], self._value(i, True), self._value(i, False)) for i, s in enumerate(self._sites)],
+            )
+        for owner, name, value_in, value_out in plan[1]:
+            setattr(owner, name, value_in if hooks_in else value_out)
+        if self._bound:
+            self._rebind()
 
     def _rebind(self) -> None:
         live = []
@@ -364,6 +374,7 @@ class Carry:
 
     def __init__(self) -> None:
         self._rest: dict[Any, float] = {}
+        self._vectors: dict[Any, list[float]] = {}
 
     def __call__(self, key: Any, n: int, factor: float) -> int:
         if factor == 1.0 and key not in self._rest:
@@ -377,3 +388,16 @@ class Carry:
     def many(self, key: Any, counts: tuple[int, ...] | list[int], factor: float) -> tuple[int, ...]:
         """Scale each of a tuple of counts (a histogram's buckets) with its own carry."""
         return tuple(self((*key, i), c, factor) for i, c in enumerate(counts))
+
+    def vector(self, key: Any, counts: list[int], factor: float) -> list[int]:
+        """Scale a list of counts, each with its own carry kept under one key (as many, in one pass)."""
+        rest = self._vectors.get(key)
+        if rest is None:
+            if factor == 1.0:
+                return counts
+            rest = [0.0] * len(counts)
+        xs = [n * factor + r for n, r in zip(counts, rest, strict=True)]
+        out = [int(x) for x in xs]
+        if key in self._vectors or len(self._vectors) < self.MAX_KEYS:
+            self._vectors[key] = [x - o for x, o in zip(xs, out, strict=True)]
+        return out

@@ -13,6 +13,7 @@
 #   truth      bench/agent_graph_truth.py, late starts at b=1 and 8  -> agent_graph_truth_late_h200.json
 #   parts      bench/light_step_parts.py (the light step's parts, paired) -> light_step_parts_h200.json
 #   eager      bench/eager_processes.py (the eager loop before/after the agent starts, each process) -> eager_processes_h200.json
+#   phases     bench/agent_phases.py (the light agent's swaps and tick phases on a vLLM-shaped engine's thread) -> agent_phases_h200.json
 #   gputests   the GPU-marked tests (probe and agent)                -> gpu_tests.txt
 #   probe      bench/probe_h200.py --sidecar (the self-test through the sidecar) -> probe_h200.json
 set -u
@@ -49,6 +50,9 @@ for step in ${STEPS:-env}; do
     eager)
       timeout "${EAGER_T:-300}" python3 bench/eager_processes.py --rounds "${EAGER_ROUNDS:-4}" --seconds "${EAGER_SECONDS:-2}" \
         ${EAGER_ARGS:-} --out "$O/eager_processes_h200.json" > /tmp/eager.log 2>&1; echo "eager rc=$?"; tail -22 /tmp/eager.log ;;
+    phases)
+      timeout "${PHASES_T:-200}" python3 bench/agent_phases.py --rounds "${PHASES_ROUNDS:-3}" --seconds "${PHASES_SECONDS:-6}" \
+        --out "$O/agent_phases_h200.json" > /tmp/phases.log 2>&1; echo "phases rc=$?"; tail -40 /tmp/phases.log ;;
     nvml)
       timeout 120 python3 bench/nvml_calls.py --out "$O/nvml_calls_h200.json" > /tmp/nvml.log 2>&1
       echo "nvml rc=$?"; tail -25 /tmp/nvml.log ;;

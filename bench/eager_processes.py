@@ -91,6 +91,7 @@ def child(mode: str, seconds: float, segments: int, cpus: str, pause_s: float = 
         gc.callbacks.append(spans.on_gc)
         if a is not None:
             spans.wrap(a, "tick", "tick")
+            spans.wrap(a.switch, "_run_phases", "tick")  # the tick's phases the engine's thread runs
             spans.wrap(a.switch, "_set", "swap")  # every swap: the thread's and the inline ones
         res["pause"] = pause_attributed(pause_s, spans)
         if cuda:  # the engine-like thread: a launch per iteration (the GIL let go in each), no sync

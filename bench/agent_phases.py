@@ -199,7 +199,9 @@ def main() -> int:
     }
     print(json.dumps(summary), flush=True)
     if args.out:
-        Path(args.out).write_text(json.dumps({"runs": runs, "summary": summary, "argv": sys.argv[1:]}, indent=1) + "\n")
+        Path(args.out).write_text(
+            json.dumps({"runs": runs, "summary": summary, "argv": sys.argv[1:]}, indent=1) + "\n"
+        )
     return 0
 
 

@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 VERSION = 1
 MAX_DATAGRAM_BYTES = 16 * 1024
 MAX_SETTINGS_REJECTED = 64  # more settings than an agent has: a larger count is a bad message
-STATES = ("running", "preempted", "unavailable", "stopped")
+STATES = ("running", "preempted", "unavailable", "stopped", "quiet")  # quiet: alive, nothing to report
 ROLES = ("vllm_worker", "vllm_engine", "sglang_scheduler", "generic")
 MAX_INTERVALS = 600  # busy intervals per window kept for cross-process unions (~8 KiB at worst)
 # Histogram layouts, here only: the agent fills them, the sidecar adds them up, export renders them.

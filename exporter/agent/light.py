@@ -23,6 +23,7 @@ from exporter.agent.switch import SWITCH, Switch
 from exporter.agent.timer import WakeTimer
 
 STEPS_PER_MESSAGE = 8
+QUIET_AFTER = 2  # ticks in a row with nothing the hooks see, then the agent goes quiet
 PHASE_YIELD_S = 50e-6  # the agent's thread sleeps this long between its tick's phases (the GIL handed back)
 
 
@@ -54,6 +55,9 @@ class LightAgent:
         self._timer: WakeTimer | None = None
         self.wakes = 0  # the agent thread's wake-ups (each takes the GIL from whoever runs)
         self.inline = self.settings.inline != "off"  # the engine's step drives the cycle where it can
+        self.idle_ticks = 0  # ticks in a row that saw no step, replay or capture
+        self._seen = hooks.counts()
+        self.quiets = 0  # times the agent went quiet
 
     def start(self) -> str:
         """Install the hooks and start the agent's thread; return 'running', never raise."""
@@ -71,7 +75,8 @@ class LightAgent:
         # the engine lets go of it in each op; bench/README.md): one per flush_s, and one more where the
         # hooks are sampled (in for hook_share of each tick, then out: exporter.agent.switch). After its
         # first cycle (whose tick loads what ticks need once), the engine's own step drives the cycle
-        # where a driver site exists, and this thread sleeps on a timer the engine keeps pushing.
+        # (or, hooks held, the ticks) where a driver site exists, and this thread sleeps on a timer the
+        # engine keeps pushing; where nothing the hooks see happens, it goes quiet and sleeps until it does.
         share = self.settings.hook_share
         sw = self.switch
         cycling = share < 1.0 and sw.start_cycle()
@@ -88,9 +93,10 @@ class LightAgent:
                 elif self._wait(self.settings.flush_s):
                     break
                 self._tick_timed()
-                if cycling and sw.cycling and self.inline and self._driven(out_s, in_s):
+                if self.inline and self._driven(out_s, in_s):
                     break
         finally:
+            sw.undrive()
             if cycling:
                 sw.stop_cycle()  # hooks in for good: a CUPTI agent taking over times every step
 
@@ -110,7 +116,12 @@ class LightAgent:
         self.tick_ns_max = max(self.tick_ns_max, time.perf_counter_ns() - t)
 
     def _driven(self, out_s: float, in_s: float) -> bool:
-        """Hand the cycle to the engine's step and sleep on the timer; True once stopped, False if it cannot."""
+        """Hand the cycle to the engine's step and sleep on the timer; True once stopped, False if it cannot.
+
+        Once QUIET_AFTER ticks in a row saw nothing (no step, replay or capture), say so in one message
+        and go quiet: the hooks stay in, nothing is swapped or sent, and this thread sleeps until a
+        driving call (an engine step, a replay) resumes the cycle on the engine's own thread.
+        """
         timer = self._timer = self._timer or WakeTimer.make()
         if timer is None:
             return False
@@ -118,7 +129,16 @@ class LightAgent:
         # how late the engine's step may come before this thread swaps: half a slice (31 ms by default),
         # so an engine stepping faster than that never has this thread take the GIL from it
         margin = max(int(in_s * 1e9) // 2, 5_000_000)
-        if not sw.drive_inline(int(out_s * 1e9), int(in_s * 1e9), margin, self._inline_tick, timer.at):
+        args: tuple[int, int, int, Any, Any] = (
+            int(out_s * 1e9),
+            int(in_s * 1e9),
+            margin,
+            self._inline_tick,
+            timer.at,
+        )
+        if self.idle_ticks >= QUIET_AFTER:
+            self._go_quiet(args)
+        elif not sw.drive_inline(*args):
             return False
         while sw.driving:
             if self._stop.is_set():
@@ -129,9 +149,21 @@ class LightAgent:
             self.wakes += 1
             due = sw.due[0]
             sw.drive(by_thread=True)  # the engine did not step past the due: swap (and tick) from here
-            if sw.due[0] == due:  # nothing was due (the engine swapped meanwhile) or the lock was taken
+            if self.idle_ticks >= QUIET_AFTER and not sw.quiet:
+                self._go_quiet(args)
+            elif sw.due[0] == due:  # nothing was due (the engine swapped meanwhile) or the lock was taken
                 timer.at(due + margin)
         return self._stop.is_set()
+
+    def _go_quiet(self, args: tuple[int, int, int, Any, Any]) -> None:
+        """Send the quiet message, then let the switch hold the hooks in until a driving call resumes."""
+        self.switch.finish_pending()
+        try:
+            self.sender.send_data(self.sender.encode(self._message([], None, state="quiet")))
+        except Exception:
+            pass
+        self.quiets += 1
+        self.switch.drive_inline(*args, quiet=True)
 
     def tick(self, force: bool = False, final: bool = False) -> None:
         """Send what the hooks counted since the last tick (a heartbeat once a second when nothing).
@@ -147,15 +179,16 @@ class LightAgent:
         """The tick in parts, each a few tens of microseconds with every cache cold (it pauses between them).
 
         On the engine's thread each part is one pause of the engine's: the scale, each engine's hand-over,
-        the raw steps folded FOLD_CHUNK at a time, the totals taken, the graph counts, then each message
-        encoded and sent apart.
+        the step totals taken in parts (StepTracker.take_phased), the graph counts, then each message
+        built, encoded and sent apart.
         """
         scale = self.switch.scale()  # what the counts since stand for, the hooks having been in a slice of it
         yield
         yield from plugins.flush_phases(self.steps, 0)  # every engine's steps since the last hand-over
-        while self.steps.fold():
-            yield
-        steps = self.steps.take(final=True, scale=scale)
+        steps = yield from self.steps.take_phased(scale)
+        seen = hooks.counts()
+        self.idle_ticks = 0 if steps or seen != self._seen else self.idle_ticks + 1
+        self._seen = seen
         now = time.monotonic_ns()
         if not steps and not force and now - self._last_send_ns < 1_000_000_000:
             self.graphs.count(scale)  # sent with the next message, each tick's at its own scale
@@ -172,6 +205,8 @@ class LightAgent:
             yield from self.phases()
         except Exception as exc:
             self.detail = f"agent tick: {type(exc).__name__}: {exc}"[:400]
+        if threading.current_thread() is not self._thread:
+            self.idle_ticks = 0  # the engine's own thread ran this tick: it steps
 
     def graph_counts(self, scale: float = 1.0) -> wire.GraphCounts | None:
         """Return the graph counters' window since the last call, None while the hooks are not installed."""
@@ -199,14 +234,18 @@ class LightAgent:
         for i, chunk in enumerate(chunks):
             if i:
                 yield
-            data = self.sender.encode(self._message(chunk, graphs if i == 0 else None))
+            msg = self._message(chunk, graphs if i == 0 else None)
+            yield
+            data = self.sender.encode(msg)
             yield
             self.sender.send_data(data)
 
-    def _message(self, steps: list[wire.Steps], graphs: wire.GraphCounts | None) -> wire.Message:
+    def _message(
+        self, steps: list[wire.Steps], graphs: wire.GraphCounts | None, state: str = ""
+    ) -> wire.Message:
         return wire.Message(
             pid=os.getpid(),
-            state=self.state,
+            state=state or self.state,
             seq=self.sender.next_seq(),
             role=self.settings.role,
             detail=self.detail,
@@ -265,4 +304,6 @@ class LightAgent:
             "hook_share": self.settings.hook_share,
             "hooks_cycling": self.switch.cycling,
             "hooks_held": self.switch.held,
+            "quiet": self.switch.quiet,
+            "quiets": self.quiets,
         }

@@ -506,7 +506,9 @@ def _wrap_execute(cls: Any, slot: list[Any], skip_dummy: bool) -> None:
         return result
 
     execute_model.__boundwatch__ = True  # type: ignore[attr-defined]
-    SWITCH.add(cls, "execute_model", execute, execute_model)
+    # once a model step: where no engine core steps in this process (a GPU worker of TP > 1), it drives
+    # the hook cycle in eager mode too, where no graph replay would
+    SWITCH.add(cls, "execute_model", execute, execute_model, rank=2)
 
 
 def _patch_vllm_runner_v2(mod: Any) -> None:
@@ -682,6 +684,7 @@ def sglang_run_batch(original: Any, self: Any, batch: Any, *args: Any, **kwargs:
             waiting = len(getattr(self, "waiting_queue", None) or ())
             limit = _int_or(getattr(self, "max_running_requests", None), 0)
             tracker.record("sglang", t0, t1, tokens, seqs, running, waiting, limit, dp)
+        SWITCH.poll()  # the hooks are held in: the step drives the agent's tick (exporter.agent.switch)
     except Exception:
         pass
     return result

@@ -14,6 +14,7 @@ import collections
 import os
 import threading
 import time
+from collections.abc import Generator
 from typing import Any
 
 from exporter import wire
@@ -183,6 +184,27 @@ class StepTracker:
                     self._add(totals, self._steps.popleft())
         out = [self._steps_of(key, t) for key, t in totals.items()]
         out += self._take_cumulative(scale)
+        return self._merge_modes(out, modes)
+
+    def take_phased(self, scale: float = 1.0) -> Generator[None, None, list[wire.Steps]]:
+        """take(final=True, scale) of the light path in parts, yielding between them; returns the steps.
+
+        On the engine's thread (the light agent's tick) each part is one pause: the mode counts, the raw
+        steps FOLD_CHUNK at a time, the totals' differences scaled, the records built.
+        """
+        modes = self._take_modes(scale)
+        yield
+        while self.fold():
+            yield
+        gains = self._cumulative_gains(scale)
+        yield
+        out = [self._light_steps(*gain) for gain in gains]
+        return self._merge_modes(out, modes)
+
+    def _merge_modes(
+        self, out: list[wire.Steps], modes: dict[tuple[str, int], tuple[int, int]]
+    ) -> list[wire.Steps]:
+        """Add each key's mode counts to its steps (or as a record of their own, owned by the engine core)."""
         owner = 0 if self.engine_here else os.getppid()
         for key, (graph, eager) in modes.items():
             i = next((j for j, st in enumerate(out) if (st.engine, st.dp) == key), -1)
@@ -209,7 +231,13 @@ class StepTracker:
 
     def _take_cumulative(self, scale: float = 1.0) -> list[wire.Steps]:
         """Return what the cumulative totals gained since the last take (the light path), scaled."""
-        out: list[wire.Steps] = []
+        return [self._light_steps(*gain) for gain in self._cumulative_gains(scale)]
+
+    def _cumulative_gains(
+        self, scale: float
+    ) -> list[tuple[tuple[str, int], tuple[int, ...], tuple[int, ...], list[int]]]:
+        """Return (key, totals now, totals at the last take, scaled gains) for each key that stepped since."""
+        out = []
         for key, c in list(self._cum.items()):
             hist = list(self._hist[key])
             prev, prev_hist = self._taken.get(key, ((0,) * 13, [0] * len(hist)))
@@ -219,29 +247,32 @@ class StepTracker:
             # wall, tokens, seqs, graph and eager steps, then the buckets: each scaled with its own carry
             got = [c[1] - prev[1], c[2] - prev[2], c[3] - prev[3], c[6] - prev[6], c[7] - prev[7]]
             got += [max(0, a - b) for a, b in zip(hist, prev_hist, strict=True)]
-            wall, tokens, seqs, graph, eager, *buckets = self._carry.vector(key, got, scale)
-            out.append(
-                wire.Steps(
-                    engine=key[0],
-                    n=sum(buckets),  # the histogram counts n steps (the wire checks it)
-                    wall=wall,
-                    tokens=tokens,
-                    seqs=seqs,
-                    run_ns=c[4] - prev[4],
-                    wait_ns=c[5] - prev[5],
-                    graph=graph,
-                    eager=eager,
-                    hist=tuple(buckets),
-                    t0=prev[9] if prev[0] else c[8],  # from the previous take's newest step end
-                    t1=c[9],
-                    running=c[10],
-                    waiting=c[11],
-                    max_seqs=c[12],
-                    dp=key[1],
-                    measured=1 if self._gpu_seen else 0,
-                )
-            )
+            out.append((key, c, prev, self._carry.vector(key, got, scale)))
         return out
+
+    def _light_steps(
+        self, key: tuple[str, int], c: tuple[int, ...], prev: tuple[int, ...], gains: list[int]
+    ) -> wire.Steps:
+        wall, tokens, seqs, graph, eager, *buckets = gains
+        return wire.Steps(
+            engine=key[0],
+            n=sum(buckets),  # the histogram counts n steps (the wire checks it)
+            wall=wall,
+            tokens=tokens,
+            seqs=seqs,
+            run_ns=c[4] - prev[4],
+            wait_ns=c[5] - prev[5],
+            graph=graph,
+            eager=eager,
+            hist=tuple(buckets),
+            t0=prev[9] if prev[0] else c[8],  # from the previous take's newest step end
+            t1=c[9],
+            running=c[10],
+            waiting=c[11],
+            max_seqs=c[12],
+            dp=key[1],
+            measured=1 if self._gpu_seen else 0,
+        )
 
     @staticmethod
     def _add(totals: dict[tuple[str, int], dict[str, Any]], step: list[Any]) -> None:

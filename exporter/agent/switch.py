@@ -72,6 +72,13 @@ class Switch:
         self._pending: Any = None  # a tick the engine's thread runs in phases, one a call (an iterator)
         self._resume_due = 0  # the due to restore once the pending tick is done
         self._phase_lock = threading.Lock()  # one phase at a time (never held across calls)
+        self._swapping = (
+            False  # while driving: the hooks swap at each slice's edge (else held in: ticks only)
+        )
+        self.quiet = (
+            False  # nothing happened for a while: hooks in, no cycle, the first driving call resumes it
+        )
+        self._polled = False  # a hook outside the switch calls poll() at each step (SGLang's run_batch)
         self._plan: Any = None  # ((sites, driving, driver), [(owner, name, in, out)]) for _set
 
     def add(self, owner: Any, name: str, original: Any, hook: Any, rank: int = 0) -> None:
@@ -172,8 +179,10 @@ class Switch:
     def _hold(self, why: str) -> None:
         self.held = self.held or why
         self.cycling = False
-        self._undrive()
         self._set(True)
+        if self.driving and self._swapping:  # the engine's step still drives the agent's tick, no swap
+            self._swapping = False
+            self._slice = (self._slice[0] + self._slice[1], 0)
 
     def undrive(self) -> None:
         """The engine's thread stops driving (the agent's thread swaps by itself again)."""
@@ -182,6 +191,7 @@ class Switch:
 
     def _undrive(self) -> None:
         """The engine's thread stops driving: every site holds its plain hook or original again."""
+        self.quiet = False
         if self.driving:
             self.driving = False
             self.due[0] = 0
@@ -189,26 +199,50 @@ class Switch:
                 self._place(i)
             self._rebind()
 
-    def drive_inline(self, out_ns: int, in_ns: int, margin_ns: int, on_out: Any, rearm: Any) -> bool:
+    def drive_inline(
+        self, out_ns: int, in_ns: int, margin_ns: int, on_out: Any, rearm: Any, quiet: bool = False
+    ) -> bool:
         """Let the driver site swap the hooks (and call on_out() at each slice's end); False if none can.
 
         rearm(wake_ns) is called after each swap: the agent's thread sleeps to the next due plus
-        margin_ns, so the engine, while it steps, always swaps first.
+        margin_ns, so the engine, while it steps, always swaps first. Where the hooks do not cycle
+        (held, or in all the time) the driver only runs on_out() every out_ns + in_ns. quiet: the
+        process does nothing the hooks see; keep them in with no cycle (nothing is swapped or
+        ticked, the agent's thread sleeps) until a driving call resumes it (then even without a
+        driver site yet: one added later, or a hook that polls, resumes it).
         """
         with self._lock:
-            if not self.cycling or self._driver < 0:
+            if self._driver < 0 and not self._polled and not quiet:
                 return False
-            self._slice, self._on_out, self._rearm = (int(out_ns), int(in_ns)), on_out, rearm
+            self._swapping = self.cycling
+            out_ns, in_ns = int(out_ns), int(in_ns)
+            self._slice = (out_ns, in_ns) if self._swapping else (out_ns + in_ns, 0)
+            self._on_out, self._rearm = on_out, rearm
             self._margin = max(0, int(margin_ns))
-            self.driving = True
-            now = self._clock()
-            self.due[0] = now + (self._slice[1] if self.hooks_in else self._slice[0])
+            self.driving, self.quiet = True, quiet
+            if quiet:
+                self._set(True)  # nothing calls them now: in, so what comes first is counted whole
+                self.due[0] = 1  # the first driving call resumes the cycle
+                wake = 0
+            else:
+                self.due[0] = self._clock() + self._first_slice()
+                wake = self.due[0] + self._margin
             for i in range(len(self._sites)):
                 self._place(i)
             self._rebind()
-            wake = self.due[0] + self._margin
         rearm(wake)
         return True
+
+    def _first_slice(self) -> int:
+        """Return how long from now the cycle's first slice lasts (in one with the hooks in, else out)."""
+        return self._slice[1] if self._swapping and self.hooks_in else self._slice[0]
+
+    def poll(self) -> None:
+        """Drive the cycle from a hook the switch does not hold (SGLang's step): cheap unless due."""
+        self._polled = True
+        due = self.due[0]
+        if due and self._clock() >= due:
+            self.drive()
 
     def drive(self, by_thread: bool = False) -> bool:
         """Swap the hooks if a slice began or ended (at `due`); return whether they are in after.
@@ -227,12 +261,22 @@ class Switch:
             now, due = self._clock(), self.due[0]
             if not self.driving or not due or now < due:
                 return self.hooks_in
-            if self._pending is not None:  # a phase of the tick begun: the timer already stands
+            if self.quiet:  # the process does something again: the cycle starts from here
+                if by_thread:
+                    return self.hooks_in
+                self.quiet = False
+                self.due[0] = now + self._first_slice()
+                wake, rearm = self.due[0] + self._margin, self._rearm
+            elif self._pending is not None:  # a phase of the tick begun: the timer already stands
                 pending = self._pending
             else:
-                self._swap(now, due, by_thread)
+                if self._swapping:
+                    self._swap(now, due, by_thread)
+                else:
+                    self._next_period(now, due, by_thread)
                 wake = self.due[0] + self._margin
-                if not self.hooks_in and self._on_out is not None:  # the slice ended: its tick next
+                # the slice ended (or, hooks held, the period): its tick next
+                if (not self.hooks_in or not self._swapping) and self._on_out is not None:
                     self._pending, self._resume_due = self._on_out(), self.due[0]
                     self.due[0] = 1  # the next call runs the first phase
                     pending = self._pending if by_thread else None
@@ -262,6 +306,12 @@ class Switch:
         else:
             self._set(True, at)
             self.due[0] = max(at + in_ns - early, now + 1)
+
+    def _next_period(self, now: int, due: int, by_thread: bool) -> None:
+        """The hooks held in: the next tick's due one period on (from now where one went by unseen)."""
+        period = self._slice[0]
+        at, early = (now, self._margin) if by_thread or now >= due + period else (due, 0)
+        self.due[0] = max(at + period - early, now + 1)
 
     def _run_phases(self, pending: Any, every: bool) -> None:
         """Run the pending tick's next phase (every one where every=True); restore the due when done."""
@@ -324,7 +374,10 @@ class Switch:
         if plan is None or plan[0] != (len(self._sites), self.driving, self._driver):
             plan = self._plan = (
                 (len(self._sites), self.driving, self._driver),
-                [(s[0], s[1], self._value(i, True), self._value(i, False)) for i, s in enumerate(self._sites)],
+                [
+                    (s[0], s[1], self._value(i, True), self._value(i, False))
+                    for i, s in enumerate(self._sites)
+                ],
             )
         for owner, name, value_in, value_out in plan[1]:
             setattr(owner, name, value_in if hooks_in else value_out)

@@ -53,9 +53,10 @@ class WakeTimer:
             return None
 
     def at(self, due_ns: int) -> None:
-        """Expire at due_ns (time.monotonic_ns); a new call replaces the last. Safe from any thread."""
-        spec = _Itimerspec()
-        spec.it_value.tv_sec, spec.it_value.tv_nsec = divmod(max(1, int(due_ns)), 1_000_000_000)
+        """Expire at due_ns (time.monotonic_ns), never where due_ns <= 0; a new call replaces the last. Any thread."""
+        spec = _Itimerspec()  # all zero: disarmed
+        if due_ns > 0:
+            spec.it_value.tv_sec, spec.it_value.tv_nsec = divmod(int(due_ns), 1_000_000_000)
         self._settime(self.fd, TFD_TIMER_ABSTIME, ctypes.byref(spec), None)
 
     def wait(self) -> bool:

@@ -7,6 +7,7 @@ step_fn at init, as vLLM's does; the switch itself with an injected clock.
 import types
 from pathlib import Path
 
+from exporter.agent.light import QUIET_AFTER
 from exporter.agent.steps import StepTracker
 from exporter.agent.switch import SWITCHED, Carry, Switch
 from tests.agent import fake_torch, fake_vllm
@@ -279,16 +280,20 @@ wakes, driven = agent.wakes - woken_idle, SWITCH.driving
 agent.stop()
 got = sum(m.graphs.replays for m in sender.sent if m.graphs)
 print(json.dumps({"wakes": wakes, "ticks": len(in_at_tick) - 1, "in_at_tick": sorted(set(in_at_tick[:-1])),
-                  "driven": driven, "replays": replays, "sent": got}))
+                  "driven": driven, "replays": replays, "sent": got,
+                  "states": [m.state for m in sender.sent if m.state != "stopped"]}))
 """
 
 
-def test_with_no_engine_stepping_the_agents_thread_swaps_twice_a_tick(tmp_path: Path) -> None:
+def test_with_no_engine_stepping_the_agents_thread_swaps_twice_a_tick_then_goes_quiet(tmp_path: Path) -> None:
     out = run(tmp_path, WAKES, "idle")  # the idle run counts the first cycle's two wake-ups too
-    assert out["ticks"] >= 5 and out["driven"], out
     # nothing steps, so the agent's thread wakes on its timer: once to swap the hooks in, once to swap
-    # them out and tick (nobody waits on the GIL then); one more at most where stop() cut a wait short
-    assert 2 * out["ticks"] - 1 <= out["wakes"] <= 2 * out["ticks"] + 2, out
+    # them out and tick; after QUIET_AFTER ticks that saw nothing it says so and sleeps: over the
+    # rest of the second no tick, no wake-up (each would take the GIL from a thread that runs)
+    assert out["ticks"] == QUIET_AFTER and out["driven"], out
+    assert 2 * out["ticks"] - 1 <= out["wakes"] <= 2 * out["ticks"] + 1, out
+    # the first tick's message, then the quiet one (and stop()'s last tick, before "stopped")
+    assert out["states"] == ["running", "quiet", "running"], out
     # a tick runs with the hooks out (the slice has ended); the last tick is stop()'s, the hooks in for good
     assert out["in_at_tick"] == [False]
 
@@ -304,3 +309,124 @@ def test_while_the_engine_steps_its_own_thread_drives_the_cycle_and_the_agent_sl
     # the replays counted in the quarter slices, scaled, add up to the true count (a ratio estimator
     # over ~20 ticks on a loaded machine: within 20%)
     assert abs(out["sent"] - out["replays"]) <= 0.2 * out["replays"], out
+
+
+QUIET = """
+import json, time
+from exporter.agent import hooks
+from exporter.agent.light import LightAgent
+from exporter.agent.settings import Settings
+from exporter.agent.switch import SWITCH
+hooks.install()
+import torch
+from tests.agent.fresh import ListSender
+sender = ListSender()
+agent = LightAgent(Settings(socket="", flush_s=0.05, hook_share=0.25), sender=sender)
+agent.start()
+g = torch.cuda.CUDAGraph()
+time.sleep(0.6)  # idle: two ticks that see nothing, then quiet
+quiet, woken = SWITCH.quiet, agent.wakes
+time.sleep(0.3)
+woken_quiet = agent.wakes - woken
+replays, end = 0, time.monotonic() + 1.0
+while time.monotonic() < end:  # the engine starts: a replay every ~0.5 ms, the GIL let go between
+    g.replay()
+    replays += 1
+    t = time.perf_counter() + 0.0005
+    while time.perf_counter() < t:
+        time.sleep(0)
+stepping_wakes, resumed = agent.wakes - woken, not SWITCH.quiet
+agent.stop()
+states = [m.state for m in sender.sent if m.state != "stopped"]
+print(json.dumps({"quiet": quiet, "woken_quiet": woken_quiet, "stepping_wakes": stepping_wakes,
+                  "resumed": resumed, "replays": replays, "states": states,
+                  "sent": sum(m.graphs.replays for m in sender.sent if m.graphs)}))
+"""
+
+
+def test_a_quiet_agent_sleeps_and_the_first_replay_resumes_the_cycle_on_the_engines_thread(
+    tmp_path: Path,
+) -> None:
+    out = run(tmp_path, QUIET)
+    assert out["quiet"] and out["woken_quiet"] == 0, out  # quiet: the agent's thread sleeps
+    # the first replay resumes the cycle where it runs: the engine's thread swaps and ticks, the agent's
+    # thread stays asleep (one wake-up at most, on a loaded machine)
+    assert out["resumed"] and out["stepping_wakes"] <= 1, out
+    first_quiet = out["states"].index("quiet")
+    assert "running" in out["states"][first_quiet + 1 :], out  # the ticks after it say running again
+    # counted in full while quiet (the hooks in), sampled after: the sum stays the true count
+    assert abs(out["sent"] - out["replays"]) <= 0.2 * out["replays"], out
+
+
+def test_held_hooks_keep_ticking_on_the_engines_thread_without_a_swap() -> None:
+    clock = Clock(1_000 * MS)
+    sw = Switch(clock)
+    mod = types.SimpleNamespace(step=lambda: "own")
+    own = mod.step
+    calls: list[str] = []
+
+    def hook() -> str:
+        calls.append("hook")
+        return "hooked"
+
+    sw.add(mod, "step", own, hook, rank=2)
+    sw.hold("sglang hooks")
+    ticks: list[int] = []
+    wakes: list[int] = []
+
+    def tick() -> object:
+        ticks.append(clock())
+        yield
+
+    assert sw.drive_inline(40 * MS, 10 * MS, 5 * MS, tick, wakes.append)  # held: ticks only, every 50 ms
+    for _ in range(20):  # 20 steps, 10 ms apart
+        clock.t += 10 * MS
+        assert mod.step() == "hooked"  # always the hook: nothing is swapped out
+    assert sw.hooks_in and len(calls) == 20
+    # one tick a period (due at 1,050 ms, its phase on the step after), the steps' last due left pending
+    assert ticks == [1_060 * MS, 1_110 * MS, 1_160 * MS], ticks
+    assert wakes and all(w > clock() - 50 * MS for w in wakes[-1:])  # the agent's timer kept ahead
+
+
+def test_a_hook_outside_the_switch_drives_by_polling() -> None:
+    clock = Clock(1_000 * MS)
+    sw = Switch(clock)
+    sw.hold("sglang hooks")
+    ticks: list[int] = []
+
+    def tick() -> object:
+        ticks.append(clock())
+        yield
+
+    assert not sw.drive_inline(40 * MS, 10 * MS, 5 * MS, tick, lambda w: None)  # nothing drives yet
+    sw.poll()  # SGLang's run_batch: it steps
+    assert sw.drive_inline(40 * MS, 10 * MS, 5 * MS, tick, lambda w: None)
+    for _ in range(12):
+        clock.t += 10 * MS
+        sw.poll()
+    assert len(ticks) == 2, ticks  # at 50 and 100 ms
+
+
+def test_quiet_holds_the_hooks_in_and_the_first_driving_call_resumes_the_cycle() -> None:
+    mod, _own, hook, sw = one_site_cycling()
+    clock = sw._clock
+    sw.set_in(False)
+    wakes: list[int] = []
+    ticks: list[int] = []
+
+    def tick() -> object:
+        ticks.append(clock())
+        yield
+
+    sw.add(mod, "g", lambda: "g own", lambda: "g hook", rank=1)  # a replay-like driver site
+    assert sw.drive_inline(40 * MS, 10 * MS, 5 * MS, tick, wakes.append, quiet=True)
+    assert sw.quiet and sw.hooks_in and mod.f is hook and wakes[-1] == 0  # in; the agent's timer disarmed
+    clock.t += 5_000 * MS  # a long idle: nothing is swapped or ticked
+    assert ticks == [] and sw.quiet
+    assert mod.g() == "g hook"  # the first driving call resumes: counted (the hooks were in), no tick yet
+    assert not sw.quiet and wakes[-1] == clock() + 10 * MS + 5 * MS  # an in slice from now, the timer past it
+    clock.t += 10 * MS
+    mod.g()  # the slice ends here: out, and the tick
+    assert not sw.hooks_in
+    mod.g()
+    assert ticks == [clock()]

@@ -174,6 +174,43 @@ def test_worker_graph_modes_join_the_engine_core_that_forked_the_worker(tmp_path
     assert (steps.graph_steps, steps.eager_steps) == (2, 1)
 
 
+EAGER_WORKER = (
+    PRELUDE
+    + """
+import time
+from vllm.v1.core.sched.scheduler import SchedulerOutput
+vllm.plugins.load_general_plugins()
+from vllm.v1.worker.worker_base import WorkerWrapperBase
+WorkerWrapperBase().init_device()                # a GPU worker of TP > 1: no engine core in this process
+from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+from exporter import agent
+from exporter.agent.switch import SWITCH
+runner, a = GPUModelRunner(VllmConfig()), agent.current()
+def steps(seconds):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:                # eager steps (no graph replay), the GIL let go between
+        runner.execute_model(SchedulerOutput({i: 4 for i in range(4)}))
+        t = time.perf_counter() + 0.001
+        while time.perf_counter() < t:
+            time.sleep(0)
+steps(1.2)                                       # the agent's first cycle, on its own thread
+woken, sent = a.wakes, a.sender.seq
+steps(1.5)
+out = {"wakes": a.wakes - woken, "driving": SWITCH.driving, "quiet": SWITCH.quiet, "sent": a.sender.seq - sent}
+agent.stop()
+print(json.dumps(out))
+"""
+)
+
+
+def test_an_eager_workers_model_steps_drive_the_agent_where_no_engine_core_steps(tmp_path: Path) -> None:
+    out = run(tmp_path, EAGER_WORKER)
+    # no replay drives in eager mode: the runner's execute_model does, so the agent's thread, whose every
+    # wake-up would take the GIL from the worker, sleeps while the ticks run on the worker's thread
+    assert out["driving"] and not out["quiet"] and out["wakes"] <= 1, out
+    assert out["sent"] >= 2, out  # the ticks went on: their messages (the mode counts) were built
+
+
 V1_UNIPROC = (
     PRELUDE
     + """

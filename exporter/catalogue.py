@@ -215,7 +215,7 @@ AGENT_DROPPED_RECORDS_TOTAL = _m(
 AGENTS = _m(
     "boundwatch_agents",
     "gauge",
-    "In-process agents reporting, by state (running, preempted, unavailable, stale).",
+    "In-process agents reporting, by state (running, quiet: alive with nothing to report, preempted, unavailable, stale).",
     ["gpu", "state"],
     "busy",
 )

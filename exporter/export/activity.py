@@ -11,7 +11,7 @@ from exporter.export.families import Family, counter, counters, histograms
 from exporter.snapshot import Snapshot
 from exporter.snapshot.agent import AgentState
 
-STATES = ("running", "preempted", "unavailable", "stale")
+STATES = ("running", "quiet", "preempted", "unavailable", "stale")
 
 
 def _placed(snap: Snapshot) -> list[tuple[str, AgentState]]:

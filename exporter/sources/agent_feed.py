@@ -75,6 +75,8 @@ class _Agent:
         default_factory=dict
     )  # (engine, DP rank) -> (at, ns left)
     pending: int = 0
+    peer: int = 0  # the sender's pid as this daemon sees it (SO_PEERCRED), 0 when unknown
+    alive_at: float = float("-inf")  # when a quiet agent's process was last seen alive
 
 
 @dataclass
@@ -100,6 +102,11 @@ class _Throttle:
         self.unlogged, self.next_at = 0, now + self.every
 
 
+def _pid_alive(pid: int) -> bool:
+    """Return whether a process runs with this pid (as this daemon's /proc sees it)."""
+    return pid > 0 and os.path.exists(f"/proc/{pid}")
+
+
 class AgentFeed:
     """The agent feed source: `await start()`, then `await read()` every tick."""
 
@@ -111,10 +118,12 @@ class AgentFeed:
         clock: Callable[[], float] = time.monotonic,
         merge_wait_s: float = 1.0,
         wall_ns: Callable[[], int] = time.time_ns,
+        alive: Callable[[int], bool] | None = None,
     ) -> None:
         self.cfg = cfg
         self.clock = clock
         self.wall_ns = wall_ns
+        self.alive = alive or _pid_alive  # whether a quiet agent's process still runs
         self.merge_wait_s = merge_wait_s
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -194,7 +203,7 @@ class AgentFeed:
             self._bad_message(str(exc))
             return
         try:
-            self._take(msg)
+            self._take(msg, peer.pid if peer is not None else 0)
         except Exception as exc:  # a bug here must cost one datagram, not the feed or the log
             self._bad_message(f"{type(exc).__name__}: {exc}")
 
@@ -208,7 +217,7 @@ class AgentFeed:
         self.last_error = why
         self._log_refused(reason=reason, error=why)
 
-    def _take(self, msg: wire.Message) -> None:
+    def _take(self, msg: wire.Message, peer: int = 0) -> None:
         now, wall = self.clock(), self.wall_ns()
         agent = self._agents.get(msg.pid)
         if agent is None:
@@ -225,7 +234,8 @@ class AgentFeed:
             )
             return
         self._agents[msg.pid] = agent
-        agent.last_seen, agent.msg = now, msg
+        agent.last_seen, agent.msg, agent.alive_at = now, msg, now
+        agent.peer = peer or agent.peer
         agent.uuids.update(dict(msg.devices))
         for dev, uuid in msg.devices:  # each GPU gets its stable index when an agent first names it
             if self._gpu(uuid or f"cuda{dev}", dev, now) is None:
@@ -448,19 +458,36 @@ class AgentFeed:
         """Forget stopped agents and those silent for `silent_for` s (default: the forget time); free their memory."""
         limit = self.cfg.stale_seconds * FORGET_AFTER_STALE if silent_for is None else silent_for
         gone = [
-            pid for pid, a in self._agents.items() if now - a.last_seen > limit or a.msg.state == "stopped"
+            pid
+            for pid, a in self._agents.items()
+            if a.msg.state == "stopped" or (now - a.last_seen > limit and not self._quiet(a, now))
         ]
         for pid in gone:
             del self._agents[pid]
         if gone:
             self._agents = dict(self._agents)  # a dict never shrinks its table in place
 
+    def _quiet(self, a: _Agent, now: float) -> bool:
+        """Say whether an agent that said it has nothing to report is still alive (its process runs).
+
+        A quiet agent sends nothing until its process does something its hooks see, so its silence is
+        no sign of trouble while the process lives: looked up at most once per stale_seconds.
+        """
+        if a.msg.state != "quiet":
+            return False
+        if now - a.alive_at > self.cfg.stale_seconds:
+            if not self.alive(a.peer or a.pid):
+                return False
+            a.alive_at = now
+        return True
+
     def _agent_states(self, now: float) -> tuple[AgentState, ...]:
         self._forget(now)
         out: list[AgentState] = []
         for pid, a in self._agents.items():
-            age = now - a.last_seen
-            state = "stale" if age > self.cfg.stale_seconds else a.msg.state
+            state = a.msg.state
+            if now - a.last_seen > self.cfg.stale_seconds and not self._quiet(a, now):
+                state = "stale"
             dev, uuid = min(a.uuids.items()) if a.uuids else (-1, "")
             gpu = self._gpus.get(uuid or f"cuda{dev}")
             out.append(

@@ -127,6 +127,29 @@ async def test_silent_agent_turns_stale_then_is_forgotten(feed: AgentFeed) -> No
     assert (await feed.read()).agents == ()
 
 
+async def test_a_quiet_agent_stays_quiet_while_its_process_runs(feed: AgentFeed) -> None:
+    await send(feed, message(9), message(9, state="quiet"))
+    feed.test_clock.t += 120  # type: ignore[attr-defined]  # silent for long, but it said it had nothing to say
+    # its process (this test's, as SO_PEERCRED names it to the daemon) runs: quiet, neither stale nor forgotten
+    assert [a.state for a in (await feed.read()).agents] == ["quiet"]
+    feed.alive = lambda pid: False  # the process ended without a word: silent for over the forget time, gone
+    feed.test_clock.t += 6  # type: ignore[attr-defined]
+    assert (await feed.read()).agents == ()
+
+
+async def test_a_quiet_agent_whose_process_ended_turns_stale_then_is_forgotten(feed: AgentFeed) -> None:
+    await send(feed, message(9, state="quiet"))
+    asked: list[int] = []
+    feed.alive = lambda pid: bool(asked.append(pid))  # the process ended without a word
+    feed.test_clock.t += 6  # type: ignore[attr-defined]
+    assert [a.state for a in (await feed.read()).agents] == ["stale"]
+    assert set(asked) == {
+        os.getpid()
+    }  # asked about the sender's pid as the daemon sees it, not the message's
+    feed.test_clock.t += 120  # type: ignore[attr-defined]
+    assert (await feed.read()).agents == ()
+
+
 async def test_unavailable_agent_reports_its_reason(feed: AgentFeed) -> None:
     raw = wire.encode(
         wire.Message(

@@ -194,7 +194,8 @@ class StepTracker:
         """
         modes = self._take_modes(scale)
         yield
-        while self.fold():
+        while self._raw:
+            self.fold()
             yield
         gains = self._cumulative_gains(scale)
         yield

@@ -261,7 +261,7 @@ def _health(p: Mapping[str, Any]) -> list[dict[str, Any]]:
             "runs an engine. Hosts that run without the agent by design never had one: silent.",
             "alert": "BoundwatchAgentMissing",
             "expr": f"max_over_time(boundwatch_agents{s(_eq('state', 'running'))}[{p['agent_lookback']}]) > 0\n"
-            f"unless on({gpu_on}) (boundwatch_agents{s(_eq('state', 'running'))} > 0)\n"
+            f"unless on({gpu_on}) (boundwatch_agents{s(_eq('state', 'running|quiet', '=~'))} > 0)\n"
             f"and on({tl}) boundwatch_engine_info{s()}",
             "for": p["agent_missing_for"],
             "severity": "info",

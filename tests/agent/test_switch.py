@@ -386,6 +386,13 @@ def test_held_hooks_keep_ticking_on_the_engines_thread_without_a_swap() -> None:
     # one tick a period (due at 1,050 ms, its phase on the step after), the steps' last due left pending
     assert ticks == [1_060 * MS, 1_110 * MS, 1_160 * MS], ticks
     assert wakes and all(w > clock() - 50 * MS for w in wakes[-1:])  # the agent's timer kept ahead
+    mod.step()  # the tick pending since 1,200 ms: its phase
+    clock.t += 500 * MS  # the engine stalls for ten periods, then steps again
+    for _ in range(3):  # the last tick's end; the tick due (one, not ten); its phase
+        mod.step()
+    assert ticks[-1] == clock() and len(ticks) == 5, ticks
+    mod.step()
+    assert sw.due[0] == clock() + 50 * MS  # the next a period from the step that found it late
 
 
 def test_a_hook_outside_the_switch_drives_by_polling() -> None:

@@ -6,6 +6,7 @@ CI, which installs neither, skips it with the reason.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import importlib
 import importlib.metadata
@@ -90,6 +91,23 @@ def _declared_entry(group: str) -> str:
 
 def _registered(group: str) -> dict[str, str]:
     return {ep.name: ep.value for ep in importlib.metadata.entry_points(group=group)}
+
+
+def _source(module: str) -> str:
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin
+    return Path(spec.origin).read_text()
+
+
+def _def_of(module: str, cls: str, method: str) -> Any:
+    """Return the ast FunctionDef of cls.method read from the installed file (no import: needs no GPU)."""
+    tree = ast.parse(_source(module))
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == method:
+                    return item
+    raise AssertionError(f"{module}.{cls}.{method} not found")
 
 
 # --- vLLM: patch points --------------------------------------------------------------------------
@@ -197,6 +215,62 @@ def test_vllm_v1_runner_decides_graph_mode_once_per_step() -> None:
 
     assert _params(CudagraphDispatcher.dispatch)[:2] == ["self", "batch_descriptor"]
     assert "cudagraph_dispatcher.dispatch(" in inspect.getsource(GPUModelRunner.execute_model)
+
+
+V1_RUNNER, V2_RUNNER = "vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.gpu.model_runner"
+
+
+@needs_vllm
+def test_vllm_worker_step_calls_the_runners_own_execute_model_once() -> None:
+    # _wrap_execute patches execute_model in the runner class's own __dict__ as the hook cycle's
+    # driver site (rank 2): the worker must call it, looked up on the runner, once a model step
+    for name, skip_dummy in ((V1_RUNNER, False), (V2_RUNNER, True)):
+        if name == V2_RUNNER and not _has(name):
+            continue
+        cls = importlib.import_module(name).GPUModelRunner
+        fn = vars(cls).get("execute_model")
+        assert inspect.isfunction(fn), (name, fn)
+        ps = inspect.signature(fn).parameters  # through torch.inference_mode's wrapper
+        assert list(ps)[:2] == ["self", "scheduler_output"] and _optional_after(fn, 2), (name, list(ps))
+        if skip_dummy:  # the wrapper reads dummy_run as args[2] after self, or by keyword
+            assert list(ps)[3] == "dummy_run" and ps["dummy_run"].default is False, list(ps)
+    worker = "vllm.v1.worker.gpu_worker"
+    tree = ast.parse(_source(worker))
+    typing_only = {
+        id(n)
+        for node in tree.body
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+        for n in ast.walk(node)
+    }
+    built = {  # the runners the worker module imports to build (0.33: in Worker._make_model_runner)
+        (n.module, a.name)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom) and id(n) not in typing_only
+        for a in n.names
+    }
+    assert (V1_RUNNER, "GPUModelRunner") in built, built
+    assert (V2_RUNNER, "GPUModelRunner") in built or not _has(V2_RUNNER), built
+    step = _def_of(worker, "Worker", "execute_model")
+    calls = [
+        n
+        for n in ast.walk(step)
+        if isinstance(n, ast.Call) and ast.unparse(n.func) == "self.model_runner.execute_model"
+    ]
+    assert len(calls) == 1, f"Worker.execute_model calls the runner's execute_model {len(calls)} times"
+    call = calls[0]
+    loops = [n for n in ast.walk(step) if isinstance(n, (ast.For, ast.While))]
+    assert not any(call in ast.walk(loop) for loop in loops)
+    assert len(call.args) <= 2 and all(k.arg != "dummy_run" for k in call.keywords)  # a step, not a dummy
+    # never bound once (a switch swaps only the class attribute): every use in the module is a call
+    uses = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Attribute)
+        and n.attr == "execute_model"
+        and ast.unparse(n.value) == "self.model_runner"
+    ]
+    called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    assert uses and all(id(u) in called for u in uses)
 
 
 @needs_vllm
@@ -358,6 +432,50 @@ def test_vllm_worker_init_device_is_wrapped_through_the_real_loader_and_survives
     assert res == {"worker_wrapped": True}
 
 
+_DRIVES = r"""
+import importlib, json, os, sys
+from vllm.plugins import load_general_plugins
+load_general_plugins()
+if %(forked)r:
+    import vllm.v1.engine.core  # the engine core process, which forks its GPU workers (multiproc's default)
+r, w = os.pipe()
+pid = os.fork()  # a GPU worker (forked=False: as a spawned one, no engine core in it)
+if pid == 0:
+    import vllm.v1.worker.gpu_worker  # the worker's class, then the runner it builds (_make_model_runner)
+    v2_first = "vllm.v1.worker.gpu.model_runner" in sys.modules
+    mod = importlib.import_module(%(runner)r)
+    from exporter.agent.switch import SWITCH
+    SWITCH.drive_inline(10**9, 10**9, 0, lambda: iter(()), lambda wake: None, quiet=True)
+    try:  # one step: only the driver site resumes a quiet agent (the runner itself fails after: no GPU)
+        mod.GPUModelRunner.execute_model(object(), None)
+    except Exception:
+        pass
+    os.write(w, json.dumps({"drove": not SWITCH.quiet, "v2_first": v2_first}).encode())
+    os._exit(0)
+os.waitpid(pid, 0)
+print(os.read(r, 4096).decode())
+"""
+
+
+@needs_vllm
+@pytest.mark.parametrize("runner", [V2_RUNNER, V1_RUNNER], ids=["v2", "v1"])
+@pytest.mark.parametrize("forked", [False, True], ids=["spawned", "forked"])
+def test_vllm_runner_execute_model_drives_the_hook_cycle_in_a_gpu_worker(
+    tmp_path: Path, forked: bool, runner: str
+) -> None:
+    if not _has(runner):
+        pytest.skip(f"vLLM {importlib.metadata.version('vllm')} has no {runner}")
+    res = _run_child(_DRIVES % {"forked": forked, "runner": runner}, tmp_path)
+    # known: Switch.add keeps the first rank-2 site as the driver, so a worker forked from the engine
+    # core keeps EngineCore.step (never called there), and a V1 runner's worker the V2 runner's
+    # execute_model (gpu_worker imports that module first): nothing resumes a quiet agent there
+    if not res["drove"] and (forked or (runner == V1_RUNNER and res["v2_first"])):
+        pytest.xfail(
+            "the runner's execute_model is not the driver site (exporter/agent/switch.py Switch.add)"
+        )
+    assert res["drove"], res
+
+
 # --- SGLang: patch points --------------------------------------------------------------------------
 
 
@@ -373,25 +491,6 @@ def test_sglang_plugin_group_and_hook_registry() -> None:
     assert "HookRegistry.apply_hooks()" in inspect.getsource(sp.load_plugins)
 
 
-def _sglang_source(module: str) -> str:
-    spec = importlib.util.find_spec(module)
-    assert spec is not None and spec.origin
-    return Path(spec.origin).read_text()
-
-
-def _sglang_def(module: str, cls: str, method: str) -> Any:
-    """Return the ast FunctionDef of cls.method read from the installed file (no import: needs no GPU)."""
-    import ast
-
-    tree = ast.parse(_sglang_source(module))
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == cls:
-            for item in node.body:
-                if isinstance(item, ast.FunctionDef) and item.name == method:
-                    return item
-    raise AssertionError(f"{module}.{cls}.{method} not found")
-
-
 def _ast_params(fn: Any) -> list[str]:
     return [a.arg for a in fn.args.args]
 
@@ -399,14 +498,12 @@ def _ast_params(fn: Any) -> list[str]:
 @needs_sglang
 def test_sglang_model_runner_forward_raw_and_its_output() -> None:
     mod = "sglang.srt.model_executor.model_runner"
-    fn = _sglang_def(mod, "ModelRunner", "_forward_raw")
+    fn = _def_of(mod, "ModelRunner", "_forward_raw")
     assert _ast_params(fn)[:3] == ["self", "forward_batch", "pp_proxy_tensors"]
-    src = _sglang_source(mod)
+    src = _source(mod)
     assert (
         "decode_cuda_graph_runner.can_run_graph(" in src and "prefill_cuda_graph_runner.can_run_graph(" in src
     )
-    import ast
-
     tree = ast.parse(src)
     out = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ModelRunnerOutput")
     fields = {n.target.id: ast.unparse(n.annotation) for n in out.body if isinstance(n, ast.AnnAssign)}
@@ -416,24 +513,96 @@ def test_sglang_model_runner_forward_raw_and_its_output() -> None:
 @needs_sglang
 def test_sglang_scheduler_queue_attributes_and_batch_methods() -> None:
     mod = "sglang.srt.managers.scheduler"
-    assert _ast_params(_sglang_def(mod, "Scheduler", "run_batch"))[:2] == ["self", "batch"]
-    assert _ast_params(_sglang_def(mod, "Scheduler", "process_batch_result"))[:3] == [
+    assert _ast_params(_def_of(mod, "Scheduler", "run_batch"))[:2] == ["self", "batch"]
+    assert _ast_params(_def_of(mod, "Scheduler", "process_batch_result"))[:3] == [
         "self",
         "batch",
         "result",
     ]
-    src = _sglang_source(mod)
+    src = _source(mod)
     assert "self.waiting_queue: List[Req] = []" in src
     assert "self.running_batch: ScheduleBatch = ScheduleBatch(" in src
     assert "self.max_running_requests" in src
     assert "def run_scheduler_process(" in src and "    load_plugins()" in src
 
 
+SGLANG_LOOP_MODULES = (
+    "sglang.srt.managers.scheduler",
+    "sglang.srt.managers.scheduler_pp_mixin",
+    "sglang.srt.disaggregation.prefill",
+    "sglang.srt.disaggregation.decode",
+    "sglang.srt.multiplex.multiplexing_mixin",
+)
+
+
+def _sglang_methods() -> dict[str, Any]:
+    """Return the scheduler's and its mixins' methods by name, as ast FunctionDefs."""
+    out: dict[str, Any] = {}
+    for module in SGLANG_LOOP_MODULES:
+        for node in ast.parse(_source(module)).body:
+            if isinstance(node, ast.ClassDef):
+                out.update({f.name: f for f in node.body if isinstance(f, ast.FunctionDef)})
+    return out
+
+
+def _self_calls(fn: Any) -> set[str]:
+    return {
+        n.func.attr
+        for n in ast.walk(fn)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and isinstance(n.func.value, ast.Name)
+        and n.func.value.id == "self"
+    }
+
+
+@needs_sglang
+def test_sglang_every_event_loop_launches_its_batches_through_run_batch() -> None:
+    # sglang_run_batch (AROUND Scheduler.run_batch) times each batch and polls the hook switch
+    tree = ast.parse(_source("sglang.srt.managers.scheduler"))
+    dispatch = [n for n in tree.body if isinstance(n, ast.FunctionDef) and "dispatch_event_loop" in n.name]
+    loops = {
+        n.func.attr
+        for d in dispatch
+        for n in ast.walk(d)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and n.func.attr.startswith("event_loop")
+    }
+    loops.discard("event_loop_overlap_mlx")  # Apple's MLX backend, no CUDA: never calls run_batch
+    assert {"event_loop_normal", "event_loop_overlap"} <= loops, loops
+    methods = _sglang_methods()
+    for loop in sorted(loops):
+        seen, todo = set(), [loop]
+        for _ in range(3):  # the loop itself, then the scheduler methods it calls (_pp_launch_batch)
+            calls = set().union(*(_self_calls(methods[m]) for m in todo if m in methods))
+            seen |= calls
+            todo = [c for c in calls if c in methods and c != "run_batch"]
+        assert "run_batch" in seen, loop
+
+
+@needs_sglang
+def test_sglang_only_run_batch_calls_the_model_workers_forward() -> None:
+    def outside(node: Any, fn: str) -> list[str]:
+        if isinstance(node, ast.FunctionDef):
+            fn = node.name
+        here = []
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr.startswith("forward_batch_") and fn != "run_batch":
+                here.append(f"{fn}: {ast.unparse(node.func)}")
+        return here + [x for child in ast.iter_child_nodes(node) for x in outside(child, fn)]
+
+    for module in SGLANG_LOOP_MODULES:
+        assert outside(ast.parse(_source(module)), "") == [], module
+    run_batch = _def_of("sglang.srt.managers.scheduler", "Scheduler", "run_batch")
+    assert "forward_batch_generation" in ast.unparse(run_batch)
+
+
 @needs_sglang
 def test_sglang_metric_names_the_page_reader_uses_still_exist() -> None:
     from exporter.snapshot import engine_names as ep
 
-    src = _sglang_source("sglang.srt.observability.metrics_collector")
+    src = _source("sglang.srt.observability.metrics_collector")
     for names in (
         ep.SGLANG_RUNNING,
         ep.SGLANG_WAITING,

@@ -251,7 +251,8 @@ def capture_ticks(path: str, gpus: int, skip: int = 20, keep: int = 40) -> None:
 
 def time_parts() -> dict[str, float]:
     """Add up the CPU time (time.thread_time, in their own thread) of the daemon's synchronous parts."""
-    from exporter import sampling
+    from exporter import sampling, wire
+    from exporter.sources import unixsock
     from exporter.sources.agent_feed import AgentFeed
     from exporter.sources.engine import EngineSource
     from exporter.sources.host import HostSource
@@ -274,6 +275,9 @@ def time_parts() -> dict[str, float]:
     wrap(sampling, "advance", "main:advance")
     wrap(sampling, "compact", "main:compact")
     wrap(AgentFeed, "_readable", "main:agent_readable")
+    wrap(unixsock, "receive", "main:agent_readable:receive")  # inside _readable, as the next two
+    wrap(wire, "decode", "main:agent_readable:decode")
+    wrap(AgentFeed, "_take", "main:agent_readable:take")
     wrap(AgentFeed, "collect", "main:agent_collect")
     wrap(EngineSource, "_build", "engine:build")
     wrap(EngineSource, "_rediscover", "engine:rediscover")

@@ -36,9 +36,10 @@ log = structlog.get_logger("boundwatch")
 # The cycle collector's young generation is collected after this many allocations net (Python's
 # default: 700). A tick allocates tens of thousands of short-lived objects (readings, Snapshots,
 # verdict facts) freed by reference counting; at 700, 64 GPUs cost ~1.1 ms of collector per tick
-# (6% of the daemon's CPU, bench/README.md "Session 5"), at 20,000 0.1 ms. Objects alive after
-# start-up (modules, configuration) are frozen out of the collector's passes.
-GC_YOUNG_THRESHOLD = 20_000
+# (6% of the daemon's CPU, bench/README.md "Session 5"), at 20,000 0.1-0.6 ms; at 100,000 (several
+# ticks' worth) most of a tick's objects are gone before a pass looks at them: ~0 ms (session 11).
+# Objects alive after start-up (modules, configuration) are frozen out of the collector's passes.
+GC_YOUNG_THRESHOLD = 100_000
 
 
 @contextlib.contextmanager

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -23,6 +22,7 @@ from exporter.analysis.pipeline import advance
 from exporter.config import Config
 from exporter.probe.scheduled import ProbeScheduler
 from exporter.snapshot import EngineReading, GpuReading, Snapshot, SourceStatus
+from exporter.snapshot.frozen import replace
 from exporter.snapshot.totals import EMPTY
 from exporter.sources.base import AsyncClosable, Source, SourceUnavailable, Startable
 
@@ -107,8 +107,8 @@ def retire(snap: Snapshot) -> Snapshot:
     """Return what the Snapshot before the newest keeps: no totals, and no engine's raw page (analysis read it)."""
     engines = snap.engines
     if any(e.raw is not None for e in engines):
-        engines = tuple(dataclasses.replace(e, raw=None) if e.raw is not None else e for e in engines)
-    return dataclasses.replace(snap, totals=EMPTY, engines=engines)
+        engines = tuple(replace(e, raw=None) if e.raw is not None else e for e in engines)
+    return replace(snap, totals=EMPTY, engines=engines)
 
 
 class _SourceState:
@@ -266,7 +266,7 @@ class Sampler:
         )
         snap = advance(tuple(self._history), raw, self.cfg)
         if self.probes is not None:  # the self-test runs in a subprocess, only while all is idle
-            snap = dataclasses.replace(snap, probe=self.probes.tick((*self._history, snap)))
+            snap = replace(snap, probe=self.probes.tick((*self._history, snap)))
         if self._history:  # only the newest Snapshot's counters and pages are read: older ones keep none
             self._history[-1] = retire(self._history[-1])
         self._history.append(snap)

@@ -524,9 +524,14 @@ def decode(data: bytes) -> Message:
     """Return the message in a datagram, or raise WireError (and only WireError) saying what is wrong."""
     if len(data) > MAX_DATAGRAM_BYTES:
         raise WireError("datagram too large")
+    plain = False
     try:
         if type(data) is bytes:  # as json.loads does, without building a decoder per datagram
-            body = _DECODER.decode(data.decode(json.detect_encoding(data), "surrogatepass"))
+            encoding = json.detect_encoding(data)
+            # UTF-8 without the text `true` or `false` holds no JSON bool anywhere (a literal has no
+            # escaped form): then a list of numbers that sums to an int holds ints only (`_plain_sum`)
+            plain = encoding == "utf-8" and b"true" not in data and b"false" not in data
+            body = _DECODER.decode(data.decode(encoding, "surrogatepass"))
         else:
             body = json.loads(data, parse_constant=_no_constant)
     except WireError:
@@ -538,11 +543,165 @@ def decode(data: bytes) -> Message:
     ) as exc:  # bad JSON or UTF-8, a 4,300-digit int, deep nesting
         raise WireError(f"not JSON: {type(exc).__name__}: {str(exc)[:200]}") from None
     try:
-        return _message(body)
+        msg = _message_plain(body) if plain else None
+        return msg if msg is not None else _message(body)
     except WireError:
         raise
     except (ValueError, TypeError, RecursionError, OverflowError) as exc:  # a check this module forgot
         raise WireError(f"invalid message: {type(exc).__name__}: {str(exc)[:200]}") from None
+
+
+_ONLY_STR = {str}
+
+
+def _plain_sum(value: Any, limit: int) -> int | None:
+    """Return the sum of a bool-free list of at most `limit` non-negative ints, or None if it is anything else.
+
+    One pass in C: a str, None, list or object in the list fails the sum, a float makes it a float.
+    """
+    if type(value) is not list or len(value) > limit:
+        return None
+    try:
+        total = sum(value)
+    except TypeError:
+        return None
+    if type(total) is not int or (value and min(value) < 0):
+        return None
+    return total
+
+
+def _message_plain(body: Any) -> Message | None:
+    """Return the message of a bool-free body whose every value has the usual shape and bounds, else None.
+
+    The Message `_message` returns for such a body, its checks made a group of fields at a time;
+    anything else (a value missing, of another type or out of bounds, a string to cut or mend, an
+    unknown role) is left to `_message`, which decodes it or says what is wrong.
+    """
+    if type(body) is not dict:
+        return None
+    get = body.get
+    ints: tuple[Any, ...] = (
+        get("v"),
+        get("pid"),
+        get("seq", 0),
+        get("sent_dropped", 0),
+        get("settings_rejected", 0),
+    )
+    if (
+        set(map(type, ints)) != _ONLY_INT
+        or ints[0] != VERSION
+        or min(ints) < 0
+        or max(ints) > MAX_INT
+        or ints[1] > 2**31
+        or ints[4] > MAX_SETTINGS_REJECTED
+    ):
+        return None
+    strs = (get("state"), get("role", "generic"), get("detail", ""), get("lib", ""), get("mode", ""))
+    if set(map(type, strs)) != _ONLY_STR:
+        return None
+    state, role, detail, lib, mode = strs
+    if (
+        state not in STATES
+        or role not in ROLES
+        or len(detail) > 256
+        or len(lib) > 256
+        or len(mode) > 32
+        or not (detail + lib + mode).isprintable()
+    ):
+        return None
+    devices = _devices_plain(get("devices", []))
+    windows_raw, steps_raw = get("windows", []), get("steps", [])
+    if (
+        devices is None
+        or type(windows_raw) is not list
+        or len(windows_raw) > MAX_WINDOWS
+        or type(steps_raw) is not list
+        or len(steps_raw) > MAX_STEPS
+    ):
+        return None
+    windows = [_window_plain(w) for w in windows_raw]
+    if None in windows:
+        return None
+    try:  # rare and small: checked as `_message` checks them
+        steps = tuple([_steps(s) for s in steps_raw])
+        graphs = _graph_counts(body)
+    except Exception:
+        return None
+    return _frozen(
+        Message,
+        {
+            "pid": ints[1],
+            "state": state,
+            "seq": ints[2],
+            "role": role,
+            "detail": detail,
+            "lib": lib,
+            "mode": mode,
+            "devices": devices,
+            "windows": tuple(windows),
+            "steps": steps,
+            "sent_dropped": ints[3],
+            "settings_rejected": ints[4],
+            "graphs": graphs,
+            "v": VERSION,
+        },
+    )
+
+
+def _devices_plain(items: Any) -> tuple[tuple[int, str], ...] | None:
+    """Return the (ordinal, UUID) pairs of a bool-free devices list of the usual shape, else None."""
+    if type(items) is not list or len(items) > MAX_DEVICES:
+        return None
+    out = []
+    for item in items:
+        if type(item) is not dict:
+            return None
+        dev, uuid = item.get("dev"), item.get("uuid", "")
+        if type(dev) is not int or type(uuid) is not str:
+            return None
+        if not 0 <= dev <= MAX_ORDINAL or len(uuid) > 96 or not uuid.isprintable():
+            return None
+        out.append((dev, uuid))
+    return tuple(out)
+
+
+def _window_plain(d: Any) -> Window | None:
+    """Return a bool-free window of the usual shape within every bound `_window` checks, else None."""
+    if type(d) is not dict:
+        return None
+    get = d.get
+    ints: tuple[Any, ...] = (
+        get("dev"),
+        get("t0"),
+        get("t1"),
+        get("busy"),
+        get("graph_busy", 0),
+        get("kernels", 0),
+        get("memcpys", 0),
+        get("memsets", 0),
+        get("graphs", 0),
+        get("dropped", 0),
+        get("gap_sum", 0),
+        get("slack", 0),
+    )
+    if set(map(type, ints)) != _ONLY_INT or min(ints) < 0 or max(ints) > MAX_INT or ints[0] > MAX_ORDINAL:
+        return None
+    span = ints[2] - ints[1]
+    if span <= 0 or max(ints[3], ints[4], ints[11]) > span or sum(ints[5:10]) > span // MIN_RECORD_NS + 1:
+        return None
+    gaps, iv = get("gaps", []), get("iv", [])
+    gap_total = _plain_sum(gaps, IDLE_GAP_BUCKET_COUNT)
+    iv_total = _plain_sum(iv, 2 * MAX_INTERVALS)
+    if (
+        gap_total is None
+        or iv_total is None
+        or (gaps and len(gaps) != IDLE_GAP_BUCKET_COUNT)
+        or gap_total > span // IDLE_GAP_MIN_NS + 1
+        or len(iv) % 2
+        or iv_total > span // 1000 + 1
+    ):
+        return None
+    return _frozen(Window, _window_fields(ints, tuple(gaps), tuple(iv)))
 
 
 def _message(body: Any) -> Message:

@@ -273,3 +273,138 @@ def test_a_message_that_cannot_encode_is_a_wire_error_not_a_crash() -> None:
     for bad in (wire.Steps(engine="vllm", n=1, wall=math.nan), wire.Steps(engine="vllm", n=None, wall=1)):  # type: ignore[arg-type]
         with pytest.raises(wire.WireError):
             wire.encode(wire.Message(pid=1, state="running", steps=(bad,)))
+
+
+# --- the plain path against the checked one -----------------------------------------------------
+
+EDGE_VALUES: list[object] = [
+    None,
+    0,
+    1,
+    -1,
+    1.0,
+    255,
+    256,
+    2**31,
+    2**31 + 1,
+    64,
+    65,
+    wire.MAX_INT,
+    wire.MAX_INT + 1,
+    "",
+    "running",
+    "vllm_worker",
+    "other",
+    "x" * 40,
+    "y" * 300,
+    "bad\x00text",
+    [],
+    [0] * wire.IDLE_GAP_BUCKET_COUNT,
+    [1] * wire.IDLE_GAP_BUCKET_COUNT,
+    [0, 1],
+    [0, 1, 2],
+    [0, -1],
+    [0, 1.5],
+    [0, None],
+    [0, "1"],
+    [0, [1]],
+    [wire.MAX_INT, wire.MAX_INT],
+    [0, 10**12],
+    {},
+    {"dev": 0},
+    True,
+    [0, True],
+]
+EDGES = st.sampled_from(EDGE_VALUES)
+PLACES = ["", "windows.0", "steps.0", "devices.0"]
+KEYS = [
+    "v",
+    "pid",
+    "seq",
+    "state",
+    "role",
+    "detail",
+    "lib",
+    "mode",
+    "devices",
+    "windows",
+    "steps",
+    "sent_dropped",
+    "settings_rejected",
+    "graphs",
+    "dev",
+    "uuid",
+    "t0",
+    "t1",
+    "busy",
+    "graph_busy",
+    "kernels",
+    "dropped",
+    "gaps",
+    "gap_sum",
+    "iv",
+    "slack",
+    "n",
+    "hist",
+]
+
+
+def outcome(data: bytes) -> str:
+    """Return what decoding gives: the message's repr, or the error's text."""
+    try:
+        return repr(wire.decode(data))
+    except wire.WireError as exc:
+        return f"WireError: {exc}"
+
+
+def checked_outcome(data: bytes) -> str:
+    """Return what decoding gives through the key-by-key checks alone (the plain path left out)."""
+    plain = wire._message_plain
+    wire._message_plain = lambda body: None  # type: ignore[assignment]
+    try:
+        return outcome(data)
+    finally:
+        wire._message_plain = plain
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.sampled_from(PLACES), st.sampled_from(KEYS), EDGES | json_values, st.booleans())
+def test_the_plain_path_decodes_as_the_checked_path(where: str, key: str, value: object, drop: bool) -> None:
+    data = changed(where, key, value, drop)
+    assert outcome(data) == checked_outcome(data)
+
+
+def test_every_edge_value_at_every_key_decodes_as_the_checked_path() -> None:
+    for where in PLACES:
+        for key in KEYS:
+            for value in [*EDGE_VALUES, "drop"]:
+                data = changed(where, key, value, value == "drop")
+                assert outcome(data) == checked_outcome(data), (where, key, value)
+
+
+def changed(where: str, key: str, value: object, drop: bool) -> bytes:
+    """Return the VALID message as the agent encodes it, with one key set to a value, or removed."""
+    body = json.loads(json.dumps(VALID))
+    target = body
+    for part in filter(None, where.split(".")):
+        target = target[part] if isinstance(target, dict) else target[int(part)]
+    if drop:
+        target.pop(key, None)
+    else:
+        target[key] = value
+    return json.dumps(body, allow_nan=True, separators=(",", ":")).encode()
+
+
+def test_the_plain_path_takes_the_agents_datagram() -> None:
+    msg = wire.Message(
+        pid=7,
+        state="running",
+        seq=3,
+        role="vllm_worker",
+        devices=((0, "GPU-x"),),
+        windows=(wire.Window(dev=0, t0=WALL, t1=WALL + 500 * MS, busy=100 * MS, kernels=9, iv=(0, 100_000)),),
+    )
+    body = json.loads(wire.encode(msg))
+    got = wire._message_plain(body)
+    assert got == msg and repr(got) == repr(msg)
+    assert list(vars(got)) == list(vars(msg)) and list(vars(got.windows[0])) == list(vars(msg.windows[0]))

@@ -12,13 +12,13 @@ from the previous Snapshot, so `replay` recomputes the union from a recording's 
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 
 from exporter import wire
 from exporter.analysis import intervals
 from exporter.snapshot import Snapshot
 from exporter.snapshot.agent import AgentReading, AgentWindow, GpuActivity, GpuWindows, UnionState
+from exporter.snapshot.frozen import replace
 
 MAX_STATES = 64  # GPUs whose union state is carried (the feed indexes 64 GPU keys at most)
 COUNTS = ("kernels", "memcpys", "memsets", "graphs", "dropped")
@@ -123,7 +123,7 @@ def merge(reading: AgentReading, prev: AgentReading | None) -> AgentReading:
     """
     states = {(s.gpu, s.uuid): s for s in (prev.union if prev is not None else ())}
     if not reading.windows:
-        return reading if not states else dataclasses.replace(reading, union=tuple(states.values()))
+        return reading if not states else replace(reading, union=tuple(states.values()))
     activity: list[GpuActivity] = []
     touched: dict[tuple[int, str], UnionState] = {}
     for g in reading.windows:
@@ -134,7 +134,7 @@ def merge(reading: AgentReading, prev: AgentReading | None) -> AgentReading:
         elif g.running and state is not None and state.last_window_ns:
             activity.append(carried(g, state))
     kept = [*touched.values(), *(s for k, s in states.items() if k not in touched)][:MAX_STATES]
-    return dataclasses.replace(
+    return replace(
         reading,
         activity=tuple(sorted(activity, key=lambda a: (a.uuid, a.gpu))),
         union=tuple(sorted(kept, key=lambda s: (s.uuid, s.gpu))),
@@ -146,4 +146,4 @@ def merge_snapshot(snap: Snapshot, prev: Snapshot | None) -> Snapshot:
     if snap.agent is None:
         return snap
     merged = merge(snap.agent, prev.agent if prev is not None else None)
-    return snap if merged is snap.agent else dataclasses.replace(snap, agent=merged)
+    return snap if merged is snap.agent else replace(snap, agent=merged)

@@ -30,7 +30,6 @@ a replay recomputes it. SGLang gives its own ratio, kept as read.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 
 from exporter.analysis.dedup import counter_delta, step_increments
@@ -39,6 +38,7 @@ from exporter.config import Config
 from exporter.snapshot import Snapshot
 from exporter.snapshot.agent import EngineSteps
 from exporter.snapshot.engine import PAGE_REFUSED_REASONS, CoreCounts, EngineReading, demand
+from exporter.snapshot.frozen import replace
 from exporter.snapshot.totals import EngineMethod, EngineReason, EngineServer, EngineTotals, Tally, Totals
 
 SPEC_WINDOW_SECONDS = 10.0  # the spec-decode acceptance window over vLLM's counters
@@ -102,9 +102,9 @@ def with_acceptance(history: Sequence[Snapshot], snap: Snapshot) -> Snapshot:
             last = _previous(history[-1] if history else None, e.name)
             value = last.spec_acceptance if last is not None else None
         if value != e.spec_acceptance:
-            e, changed = dataclasses.replace(e, spec_acceptance=value), True
+            e, changed = replace(e, spec_acceptance=value), True
         engines.append(e)
-    return dataclasses.replace(snap, engines=tuple(engines)) if changed else snap
+    return replace(snap, engines=tuple(engines)) if changed else snap
 
 
 def _previous(prev: Snapshot | None, name: str) -> EngineReading | None:
@@ -162,7 +162,7 @@ def served_counts(
         held[key] = CoreCounts(st.pid, st.dp_rank, st.running, st.waiting, limit)
     if held:
         cores = tuple(sorted(held.values(), key=lambda c: (c.pid, -1 if c.dp_rank is None else c.dp_rank)))
-        return dataclasses.replace(
+        return replace(
             e,
             counts_source="agent",
             core_counts=cores,
@@ -170,7 +170,7 @@ def served_counts(
             waiting=_total([c.waiting for c in cores]),
         )
     if not e.page_read:
-        return dataclasses.replace(e, running=None, waiting=None)
+        return replace(e, running=None, waiting=None)
     return e
 
 
@@ -190,7 +190,7 @@ def serve_counts(
         else served_counts(e, _counted(snap, e), _previous(prev, e.name), alive)
         for e in snap.engines
     )
-    return dataclasses.replace(snap, engines=engines)
+    return replace(snap, engines=engines)
 
 
 def accumulate(snap: Snapshot, cfg: Config, prev: Snapshot | None = None) -> Totals:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any, Protocol
 
 from exporter.analysis.dedup import collapse_pid_series, step_count
@@ -46,6 +45,7 @@ from exporter.snapshot.engine_names import (
     VLLM_WAITING,
     detect_kind,
 )
+from exporter.snapshot.frozen import replace
 
 # Scheduler gauges logged as a total under priority="" plus a per-priority breakdown (QueueCount).
 _SGLANG_PRIORITY_TOTALS = frozenset({*SGLANG_RUNNING, *SGLANG_WAITING})

@@ -10,7 +10,6 @@ increments, then classify.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from types import MappingProxyType
 from typing import Protocol
@@ -20,6 +19,7 @@ from exporter.config import Config
 from exporter.snapshot import Snapshot
 from exporter.snapshot.agent import AgentReading
 from exporter.snapshot.engine import EngineReading
+from exporter.snapshot.frozen import replace
 from exporter.snapshot.totals import EMPTY, BusyTotals, GpuSource, Tally, Totals
 
 
@@ -75,7 +75,7 @@ def resolve_agent_gpus(snap: Snapshot, known: Sequence[str] = ()) -> Snapshot:
     Two agents that each call their device CUDA ordinal 0 are two GPUs when their UUIDs differ.
     Activity whose UUID gets no index (past the bound) is dropped; without a UUID the ordinal stays.
     """
-    snap = dataclasses.replace(snap, gpu_uuids=uuid_indices(snap, known or snap.gpu_uuids))
+    snap = replace(snap, gpu_uuids=uuid_indices(snap, known or snap.gpu_uuids))
     if snap.agent is None:
         return snap
     indices = gpu_indices(snap)  # each UUID's gpu_index, looked up once per GPU rather than searched
@@ -83,20 +83,20 @@ def resolve_agent_gpus(snap: Snapshot, known: Sequence[str] = ()) -> Snapshot:
     for a in snap.agent.activity:
         index = indices.get(a.uuid) if a.uuid else a.gpu
         if index is not None:
-            activity_.append(a if index == a.gpu else dataclasses.replace(a, gpu=index))
+            activity_.append(a if index == a.gpu else replace(a, gpu=index))
     agents = []
     for s in snap.agent.agents:
         index = indices.get(s.uuid) if s.uuid else None
-        agents.append(dataclasses.replace(s, gpu=index) if index is not None and index != s.gpu else s)
+        agents.append(replace(s, gpu=index) if index is not None and index != s.gpu else s)
     by_pid = {s.pid: s.gpu for s in agents if s.uuid}
     graphs = []
     for u in snap.agent.graphs:  # by its own UUID, else by its agent's
         index = indices.get(u.uuid) if u.uuid else by_pid.get(u.pid)
-        graphs.append(dataclasses.replace(u, gpu=index) if index is not None and index != u.gpu else u)
-    agent: AgentReading = dataclasses.replace(
+        graphs.append(replace(u, gpu=index) if index is not None and index != u.gpu else u)
+    agent: AgentReading = replace(
         snap.agent, activity=tuple(activity_), agents=tuple(agents), graphs=tuple(graphs)
     )
-    return dataclasses.replace(snap, agent=agent)
+    return replace(snap, agent=agent)
 
 
 def _device(token: str, snap: Snapshot) -> int | None:
@@ -157,7 +157,7 @@ def place_engine(e: EngineReading, snap: Snapshot) -> EngineReading:
     Else it stays unplaced (gpus ()): the verdict says `no_gpu_mapping` rather than guess.
     """
     if e.gpus:
-        return e if e.gpus_from else dataclasses.replace(e, gpus_from="reading")
+        return e if e.gpus_from else replace(e, gpus_from="reading")
     how, per_pid = _process_gpus(e, snap)
     gpus = tuple(sorted(set().union(*per_pid.values()))) if per_pid else ()
     cores: dict[int, set[int]] = {}
@@ -171,14 +171,14 @@ def place_engine(e: EngineReading, snap: Snapshot) -> EngineReading:
     if not gpus:
         return e
     core_gpus = tuple((core, tuple(sorted(g))) for core, g in sorted(cores.items()))
-    return dataclasses.replace(e, gpus=gpus, gpus_from=how, core_gpus=core_gpus)
+    return replace(e, gpus=gpus, gpus_from=how, core_gpus=core_gpus)
 
 
 def resolve_engine_gpus(snap: Snapshot) -> Snapshot:
     """Tell which GPUs each engine drives (see place_engine)."""
     if not snap.engines:
         return snap
-    return dataclasses.replace(snap, engines=tuple(place_engine(e, snap) for e in snap.engines))
+    return replace(snap, engines=tuple(place_engine(e, snap) for e in snap.engines))
 
 
 def pick_busy(snap: Snapshot) -> dict[int, tuple[float, str]]:
@@ -244,10 +244,9 @@ def _normalised_again(snap: Snapshot, cfg: Config) -> tuple[Snapshot, frozenset[
     if not paged:
         return snap, paged
     engines = tuple(
-        dataclasses.replace(e, counts_source="page", core_counts=()) if e.name in paged else e
-        for e in snap.engines
+        replace(e, counts_source="page", core_counts=()) if e.name in paged else e for e in snap.engines
     )
-    snap = dataclasses.replace(snap, engines=engines)
+    snap = replace(snap, engines=engines)
     return engine_page.normalise_engines(snap, cfg.engine.max_label_chars), paged
 
 
@@ -259,11 +258,11 @@ def advance(history: Sequence[Snapshot], raw: Snapshot, cfg: Config) -> Snapshot
     snap = engine.serve_counts(snap, prev)
     shown = MappingProxyType(pick_busy(snap))
     if prev is not None:  # one copy, not two
-        snap = dataclasses.replace(snap, totals=prev.totals, probe=prev.probe, busy=shown)
+        snap = replace(snap, totals=prev.totals, probe=prev.probe, busy=shown)
     else:
-        snap = dataclasses.replace(snap, busy=shown)
+        snap = replace(snap, busy=shown)
     snap = verdict.classify_tick(history, snap, cfg)
     inc = EMPTY
     for acc in ACCUMULATORS:
         inc = inc.plus(acc(snap, cfg, prev))
-    return dataclasses.replace(snap, totals=snap.totals.plus(inc))
+    return replace(snap, totals=snap.totals.plus(inc))

@@ -56,6 +56,7 @@ from exporter.config import Config, RooflineConfig, VerdictConfig
 from exporter.snapshot import Snapshot
 from exporter.snapshot.agent import AgentReading, EngineSteps, GpuActivity
 from exporter.snapshot.engine import EngineReading, demand
+from exporter.snapshot.frozen import replace
 from exporter.snapshot.host import CgroupCpu
 from exporter.snapshot.totals import EMPTY, GpuVerdict, Tally, Totals, VerdictTotals
 from exporter.snapshot.verdict import HOST_REASONS, VERDICTS, Evidence, Verdict
@@ -1039,12 +1040,12 @@ def hold(
     lean = raw.verdict if lean is None else lean
     shown = raw if raw.raw == raw.verdict and raw.streak == 0 else None  # already as reported unheld
     if prev is None or (raw.verdict == prev.verdict and lean == prev.verdict):
-        return shown if shown is not None else dataclasses.replace(raw, raw=raw.verdict, streak=0)
+        return shown if shown is not None else replace(raw, raw=raw.verdict, streak=0)
     streak = prev.streak + 1
     if raw.verdict != prev.verdict and streak >= cfg.hold_ticks:
-        return shown if shown is not None else dataclasses.replace(raw, raw=raw.verdict, streak=0)
+        return shown if shown is not None else replace(raw, raw=raw.verdict, streak=0)
     reasons = host_now if prev.verdict == "host" else prev.reasons
-    return dataclasses.replace(raw, verdict=prev.verdict, reasons=reasons, raw=raw.verdict, streak=streak)
+    return replace(raw, verdict=prev.verdict, reasons=reasons, raw=raw.verdict, streak=streak)
 
 
 def classify(
@@ -1092,7 +1093,7 @@ def classify_all(history: Sequence[Snapshot], cfg: Config) -> tuple[Verdict, ...
 
 def classify_tick(history: Sequence[Snapshot], snap: Snapshot, cfg: Config) -> Snapshot:
     """Return the Snapshot with its verdicts set (the pipeline's hook; history excludes snap)."""
-    return dataclasses.replace(snap, verdicts=classify_all((*history, snap), cfg))
+    return replace(snap, verdicts=classify_all((*history, snap), cfg))
 
 
 def replay(snapshots: Sequence[Snapshot], cfg: Config) -> list[Snapshot]:
@@ -1100,7 +1101,7 @@ def replay(snapshots: Sequence[Snapshot], cfg: Config) -> list[Snapshot]:
     out: list[Snapshot] = []
     keep = max(2, int(_reach(cfg.verdict) / cfg.tick_seconds) + 4)
     for snap in snapshots:
-        out.append(classify_tick(out[-keep:], dataclasses.replace(snap, verdicts=()), cfg))
+        out.append(classify_tick(out[-keep:], replace(snap, verdicts=()), cfg))
     return out
 
 

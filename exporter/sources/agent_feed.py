@@ -137,6 +137,8 @@ class AgentFeed:
         self._engines: set[str] = set()
         self._steps: list[tuple[int, wire.Steps]] = []  # (message pid, steps)
         self._graphs: dict[int, list[int | str]] = {}  # pid -> [observed ns, replays, captures, dev, uuid]
+        # pid -> (its AgentState's fields, the AgentState): handed out again while they stay the same
+        self._kept_states: dict[int, tuple[tuple[object, ...], AgentState]] = {}
         self._messages = 0
         self._bad = 0
         self._refused = dict.fromkeys(REFUSED_REASONS, 0)
@@ -484,27 +486,33 @@ class AgentFeed:
     def _agent_states(self, now: float) -> tuple[AgentState, ...]:
         self._forget(now)
         out: list[AgentState] = []
+        kept = self._kept_states
         for pid, a in self._agents.items():
-            state = a.msg.state
+            msg = a.msg
+            state = msg.state
             if now - a.last_seen > self.cfg.stale_seconds and not self._quiet(a, now):
                 state = "stale"
             dev, uuid = min(a.uuids.items()) if a.uuids else (-1, "")
             gpu = self._gpus.get(uuid or f"cuda{dev}")
-            out.append(
-                AgentState(
-                    pid=pid,
-                    gpu=gpu.index if gpu is not None else -1,
-                    state=state,
-                    detail=a.msg.detail,
-                    role=a.msg.role,
-                    uuid=uuid,
-                    lib=a.msg.lib,
-                    mode=a.msg.mode,
-                    dropped_messages=a.msg.sent_dropped,
-                    settings_rejected=a.msg.settings_rejected,
-                )
+            fields = (
+                pid,
+                gpu.index if gpu is not None else -1,
+                state,
+                msg.detail,
+                msg.role,
+                uuid,
+                msg.lib,
+                msg.mode,
+                msg.sent_dropped,
+                msg.settings_rejected,
             )
-        return tuple(sorted(out, key=lambda s: s.pid))
+            hit = kept.get(pid)
+            if hit is None or hit[0] != fields:  # an agent's state most often stays what it was: shared
+                hit = kept[pid] = (fields, AgentState(*fields))
+            out.append(hit[1])
+        if len(kept) > len(self._agents):  # forgotten agents' states go with them
+            self._kept_states = {pid: kept[pid] for pid in self._agents if pid in kept}
+        return tuple(sorted(out, key=_pid))
 
     def close(self) -> None:
         """Stop reading, and remove the socket file only while it is still the one this feed bound."""
@@ -525,23 +533,35 @@ class AgentFeed:
 
 
 def _raw(pid: int, w: wire.Window) -> AgentWindow:
-    """Return one received window as the Snapshot keeps it (its tuples shared, not copied)."""
-    return AgentWindow(
-        pid=pid,
-        t0=w.t0,
-        t1=w.t1,
-        busy_ns=w.busy,
-        graph_busy_ns=w.graph_busy,
-        kernels=w.kernels,
-        memcpys=w.memcpys,
-        memsets=w.memsets,
-        graphs=w.graphs,
-        dropped=w.dropped,
-        gap_counts=w.gaps,
-        gap_sum_ns=w.gap_sum,
-        iv=w.iv,
-        slack_ns=w.slack,
+    """Return one received window as the Snapshot keeps it (its tuples shared, not copied).
+
+    The same object as `AgentWindow(pid=pid, t0=w.t0, ...)`, without the frozen __init__'s one
+    object.__setattr__ per field: its fields fill __dict__ in field order, as __init__ would.
+    """
+    raw = object.__new__(AgentWindow)
+    raw.__dict__.update(
+        {
+            "pid": pid,
+            "t0": w.t0,
+            "t1": w.t1,
+            "busy_ns": w.busy,
+            "graph_busy_ns": w.graph_busy,
+            "kernels": w.kernels,
+            "memcpys": w.memcpys,
+            "memsets": w.memsets,
+            "graphs": w.graphs,
+            "dropped": w.dropped,
+            "gap_counts": w.gaps,
+            "gap_sum_ns": w.gap_sum,
+            "iv": w.iv,
+            "slack_ns": w.slack,
+        }
     )
+    return raw
+
+
+def _pid(state: AgentState) -> int:
+    return state.pid
 
 
 def _clamp(value: int, hi: int) -> int:

@@ -31,7 +31,6 @@ import asyncio
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from urllib.parse import urlparse
 
 import structlog
@@ -39,6 +38,7 @@ import structlog
 from exporter.config import Config
 from exporter.snapshot import Snapshot
 from exporter.snapshot.engine import EngineReading
+from exporter.snapshot.frozen import replace
 from exporter.snapshot.host import CgroupCpu, ProcessCpu
 from exporter.sources import placement, procs
 from exporter.sources.base import BlockingReader, SourceUnavailable

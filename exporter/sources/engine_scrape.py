@@ -26,7 +26,7 @@ import struct
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -111,9 +111,34 @@ _SINGLE_PROCESS_MARKS = (
 )
 
 
+def _trie(words: Iterable[str]) -> str:
+    """Return a regular expression that matches exactly the given words, as a tree of their shared prefixes.
+
+    At each position the engine tries the alternatives of one character at a time, not every word
+    whole: on an engine's page, where most lines start with `vllm:`, several times faster.
+    """
+    tree: dict[str, Any] = {}
+    for word in words:
+        node = tree
+        for ch in word:
+            node = node.setdefault(ch, {})
+        node[""] = {}  # a word ends here
+
+    def emit(node: dict[str, Any]) -> str:
+        alts = [re.escape(ch) + emit(node[ch]) for ch in sorted(node) if ch]
+        if not alts:
+            return ""
+        if len(alts) == 1 and "" not in node:
+            return alts[0]
+        group = f"(?:{'|'.join(alts)})"
+        return group + "?" if "" in node else group
+
+    return emit(tree)
+
+
 # The same cut as one regular expression: a line break, then a wanted sample or TYPE line (the
 # leading "\n" lets the engine try only at line starts).
-_NAMES = "|".join(re.escape(n) for n in sorted(WANTED, key=len, reverse=True))
+_NAMES = _trie(WANTED)
 _KEEP = re.compile(f"\n((?:{_NAMES})[{{ ][^\n]*|# TYPE (?:{_NAMES})(?= |\n)[^\n]*)")
 # Characters other than "\n" that str.splitlines() also ends a line at (the ASCII ones, then all).
 _ASCII_LINE_ENDS = ("\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e")
@@ -147,8 +172,12 @@ def looks_multiprocess(text: str) -> bool | None:
     """Say whether a full page came from a multiprocess registry (None: cannot tell)."""
     if not any(p in text for p in ("vllm:", "sglang:")):
         return None
-    text = "\n" + text
-    return not any(mark in text for mark in _SINGLE_PROCESS_MARKS)
+    # As `not any(mark in "\n" + text for mark in _SINGLE_PROCESS_MARKS)`, without copying the page:
+    # a line-start mark also at the very start, the two `_created` marks by one search first.
+    for mark in _SINGLE_PROCESS_MARKS[:2]:
+        if text.startswith(mark[1:]) or mark in text:
+            return False
+    return "_created" not in text or not any(mark in text for mark in _SINGLE_PROCESS_MARKS[2:])
 
 
 def cut_page(data: bytes, limits: PageLimits = DEFAULT_LIMITS) -> tuple[bytes, str]:

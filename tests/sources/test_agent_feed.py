@@ -1,5 +1,6 @@
 """The sidecar's agent feed on a real unix datagram socket: raw windows handed out when ready, through the union, states."""
 
+import dataclasses
 import os
 import socket
 from pathlib import Path
@@ -9,7 +10,8 @@ import pytest
 from exporter import wire
 from exporter.analysis.agent_union import merge
 from exporter.config import AgentFeedConfig
-from exporter.snapshot.agent import AgentReading, AgentWindow
+from exporter.snapshot.agent import AgentReading, AgentState, AgentWindow
+from exporter.sources import agent_feed
 from exporter.sources.agent_feed import AgentFeed
 from tests.fakes.clock import Clock
 from tests.fakes.wait import wait_until_async
@@ -291,3 +293,49 @@ def test_graph_use_per_process_sums_windows_and_keeps_the_newest_capture_count(t
     )
     assert (g8.pid, g8.observed_ns, g8.replays, g8.gpu) == (8, 500 * MS, 0, -1)
     assert f.collect().graphs == ()
+
+
+def test_a_raw_window_is_the_one_its_constructor_builds_and_stays_frozen() -> None:
+    w = window(
+        T0, [(T0 + 10 * MS, T0 + 145 * MS)], kernels=3, gaps=(1,) + (0,) * 10, gap_sum=2 * MS, dropped=1
+    )
+    got = agent_feed._raw(42, w)
+    built = AgentWindow(
+        pid=42,
+        t0=w.t0,
+        t1=w.t1,
+        busy_ns=w.busy,
+        graph_busy_ns=w.graph_busy,
+        kernels=w.kernels,
+        memcpys=w.memcpys,
+        memsets=w.memsets,
+        graphs=w.graphs,
+        dropped=w.dropped,
+        gap_counts=w.gaps,
+        gap_sum_ns=w.gap_sum,
+        iv=w.iv,
+        slack_ns=w.slack,
+    )
+    assert got == built and repr(got) == repr(built) and hash(got) == hash(built)
+    assert list(vars(got)) == list(vars(built))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        got.pid = 1  # type: ignore[misc]
+
+
+def test_an_agents_state_is_handed_out_again_while_it_stays_the_same(tmp_path: Path) -> None:
+    clock = Clock(wall_ns=RECEIVED)
+    f = AgentFeed(AgentFeedConfig(socket=str(tmp_path / "x.sock"), stale_seconds=5.0), clock=clock)
+    f.receive(message(9))
+    f.receive(message(8, lib="libcupti 13"))
+    first = f.collect().agents
+    f.receive(message(9))
+    again = f.collect().agents
+    assert again == first and all(a is b for a, b in zip(again, first, strict=True))
+    f.receive(message(9, sent_dropped=2))  # one figure moved: a new state, equal to a fresh one
+    (eight, nine) = f.collect().agents
+    assert eight is first[0] and nine is not first[1] and nine.dropped_messages == 2
+    assert nine == AgentState(9, 0, "running", role="generic", uuid=UUID, dropped_messages=2)
+    clock.t += 6  # both stale
+    assert [a.state for a in f.collect().agents] == ["stale", "stale"]
+    clock.t += 120  # both forgotten, and their kept states with them
+    assert f.collect().agents == () and f._kept_states == {}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import pytest
 from engine_fixtures import PAGES, ROOT
@@ -17,9 +18,12 @@ from exporter.snapshot import Snapshot
 from exporter.snapshot.engine import EngineReading
 from exporter.snapshot.engine_names import WANTED
 from exporter.sources.engine_scrape import (
+    _SINGLE_PROCESS_MARKS,
     DEFAULT_LIMITS,
     PageError,
     Sample,
+    _trie,
+    looks_multiprocess,
     plain_samples,
     prefilter_page,
 )
@@ -165,3 +169,52 @@ def test_every_fixture_page_cut_is_read_by_the_plain_reader_as_the_parser_reads_
         for s in f.samples
     ]
     assert got == want
+
+
+def test_the_cut_keeps_each_wanted_name_and_no_name_it_starts_or_ends() -> None:
+    near = {n[:cut] for n in WANTED for cut in range(1, len(n))} | {
+        n + x for n in WANTED for x in ("_", "s", ":x")
+    }
+    lines = []
+    for name in sorted(set(WANTED) | near):
+        lines += [f'{name}{{a="b"}} 1', f"{name} 2", f"# TYPE {name} gauge", f"# TYPE {name}", f"{name}\t3"]
+    text = "\n".join(lines) + "\n"
+    kept = prefilter_page(text)
+    assert kept == _reference_prefilter(text)
+    assert {line.split("{")[0].split(" ")[0] for line in kept.split("\n") if line and line[0] != "#"} == set(
+        WANTED
+    )
+
+
+def _reference_multiprocess(text: str) -> bool | None:
+    """The check before it avoided copying the page: the oracle."""
+    if not any(p in text for p in ("vllm:", "sglang:")):
+        return None
+    text = "\n" + text
+    return not any(mark in text for mark in _SINGLE_PROCESS_MARKS)
+
+
+@pytest.mark.parametrize(
+    "mark", [*_SINGLE_PROCESS_MARKS, "process_cpu_seconds_total 1", "x_created", "_created"]
+)
+@pytest.mark.parametrize("where", ["start", "middle", "end", "none"])
+def test_a_multiprocess_page_is_told_as_before(mark: str, where: str) -> None:
+    body = "vllm:num_requests_running 1\nvllm:x_total 2\n"
+    mark = mark.lstrip("\n") if where == "start" else mark
+    text = {
+        "start": mark + "\n" + body,
+        "middle": body + mark + "\n" + body,
+        "end": body + mark,
+        "none": body,
+    }[where]
+    assert looks_multiprocess(text) == _reference_multiprocess(text)
+    assert looks_multiprocess(text.replace("vllm:", "up_")) is None
+
+
+@given(
+    st.sets(st.text("ab:_{", min_size=1, max_size=5), min_size=1, max_size=8), st.text("ab:_{", max_size=6)
+)
+def test_the_prefix_tree_matches_exactly_its_words(words: set[str], other: str) -> None:
+    pattern = re.compile(_trie(words))
+    assert all(pattern.fullmatch(w) for w in words)
+    assert bool(pattern.fullmatch(other)) == (other in words)

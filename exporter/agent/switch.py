@@ -19,7 +19,15 @@ engine lets go of the GIL in each op (bench/README.md, session 10). So once `dri
 engine's own step drives the cycle: the highest-ranked site (an engine step, else a graph replay)
 keeps a thin check while out (`thin`: one frame and a clock read) and a checked hook while in; the
 first call at or past `due` swaps the hooks in or out right there (and, at a slice's end, runs the
-agent's tick inline: tens of microseconds, no hand-over). The slices are fixed in advance,
+agent's tick inline: tens of microseconds, no hand-over).
+
+Which site drives is settled by who calls, not by who was added first: a process may hold driver
+sites it never calls (a GPU worker forked from vLLM's engine core keeps EngineCore.step; a V1
+runner's worker has imported the V2 runner too). Whenever the agent's thread had to swap or tick
+for the engine (the driver missed its due by the margin), and while quiet, every other driver site
+holds a claiming hook while the hooks are in: the first one called takes the drive over (one of a
+higher or equal rank at once, any after a second miss) and the claiming hooks go again. A driver
+that steps keeps its due, so in steady state nothing claims and no site pays for it. The slices are fixed in advance,
 `[due, due + in)`: the call that finds a slice begun starts inside it and is counted, the one that
 finds it ended is not, so the ratio estimator stays unbiased. The agent's thread sleeps on a timer
 that each drive pushes past the next `due`: it wakes only when the engine has stopped stepping (then
@@ -79,7 +87,10 @@ class Switch:
             False  # nothing happened for a while: hooks in, no cycle, the first driving call resumes it
         )
         self._polled = False  # a hook outside the switch calls poll() at each step (SGLang's run_batch)
-        self._plan: Any = None  # ((sites, driving, driver), [(owner, name, in, out)]) for _set
+        self._plan: Any = None  # ((sites, driving, driver, claiming), [(owner, name, in, out)]) for _set
+        self._ranks: list[int] = []  # each site's rank (add's)
+        self._claims: dict[int, Any] = {}  # a driver site's claiming hook, by index (made on first use)
+        self._missed = 0  # the agent's thread swapped or ticked for the engine since it last drove (max 2)
 
     def add(self, owner: Any, name: str, original: Any, hook: Any, rank: int = 0) -> None:
         """Manage owner.name (a class attribute or module global) that holds hook in place of original.
@@ -91,6 +102,7 @@ class Switch:
                 self._hold("too many hook sites")
                 return
             self._sites.append((owner, name, original, hook))
+            self._ranks.append(max(0, int(rank)))
             try:
                 setattr(hook, SWITCHED, True)
             except (AttributeError, TypeError):
@@ -98,9 +110,7 @@ class Switch:
             if rank > 0 and rank > self._rank:
                 self._driver, self._rank = len(self._sites) - 1, rank
                 self._wrapped = self._driving_pair(original, hook)
-                for i in range(len(self._sites)):
-                    self._place(i)
-                self._rebind()
+                self._place_all()
             else:
                 self._place(len(self._sites) - 1)
 
@@ -130,17 +140,70 @@ class Switch:
     def _value(self, i: int, hooks_in: bool) -> Any:
         """Return what site i holds with the hooks in or out (its check while the engine drives)."""
         _, _, original, hook = self._sites[i]
-        if i == self._driver and self.driving:
-            return self._wrapped[1] if hooks_in else self._wrapped[0]
+        if self.driving:
+            if i == self._driver:
+                return self._wrapped[1] if hooks_in else self._wrapped[0]
+            if hooks_in and self._missed and self._ranks[i] > 0:
+                return self._claim_fn(i)
         return hook if hooks_in else original
+
+    def _claim_fn(self, i: int) -> Any:
+        """Return site i's claiming hook: it takes the drive over if it may, then runs as the driver's check."""
+        fn = self._claims.get(i)
+        if fn is None:
+            hook, rank, claim = self._sites[i][3], self._ranks[i], self._claim
+
+            def claiming(*args: Any, **kwargs: Any) -> Any:
+                checked = claim(i, rank)
+                if checked is None:
+                    return hook(*args, **kwargs)
+                return checked(*args, **kwargs)
+
+            for attr in ("__name__", "__qualname__", "__doc__", "__wrapped__"):
+                try:
+                    setattr(claiming, attr, getattr(hook, attr))
+                except (AttributeError, TypeError):
+                    pass
+            setattr(claiming, SWITCHED, True)
+            fn = self._claims[i] = claiming
+        return fn
+
+    def _claim(self, i: int, rank: int) -> Any:
+        """Make site i the driver if the one there missed its due (a lower rank: twice); its check, or None."""
+        if self._missed < 2 and rank < self._rank:
+            return None
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            if not self.driving or i >= len(self._sites):
+                return None
+            if i != self._driver:
+                if not self._missed or (self._missed < 2 and rank < self._rank):
+                    return None
+                _, _, original, hook = self._sites[i]
+                self._driver, self._rank = i, rank
+                self._wrapped = self._driving_pair(original, hook)
+            self._missed = 0
+            self._place_all()
+            return self._wrapped[1]
+        finally:
+            self._lock.release()
+
+    def _place_all(self) -> None:
+        """Put what each site holds now in place (after the driver or the claiming state changed)."""
+        for i in range(len(self._sites)):
+            self._place(i)
+        self._rebind()
 
     def _place(self, i: int) -> None:
         owner, name, _, _ = self._sites[i]
         setattr(owner, name, self._value(i, self.hooks_in))
 
     def _bound_value(self, original: Any, hook: Any, hooks_in: bool) -> Any:
-        if self._driver >= 0 and self.driving and self._sites[self._driver][2] is original:
-            return self._wrapped[1] if hooks_in else self._wrapped[0]
+        if self.driving:
+            for i, site in enumerate(self._sites):
+                if site[2] is original:
+                    return self._value(i, hooks_in)
         return hook if hooks_in else original
 
     def adopt(self, obj: Any) -> None:
@@ -154,6 +217,8 @@ class Switch:
             if self._driver >= 0:
                 _, _, d_orig, d_hook = self._sites[self._driver]
                 funcs.update({id(f): (d_orig, d_hook) for f in self._wrapped})
+            for i, fn in self._claims.items():
+                funcs[id(fn)] = (self._sites[i][2], self._sites[i][3])
             for name, value in attrs:
                 pair = funcs.get(id(getattr(value, "__func__", None)))
                 if pair is None or getattr(value, "__self__", None) is not obj:
@@ -192,12 +257,11 @@ class Switch:
     def _undrive(self) -> None:
         """The engine's thread stops driving: every site holds its plain hook or original again."""
         self.quiet = False
+        self._missed = 0
         if self.driving:
             self.driving = False
             self.due[0] = 0
-            for i in range(len(self._sites)):
-                self._place(i)
-            self._rebind()
+            self._place_all()
 
     def drive_inline(
         self, out_ns: int, in_ns: int, margin_ns: int, on_out: Any, rearm: Any, quiet: bool = False
@@ -220,6 +284,8 @@ class Switch:
             self._on_out, self._rearm = on_out, rearm
             self._margin = max(0, int(margin_ns))
             self.driving, self.quiet = True, quiet
+            # quiet: whichever driver site is called first resumes the cycle (the driver may never be)
+            self._missed = 2 if quiet else 0
             if quiet:
                 self._set(True)  # nothing calls them now: in, so what comes first is counted whole
                 self.due[0] = 1  # the first driving call resumes the cycle
@@ -227,9 +293,7 @@ class Switch:
             else:
                 self.due[0] = self._clock() + self._first_slice()
                 wake = self.due[0] + self._margin
-            for i in range(len(self._sites)):
-                self._place(i)
-            self._rebind()
+            self._place_all()
         rearm(wake)
         return True
 
@@ -261,15 +325,19 @@ class Switch:
             now, due = self._clock(), self.due[0]
             if not self.driving or not due or now < due:
                 return self.hooks_in
+            missed = self._missed
             if self.quiet:  # the process does something again: the cycle starts from here
                 if by_thread:
                     return self.hooks_in
                 self.quiet = False
+                self._missed = 0
                 self.due[0] = now + self._first_slice()
                 wake, rearm = self.due[0] + self._margin, self._rearm
             elif self._pending is not None:  # a phase of the tick begun: the timer already stands
                 pending = self._pending
             else:
+                # the agent's thread does the engine's swap: the driver sites may claim the drive
+                self._missed = min(2, missed + 1) if by_thread else 0
                 if self._swapping:
                     self._swap(now, due, by_thread)
                 else:
@@ -281,6 +349,8 @@ class Switch:
                     self.due[0] = 1  # the next call runs the first phase
                     pending = self._pending if by_thread else None
                 rearm = self._rearm
+            if bool(self._missed) != bool(missed):
+                self._place_all()
             hooks_in = self.hooks_in
         finally:
             self._lock.release()
@@ -374,9 +444,10 @@ class Switch:
         # what each site holds in and out, worked out once per change of sites or drive: a swap on the
         # engine's thread is then one setattr a site (its caches are cold: every step there is a pause)
         plan = self._plan
-        if plan is None or plan[0] != (len(self._sites), self.driving, self._driver):
+        key = (len(self._sites), self.driving, self._driver, bool(self._missed))
+        if plan is None or plan[0] != key:
             plan = self._plan = (
-                (len(self._sites), self.driving, self._driver),
+                key,
                 [
                     (s[0], s[1], self._value(i, True), self._value(i, False))
                     for i, s in enumerate(self._sites)

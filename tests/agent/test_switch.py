@@ -437,3 +437,82 @@ def test_quiet_holds_the_hooks_in_and_the_first_driving_call_resumes_the_cycle()
     assert not sw.hooks_in
     mod.g()
     assert ticks == [clock()]
+
+
+def two_step_sites() -> tuple[types.SimpleNamespace, Clock, Switch, list[str], list[int]]:
+    """Return a module with two rank-2 step sites (`dead` added first, never called; `live`), its clock,
+    the switch, the hooks' calls and the ticks."""
+    clock = Clock(1_000 * MS)
+    sw = Switch(clock)
+    mod = types.SimpleNamespace(dead=lambda: "dead own", live=lambda: "live own", replay=lambda: "replay own")
+    calls: list[str] = []
+    for name in ("dead", "live"):
+        own = getattr(mod, name)
+
+        def hook(name: str = name) -> str:
+            calls.append(name)
+            return f"{name} hooked"
+
+        sw.add(mod, name, own, hook, rank=2)
+    assert sw.start_cycle()
+    ticks: list[int] = []
+    return mod, clock, sw, calls, ticks
+
+
+def test_a_driver_site_never_called_hands_the_drive_to_the_one_that_steps() -> None:
+    mod, clock, sw, calls, ticks = two_step_sites()
+
+    def tick() -> object:
+        ticks.append(clock())
+        yield
+
+    wakes: list[int] = []
+    assert sw.drive_inline(40 * MS, 10 * MS, 5 * MS, tick, wakes.append)
+    assert mod.live() == "live hooked" and not sw._claims  # in, but not the driver: its plain hook
+    clock.t += 15 * MS  # the in slice's due went by: the driver (`dead`) never came, the agent's thread swaps
+    assert not sw.drive(by_thread=True) and mod.live() == "live own"
+    clock.t += 45 * MS
+    assert sw.drive(by_thread=True)  # in again, by the thread: `live` now holds a claiming hook
+    calls.clear()
+    assert mod.live() == "live hooked" and calls == ["live"]  # counted; it took the drive over
+    n = len(wakes)
+    for _ in range(40):  # 40 steps 5 ms apart: the steps swap and tick, the timer always past them
+        clock.t += 5 * MS
+        mod.live()
+    assert len(ticks) >= 3 and all(w > clock() for w in wakes[n:][-1:])
+    claiming = set(sw._claims.values())
+    assert not sw._missed and not claiming & {mod.dead, mod.live}  # nothing claims in steady state
+    # the counted calls are about the in share (10 of 50 ms) of the 40
+    assert 6 <= calls.count("live") - 1 <= 10, calls
+
+
+def test_a_quiet_agent_is_resumed_by_whichever_driver_site_is_called() -> None:
+    mod, clock, sw, calls, _ = two_step_sites()
+    wakes: list[int] = []
+    assert sw.drive_inline(40 * MS, 10 * MS, 5 * MS, lambda: iter(()), wakes.append, quiet=True)
+    clock.t += 5_000 * MS
+    assert mod.live() == "live hooked" and not sw.quiet  # a GPU worker's runner: it resumes the cycle
+    assert wakes[-1] == clock() + 15 * MS and calls == ["live"]
+
+
+def test_a_lower_rank_site_claims_the_drive_only_after_a_second_miss() -> None:
+    mod, clock, sw, _, _ = two_step_sites()
+    sw.add(mod, "replay", mod.replay, lambda: "replay hooked", rank=1)
+    assert sw.drive_inline(40 * MS, 10 * MS, 5 * MS, lambda: iter(()), lambda w: None)
+    clock.t += 15 * MS
+    sw.drive(by_thread=True)  # out, by the thread: one miss
+    clock.t += 45 * MS
+    sw.drive(by_thread=True)  # in, by the thread: two misses
+    assert sw._missed == 2
+    mod.replay()
+    assert sw._driver == 2 and sw._rank == 1 and not sw._missed  # the replay drives now
+    assert not set(map(id, sw._claims.values())) & {id(mod.live), id(mod.dead)}  # no claiming hooks left
+    clock.t += 10 * MS
+    mod.replay()  # the replay ends the in slice: out, by the engine's thread
+    mod.replay()  # and runs the tick
+    assert not sw.hooks_in and not sw._missed
+    clock.t += 45 * MS  # then only eager steps: the replay misses its due once, the thread swaps in
+    assert sw.drive(by_thread=True) and sw._missed == 1
+    assert mod.live is sw._claims[1]
+    mod.live()  # the engine's step (rank 2) takes the drive back at the first miss
+    assert sw._driver == 1 and sw._rank == 2 and mod.live is not sw._claims[1]

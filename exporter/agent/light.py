@@ -24,6 +24,9 @@ from exporter.agent.timer import WakeTimer
 
 STEPS_PER_MESSAGE = 8
 QUIET_AFTER = 2  # ticks in a row with nothing the hooks see, then the agent goes quiet
+# a quiet agent says so again this often, so that a sidecar started (or restarted) while the engine
+# idles finds it: one wake-up of the agent's thread (its GIL take and one small send) per beat
+QUIET_BEAT_S = 30.0
 PHASE_YIELD_S = 50e-6  # the agent's thread sleeps this long between its tick's phases (the GIL handed back)
 
 
@@ -147,6 +150,10 @@ class LightAgent:
                 sw.undrive()
                 return self._stop.is_set()
             self.wakes += 1
+            if sw.quiet:  # the quiet beat (a step that resumed the cycle has set the timer past its due)
+                self._say_quiet()
+                timer.at(time.monotonic_ns() + int(QUIET_BEAT_S * 1e9))
+                continue
             due = sw.due[0]
             sw.drive(by_thread=True)  # the engine did not step past the due: swap (and tick) from here
             if self.idle_ticks >= QUIET_AFTER and not sw.quiet:
@@ -158,12 +165,15 @@ class LightAgent:
     def _go_quiet(self, args: tuple[int, int, int, Any, Any]) -> None:
         """Send the quiet message, then let the switch hold the hooks in until a driving call resumes."""
         self.switch.finish_pending()
+        self._say_quiet()
+        self.quiets += 1
+        self.switch.drive_inline(*args, quiet=True, beat_ns=int(QUIET_BEAT_S * 1e9))
+
+    def _say_quiet(self) -> None:
         try:
             self.sender.send_data(self.sender.encode(self._message([], None, state="quiet")))
         except Exception:
             pass
-        self.quiets += 1
-        self.switch.drive_inline(*args, quiet=True)
 
     def tick(self, force: bool = False, final: bool = False) -> None:
         """Send what the hooks counted since the last tick (a heartbeat once a second when nothing).

@@ -264,7 +264,14 @@ class Switch:
             self._place_all()
 
     def drive_inline(
-        self, out_ns: int, in_ns: int, margin_ns: int, on_out: Any, rearm: Any, quiet: bool = False
+        self,
+        out_ns: int,
+        in_ns: int,
+        margin_ns: int,
+        on_out: Any,
+        rearm: Any,
+        quiet: bool = False,
+        beat_ns: int = 0,
     ) -> bool:
         """Let the driver site swap the hooks (and call on_out() at each slice's end); False if none can.
 
@@ -273,7 +280,8 @@ class Switch:
         (held, or in all the time) the driver only runs on_out() every out_ns + in_ns. quiet: the
         process does nothing the hooks see; keep them in with no cycle (nothing is swapped or
         ticked, the agent's thread sleeps) until a driving call resumes it (then even without a
-        driver site yet: one added later, or a hook that polls, resumes it).
+        driver site yet: one added later, or a hook that polls, resumes it). beat_ns: while quiet,
+        the agent's timer is set this far ahead (its quiet beat; 0: disarmed).
         """
         with self._lock:
             if self._driver < 0 and not self._polled and not quiet:
@@ -289,7 +297,7 @@ class Switch:
             if quiet:
                 self._set(True)  # nothing calls them now: in, so what comes first is counted whole
                 self.due[0] = 1  # the first driving call resumes the cycle
-                wake = 0
+                wake = self._clock() + int(beat_ns) if beat_ns > 0 else 0
             else:
                 self.due[0] = self._clock() + self._first_slice()
                 wake = self.due[0] + self._margin

@@ -77,6 +77,8 @@ class _Agent:
     pending: int = 0
     peer: int = 0  # the sender's pid as this daemon sees it (SO_PEERCRED), 0 when unknown
     alive_at: float = float("-inf")  # when a quiet agent's process was last seen alive
+    graphs: tuple[int, int, str] | None = None  # its newest graph counts' (captures, dev, uuid)
+    quiet_ns: int = 0  # time counted for it as quiet since its last graph counts (zero replays)
 
 
 @dataclass
@@ -137,6 +139,7 @@ class AgentFeed:
         self._engines: set[str] = set()
         self._steps: list[tuple[int, wire.Steps]] = []  # (message pid, steps)
         self._graphs: dict[int, list[int | str]] = {}  # pid -> [observed ns, replays, captures, dev, uuid]
+        self._collected_at = clock()  # the last collect(): a quiet agent's zero replays cover the time since
         # pid -> (its AgentState's fields, the AgentState): handed out again while they stay the same
         self._kept_states: dict[int, tuple[tuple[object, ...], AgentState]] = {}
         self._messages = 0
@@ -252,7 +255,7 @@ class AgentFeed:
         if len(self._steps) > 10_000:
             del self._steps[:-10_000]
         if msg.graphs is not None:
-            self._take_graphs(msg.pid, msg.graphs)
+            self._take_graphs(agent, msg.graphs)
 
     def _gpu(self, key: str, dev: int, now: float) -> _Gpu | None:
         """Return the GPU entry of a key, giving a new key a stable free index (None: no room)."""
@@ -369,6 +372,7 @@ class AgentFeed:
         """
         now = self.clock()
         agents = self._agent_states(now)
+        self._quiet_graphs(now)
         running_on: dict[str, set[int]] = {}
         for a in self._agents.values():
             if now - a.last_seen <= self.cfg.stale_seconds and a.msg.state == "running":
@@ -407,22 +411,53 @@ class AgentFeed:
         self._refused = dict.fromkeys(REFUSED_REASONS, 0)
         return reading
 
-    def _take_graphs(self, pid: int, g: wire.GraphCounts) -> None:
+    def _take_graphs(self, agent: _Agent, g: wire.GraphCounts) -> None:
         """Add one message's light-hook graph counts to its process's totals for this tick (bounded)."""
+        tot = self._graph_totals(agent.pid)
+        if tot is None:
+            return
+        span = min(g.t1 - g.t0, 60 * 1_000_000_000)  # one message covers seconds, not minutes
+        span, agent.quiet_ns = max(0, span - agent.quiet_ns), 0  # its quiet time was counted already
+        _, dev, uuid = agent.graphs or (
+            0,
+            -1,
+            "",
+        )  # a message that does not name its GPU keeps the last named
+        agent.graphs = (min(g.captures, MAX_COUNT), min(g.dev, 1023) if g.dev >= 0 else dev, g.uuid or uuid)
+        tot[0] = int(tot[0]) + span
+        tot[1] = int(tot[1]) + min(g.replays, MAX_COUNT)
+        tot[2], tot[3], tot[4] = agent.graphs  # captures are cumulative: the newest
+
+    def _graph_totals(self, pid: int) -> list[int | str] | None:
         tot = self._graphs.get(pid)
         if tot is None:
             if len(self._graphs) >= MAX_GRAPH_PROCESSES:
                 self._refused["agents"] += 1
-                return
+                return None
             tot = self._graphs[pid] = [0, 0, 0, -1, ""]
-        span = min(g.t1 - g.t0, 60 * 1_000_000_000)  # one message covers seconds, not minutes
-        tot[0] = int(tot[0]) + span
-        tot[1] = int(tot[1]) + min(g.replays, MAX_COUNT)
-        tot[2] = min(g.captures, MAX_COUNT)  # cumulative: the newest
-        if g.dev >= 0:
-            tot[3] = min(g.dev, 1023)
-        if g.uuid:
-            tot[4] = g.uuid
+        return tot
+
+    def _quiet_graphs(self, now: float) -> None:
+        """Count zero replays for each live quiet agent that has captured graphs, over the time since the last tick.
+
+        A quiet agent holds its hooks in and resumes at the first replay or step its hooks see, so
+        while it stays quiet it has seen, in full, that nothing replayed: where its process steps
+        all the same (a torch engine decoding eager, with no step hook), that is the fact that says
+        decode runs outside its graphs.
+        """
+        span = int(min(max(0.0, now - self._collected_at), 60.0) * 1e9)
+        self._collected_at = now
+        if span <= 0:
+            return
+        for a in self._agents.values():
+            if a.graphs is None or a.graphs[0] <= 0 or a.pid in self._graphs or not self._quiet(a, now):
+                continue
+            tot = self._graph_totals(a.pid)
+            if tot is None:
+                return
+            captures, dev, uuid = a.graphs
+            tot[0], tot[2], tot[3], tot[4] = span, captures, dev, uuid
+            a.quiet_ns = min(a.quiet_ns + span, 3600 * 1_000_000_000)
 
     def _graph_uses(self) -> tuple[GraphUse, ...]:
         out = tuple(

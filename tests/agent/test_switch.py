@@ -516,3 +516,35 @@ def test_a_lower_rank_site_claims_the_drive_only_after_a_second_miss() -> None:
     assert mod.live is sw._claims[1]
     mod.live()  # the engine's step (rank 2) takes the drive back at the first miss
     assert sw._driver == 1 and sw._rank == 2 and mod.live is not sw._claims[1]
+
+
+BEAT = """
+import json, time
+from exporter.agent import hooks, light
+from exporter.agent.light import LightAgent
+from exporter.agent.settings import Settings
+hooks.install()
+import torch
+from tests.agent.fresh import ListSender
+light.QUIET_BEAT_S = 0.25
+sender = ListSender()
+agent = LightAgent(Settings(socket="", flush_s=0.05, hook_share=0.25), sender=sender)
+agent.start()
+g = torch.cuda.CUDAGraph()
+time.sleep(0.3)  # two idle ticks: quiet
+quiet_at, woken = len(sender.sent), agent.wakes
+time.sleep(1.05)  # quiet: a beat every 0.25 s
+beats, beat_wakes = [m.state for m in sender.sent[quiet_at:]], agent.wakes - woken
+g.replay()  # the engine steps: the cycle resumes on its thread, the beat's timer replaced
+time.sleep(0.2)
+agent.stop()
+print(json.dumps({"beats": beats, "beat_wakes": beat_wakes, "after": [m.state for m in sender.sent]}))
+"""
+
+
+def test_a_quiet_agent_says_so_again_every_beat_so_a_restarted_sidecar_finds_it(tmp_path: Path) -> None:
+    out = run(tmp_path, BEAT)
+    # one message and one wake-up a beat (a sidecar started while the engine idles learns of it)
+    assert out["beats"] == ["quiet"] * len(out["beats"]) and 3 <= len(out["beats"]) <= 5, out
+    assert 3 <= out["beat_wakes"] <= 5, out
+    assert out["after"][-2] == "running", out  # resumed by the replay (then stop()'s last message)

@@ -339,3 +339,29 @@ def test_an_agents_state_is_handed_out_again_while_it_stays_the_same(tmp_path: P
     assert [a.state for a in f.collect().agents] == ["stale", "stale"]
     clock.t += 120  # both forgotten, and their kept states with them
     assert f.collect().agents == () and f._kept_states == {}
+
+
+def test_a_quiet_agent_that_captured_graphs_counts_zero_replays_while_it_stays_quiet(tmp_path: Path) -> None:
+    clock = Clock()
+    f = AgentFeed(AgentFeedConfig(socket=str(tmp_path / "x.sock"), stale_seconds=5.0), clock=clock,
+                  wall_ns=lambda: 1_000_000, alive=lambda pid: True)  # fmt: skip
+    counts = wire.GraphCounts(t0=T0, t1=T0 + 500 * MS, replays=40, captures=9, dev=0, uuid=UUID)
+    f.receive(light(7, graphs=counts))
+    f.receive(light(8, graphs=wire.GraphCounts(t0=T0, t1=T0 + 500 * MS)))  # never captured a graph
+    f.receive(wire.encode(wire.Message(pid=7, state="quiet", mode="light")))
+    f.receive(wire.encode(wire.Message(pid=8, state="quiet", mode="light")))
+    assert [(g.pid, g.replays) for g in f.collect().graphs] == [(7, 40), (8, 0)]
+    for _ in range(4):  # quiet: its hooks in, it resumes at the first replay, so none ran
+        clock.t += 0.5
+        (g,) = f.collect().graphs
+        assert (g.pid, g.gpu, g.uuid, g.observed_ns, g.replays, g.captures) == (7, 0, UUID, 500 * MS, 0, 9)
+    clock.t += 0.5
+    # it resumes: its next counts cover the quiet time too, which was counted already
+    f.receive(light(7, graphs=wire.GraphCounts(t0=T0 + 500 * MS, t1=T0 + 3_000 * MS, replays=12, captures=9)))
+    (g,) = f.collect().graphs
+    assert (g.observed_ns, g.replays, g.gpu, g.uuid) == (500 * MS, 12, 0, UUID)
+    f.receive(wire.encode(wire.Message(pid=7, state="quiet", mode="light")))
+    f.collect()
+    f.alive = lambda pid: False  # its process ended: no more zeros, whatever it said last
+    clock.t += 6
+    assert f.collect().graphs == ()

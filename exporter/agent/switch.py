@@ -118,24 +118,41 @@ class Switch:
         """Return the driver site's functions: out, the engine's own behind a check; in, the hook behind one."""
         due, clock, drive = self.due, self._clock, self.drive
 
-        def thin(*args: Any, **kwargs: Any) -> Any:
-            if due[0] and clock() >= due[0] and drive():
-                return hook(*args, **kwargs)  # this call starts the slice: it is counted
-            return original(*args, **kwargs)
+        pair: tuple[Any, Any]
+        if _self_only(original):  # a step of `self` alone (EngineCore.step, a replay): no packing frame
 
-        def checked(*args: Any, **kwargs: Any) -> Any:
-            if due[0] and clock() >= due[0] and not drive():
-                return original(*args, **kwargs)  # this call starts after the slice: not counted
-            return hook(*args, **kwargs)
+            def thin_self(self: Any) -> Any:
+                if due[0] and clock() >= due[0] and drive():
+                    return hook(self)
+                return original(self)
 
-        for fn in (thin, checked):
+            def checked_self(self: Any) -> Any:
+                if due[0] and clock() >= due[0] and not drive():
+                    return original(self)
+                return hook(self)
+
+            pair = (thin_self, checked_self)
+        else:
+
+            def thin(*args: Any, **kwargs: Any) -> Any:
+                if due[0] and clock() >= due[0] and drive():
+                    return hook(*args, **kwargs)  # this call starts the slice: it is counted
+                return original(*args, **kwargs)
+
+            def checked(*args: Any, **kwargs: Any) -> Any:
+                if due[0] and clock() >= due[0] and not drive():
+                    return original(*args, **kwargs)  # this call starts after the slice: not counted
+                return hook(*args, **kwargs)
+
+            pair = (thin, checked)
+        for fn in pair:
             for attr in ("__name__", "__qualname__", "__doc__", "__wrapped__"):
                 try:
                     setattr(fn, attr, getattr(hook, attr))
                 except (AttributeError, TypeError):
                     pass
             setattr(fn, SWITCHED, True)
-        return thin, checked
+        return pair
 
     def _value(self, i: int, hooks_in: bool) -> Any:
         """Return what site i holds with the hooks in or out (its check while the engine drives)."""
@@ -333,7 +350,7 @@ class Switch:
             now, due = self._clock(), self.due[0]
             if not self.driving or not due or now < due:
                 return self.hooks_in
-            missed = self._missed
+            missed, was_in = self._missed, self.hooks_in
             if self.quiet:  # the process does something again: the cycle starts from here
                 if by_thread:
                     return self.hooks_in
@@ -357,8 +374,8 @@ class Switch:
                     self.due[0] = 1  # the next call runs the first phase
                     pending = self._pending if by_thread else None
                 rearm = self._rearm
-            if bool(self._missed) != bool(missed):
-                self._place_all()
+            if bool(self._missed) != bool(missed) and self.hooks_in == was_in:
+                self._place_all()  # (a swap placed them already, from the plan of the new state)
             hooks_in = self.hooks_in
         finally:
             self._lock.release()
@@ -494,6 +511,23 @@ class Switch:
         self.cycling = False
         self._undrive()
         self._set(True)
+
+
+def _self_only(fn: Any) -> bool:
+    """Say whether fn is a plain function of one positional parameter (a method of `self` alone).
+
+    A `(*args, **kwargs)` frame on a GPU step's path cost 0.2-4 us on the H200 (bench/README.md,
+    session 5) where one of the same signature cost nothing measurable.
+    """
+    code = getattr(fn, "__code__", None)
+    if code is None or not isinstance(fn, types.FunctionType):
+        return False
+    return (
+        code.co_argcount == 1
+        and code.co_kwonlyargcount == 0
+        and not code.co_flags & 0x0C  # CO_VARARGS | CO_VARKEYWORDS
+        and not code.co_posonlyargcount > 1
+    )
 
 
 SWITCH = Switch()

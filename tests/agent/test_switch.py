@@ -548,3 +548,37 @@ def test_a_quiet_agent_says_so_again_every_beat_so_a_restarted_sidecar_finds_it(
     assert out["beats"] == ["quiet"] * len(out["beats"]) and 3 <= len(out["beats"]) <= 5, out
     assert 3 <= out["beat_wakes"] <= 5, out
     assert out["after"][-2] == "running", out  # resumed by the replay (then stop()'s last message)
+
+
+def test_a_driver_of_self_alone_gets_checks_of_that_signature_others_pass_everything_through() -> None:
+    class Core:
+        def step(self) -> str:
+            return "own"
+
+        def execute_model(self, out: object, tensors: object = None) -> tuple[object, ...]:
+            return out, tensors
+
+    for name, hook, call, own, hooked in (
+        ("step", lambda self: "hooked", lambda c: c.step(), "own", "hooked"),
+        (
+            "execute_model",
+            lambda self, out, tensors=None: ("hooked", out, tensors),
+            lambda c: c.execute_model(1, tensors=2),
+            (1, 2),
+            ("hooked", 1, 2),
+        ),
+    ):
+        sw = Switch(Clock(1_000 * MS))
+        original = Core.__dict__[name]
+        sw.add(Core, name, original, hook, rank=2)
+        assert sw.start_cycle() and sw.drive_inline(
+            40 * MS, 10 * MS, 5 * MS, lambda: iter(()), lambda w: None
+        )
+        code = Core.__dict__[name].__code__
+        # a step of self alone: a check of that signature, no (*args, **kwargs) frame on the step's path
+        assert (code.co_argcount == 1) == (name == "step"), code
+        assert call(Core()) == hooked  # the first slice: in
+        sw.set_in(False)
+        assert call(Core()) == own
+        sw.stop_cycle()
+        setattr(Core, name, original)

@@ -5,7 +5,7 @@
 # Steps:
 #   env        machine, driver, torch, commit                      -> env.txt
 #   two        bench/two_engines_one_gpu.py (two agents, one GPU)  -> two_engines_one_gpu_h200.json
-#   light      bench/light_agent_overhead.py --rounds 2            -> light_overhead_h200.json
+#   light      bench/light_agent_overhead.py --rounds 2 (LIGHT_ARGS: e.g. --agent-env BOUNDWATCH_AGENT_INLINE=off) -> light_overhead_h200.json
 #   lab:MODE   bench/scenarios/lab.py --agent MODE (SCALE, 0.7)    -> scenarios-h200-MODE.{json,jsonl.gz,log}
 #   twolab     bench/two_engines_lab.py (two lab engines, one GPU) -> two_engines_lab_h200.json
 #   side       bench/sidecar_beside_engine.py (real NVML, 15 s scrapes) -> sidecar_beside_engine_h200.json
@@ -39,7 +39,7 @@ for step in ${STEPS:-env}; do
       timeout 200 python3 bench/two_engines_one_gpu.py --out "$O/two_engines_one_gpu_h200.json" \
         > /tmp/two.log 2>&1; echo "two rc=$?"; tail -25 /tmp/two.log ;;
     light)
-      timeout "${LIGHT_T:-240}" python3 bench/light_agent_overhead.py --rounds "${LIGHT_ROUNDS:-2}" --seconds "${LIGHT_SECONDS:-2}" \
+      timeout "${LIGHT_T:-240}" python3 bench/light_agent_overhead.py --rounds "${LIGHT_ROUNDS:-2}" --seconds "${LIGHT_SECONDS:-2}" ${LIGHT_ARGS:-} \
         --out "$O/light_overhead_h200.json" > /tmp/light.log 2>&1; echo "light rc=$?"; tail -30 /tmp/light.log ;;
     twolab)
       timeout 200 python3 bench/two_engines_lab.py --out "$O/two_engines_lab_h200.json" > /tmp/twolab.log 2>&1

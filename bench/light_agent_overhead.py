@@ -529,6 +529,13 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--child", default="")
+    ap.add_argument(
+        "--agent-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a BOUNDWATCH_AGENT_* setting for the children (the bench's own environment's are dropped)",
+    )
     args = ap.parse_args()
     if args.child:
         print("RESULT " + json.dumps(child(args.child, args.seconds)), flush=True)
@@ -538,6 +545,9 @@ def main() -> int:
     sys.path.insert(0, ROOT)
     from bench.agent_common import run_fresh
 
+    agent_env = dict(kv.split("=", 1) for kv in args.agent_env if "=" in kv)
+    if any(not k.startswith("BOUNDWATCH_AGENT_") for k in agent_env) or len(agent_env) != len(args.agent_env):
+        ap.error("--agent-env takes BOUNDWATCH_AGENT_<NAME>=<value>")
     listener = Listener(f"/tmp/bwbench/light-overhead-{os.getpid()}.sock")
     order: list[str] = []
     for i in range(args.rounds):
@@ -546,14 +556,14 @@ def main() -> int:
     try:
         for mode in order:
             t = time.perf_counter()
-            r = run_fresh(__file__, "mode", mode, ["--seconds", str(args.seconds)], None, listener.path)
+            r = run_fresh(__file__, "mode", mode, ["--seconds", str(args.seconds)], agent_env, listener.path)
             r["child_seconds"] = round(time.perf_counter() - t, 1)
             runs.append(r)
             print(mode, json.dumps(r.get("gpu", {}).get("skipped") or "gpu ran"), flush=True)
     finally:
         listener.close()
     summary = summarise(runs)
-    result = {"order": order, "runs": runs, "summary": summary, "messages_received": listener.count,
+    result = {"order": order, "agent_env": agent_env, "runs": runs, "summary": summary, "messages_received": listener.count,
               "bytes_received": listener.bytes, "layers": LAYERS, "hidden": HIDDEN}  # fmt: skip
     with open(args.out, "w") as fh:
         json.dump(result, fh, indent=2)

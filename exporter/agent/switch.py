@@ -31,7 +31,10 @@ that steps keeps its due, so in steady state nothing claims and no site pays for
 `[due, due + in)`: the call that finds a slice begun starts inside it and is counted, the one that
 finds it ended is not, so the ratio estimator stays unbiased. The agent's thread sleeps on a timer
 that each drive pushes past the next `due`: it wakes only when the engine has stopped stepping (then
-no thread waits on the GIL) and swaps at its own wake-up times, as before.
+no thread waits on the GIL). Waking, it puts the hooks in if they are out and leaves them in, ticking
+once a period (every call counted, scale 1) until a driver's call slices again or the agent goes
+quiet: a swap empties the engine's type caches, and nothing is gained by swapping hooks that nobody
+calls (an engine that stops: 1 swap where the thread swapped in and out 5 times on the VM).
 
 The agent's thread swaps (`set_in`); a hook that cannot be swapped but feeds the same counts (SGLang's
 hook registry) keeps the hooks in for good (`hold`), so no count is ever scaled that was not sampled.
@@ -363,13 +366,17 @@ class Switch:
             else:
                 # the agent's thread does the engine's swap: the driver sites may claim the drive
                 self._missed = min(2, missed + 1) if by_thread else 0
-                if self._swapping:
+                if self._swapping and not (by_thread and was_in):
                     self._swap(now, due, by_thread)
+                    ticks = not self.hooks_in  # the slice ended: its tick next
                 else:
+                    # hooks held; or the agent's thread found them in: the engine did not step through a
+                    # driver site for a whole slice, so they stay in (each call counted, nothing swapped:
+                    # a swap costs the engine's thread its type caches) until a driver's call swaps again
                     self._next_period(now, due, by_thread)
+                    ticks = True
                 wake = self.due[0] + self._margin
-                # the slice ended (or, hooks held, the period): its tick next
-                if (not self.hooks_in or not self._swapping) and self._on_out is not None:
+                if ticks and self._on_out is not None:
                     self._pending, self._resume_due = self._on_out(), self.due[0]
                     self.due[0] = 1  # the next call runs the first phase
                     pending = self._pending if by_thread else None
@@ -403,8 +410,8 @@ class Switch:
             self.due[0] = max(at + in_ns - early, now + 1)
 
     def _next_period(self, now: int, due: int, by_thread: bool) -> None:
-        """The hooks held in: the next tick's due one period on (from now where one went by unseen)."""
-        period = self._slice[0]
+        """The hooks in: the next tick's due one period on (from now where one went by unseen)."""
+        period = self._slice[0] + self._slice[1]
         if by_thread:  # a margin late: set the next due as early, so that idle periods keep their length
             at, early = now, self._margin
         else:

@@ -285,17 +285,21 @@ print(json.dumps({"wakes": wakes, "ticks": len(in_at_tick) - 1, "in_at_tick": so
 """
 
 
-def test_with_no_engine_stepping_the_agents_thread_swaps_twice_a_tick_then_goes_quiet(tmp_path: Path) -> None:
+def test_with_no_engine_stepping_the_agents_thread_swaps_the_hooks_in_ticks_then_goes_quiet(
+    tmp_path: Path,
+) -> None:
     out = run(tmp_path, WAKES, "idle")  # the idle run counts the first cycle's two wake-ups too
-    # nothing steps, so the agent's thread wakes on its timer: once to swap the hooks in, once to swap
-    # them out and tick; after QUIET_AFTER ticks that saw nothing it says so and sleeps: over the
-    # rest of the second no tick, no wake-up (each would take the GIL from a thread that runs)
+    # nothing steps, so the agent's thread wakes on its timer: its first cycle (in, out, tick), then
+    # once to swap the hooks in where no step came to, once a tick with them left in; after
+    # QUIET_AFTER ticks that saw nothing it says so and sleeps: over the rest of the second no tick,
+    # no wake-up (each would take the GIL from a thread that runs)
     assert out["ticks"] == QUIET_AFTER and out["driven"], out
     assert 2 * out["ticks"] - 1 <= out["wakes"] <= 2 * out["ticks"] + 1, out
     # the first tick's message, then the quiet one (and stop()'s last tick, before "stopped")
     assert out["states"] == ["running", "quiet", "running"], out
-    # a tick runs with the hooks out (the slice has ended); the last tick is stop()'s, the hooks in for good
-    assert out["in_at_tick"] == [False]
+    # the first cycle's tick runs with the hooks out; the thread's next with them in (not swapped out
+    # again for nobody); the last tick is stop()'s, the hooks in for good
+    assert out["in_at_tick"] == [False, True]
 
 
 def test_while_the_engine_steps_its_own_thread_drives_the_cycle_and_the_agent_sleeps(tmp_path: Path) -> None:
@@ -305,7 +309,8 @@ def test_while_the_engine_steps_its_own_thread_drives_the_cycle_and_the_agent_sl
     # idle (the agent's thread swapping), the steps take the cycle over at the next due; one wake-up
     # the timer had set before, a few more on a loaded machine at most
     assert out["wakes"] <= 4, out
-    assert out["in_at_tick"] == [False]
+    # the engine's ticks run with the hooks out (its slice ended); the thread's, while idle, in
+    assert out["in_at_tick"] == [False, True]
     # the replays counted in the quarter slices, scaled, add up to the true count (a ratio estimator
     # over ~20 ticks on a loaded machine: within 20%)
     assert abs(out["sent"] - out["replays"]) <= 0.2 * out["replays"], out
@@ -469,21 +474,21 @@ def test_a_driver_site_never_called_hands_the_drive_to_the_one_that_steps() -> N
     wakes: list[int] = []
     assert sw.drive_inline(40 * MS, 10 * MS, 5 * MS, tick, wakes.append)
     assert mod.live() == "live hooked" and not sw._claims  # in, but not the driver: its plain hook
-    clock.t += 15 * MS  # the in slice's due went by: the driver (`dead`) never came, the agent's thread swaps
-    assert not sw.drive(by_thread=True) and mod.live() == "live own"
-    clock.t += 45 * MS
-    assert sw.drive(by_thread=True)  # in again, by the thread: `live` now holds a claiming hook
+    clock.t += 15 * MS  # the in slice's due went by: the driver (`dead`) never came
+    # the agent's thread ticks and leaves the hooks in; `live` now holds a claiming hook
+    assert sw.drive(by_thread=True) and sw._missed == 1 and ticks == [clock()]
     calls.clear()
     assert mod.live() == "live hooked" and calls == ["live"]  # counted; it took the drive over
+    assert sw._driver == 1 and not sw._missed
     n = len(wakes)
     for _ in range(40):  # 40 steps 5 ms apart: the steps swap and tick, the timer always past them
         clock.t += 5 * MS
         mod.live()
-    assert len(ticks) >= 3 and all(w > clock() for w in wakes[n:][-1:])
+    assert len(ticks) >= 4 and all(w > clock() for w in wakes[n:][-1:])
     claiming = set(sw._claims.values())
     assert not sw._missed and not claiming & {mod.dead, mod.live}  # nothing claims in steady state
-    # the counted calls are about the in share (10 of 50 ms) of the 40
-    assert 6 <= calls.count("live") - 1 <= 10, calls
+    # in until the thread's due (45 ms: 9 steps), then out 40 ms, in 10 ms by the steps: ~15 of 41 counted
+    assert 12 <= calls.count("live") <= 18, calls.count("live")
 
 
 def test_a_quiet_agent_is_resumed_by_whichever_driver_site_is_called() -> None:
@@ -500,15 +505,17 @@ def test_a_lower_rank_site_claims_the_drive_only_after_a_second_miss() -> None:
     sw.add(mod, "replay", mod.replay, lambda: "replay hooked", rank=1)
     assert sw.drive_inline(40 * MS, 10 * MS, 5 * MS, lambda: iter(()), lambda w: None)
     clock.t += 15 * MS
-    sw.drive(by_thread=True)  # out, by the thread: one miss
-    clock.t += 45 * MS
-    sw.drive(by_thread=True)  # in, by the thread: two misses
-    assert sw._missed == 2
+    sw.drive(by_thread=True)  # one miss: the thread ticks, the hooks left in
+    assert sw._missed == 1 and sw.hooks_in
+    mod.replay()  # a replay (rank 1) does not take the drive from a step (rank 2) at one miss
+    assert sw._driver == 0
+    clock.t += 50 * MS
+    sw.drive(by_thread=True)  # two misses
     mod.replay()
     assert sw._driver == 2 and sw._rank == 1 and not sw._missed  # the replay drives now
     assert not set(map(id, sw._claims.values())) & {id(mod.live), id(mod.dead)}  # no claiming hooks left
-    clock.t += 10 * MS
-    mod.replay()  # the replay ends the in slice: out, by the engine's thread
+    clock.t += 50 * MS
+    mod.replay()  # past its due: the replay swaps the hooks out, by the engine's thread
     mod.replay()  # and runs the tick
     assert not sw.hooks_in and not sw._missed
     clock.t += 45 * MS  # then only eager steps: the replay misses its due once, the thread swaps in

@@ -4,6 +4,7 @@ Against a stand-in torch (its CUDAGraph class) and a vLLM-shaped package whose E
 step_fn at init, as vLLM's does; the switch itself with an injected clock.
 """
 
+import itertools
 import types
 from pathlib import Path
 
@@ -589,3 +590,28 @@ def test_a_driver_of_self_alone_gets_checks_of_that_signature_others_pass_everyt
         assert call(Core()) == own
         sw.stop_cycle()
         setattr(Core, name, original)
+
+
+def test_the_agents_thread_puts_the_hooks_in_once_for_an_engine_that_stopped_and_ticks_each_period() -> None:
+    mod, _own, hook, sw = one_site_cycling()
+    clock = sw._clock
+    sw.add(mod, "step", lambda: "own step", lambda: "hooked step", rank=2)
+    sw.set_in(False)  # the agent's first cycle ends with the hooks out
+    ticks: list[int] = []
+
+    def tick() -> object:
+        ticks.append(clock())
+        yield
+
+    assert sw.drive_inline(40 * MS, 10 * MS, 5 * MS, tick, lambda w: None)
+    swaps, was = 0, sw.hooks_in
+    for _ in range(6):  # the engine stopped: the thread wakes a margin past each due
+        clock.t = sw.due[0] + 5 * MS
+        sw.drive(by_thread=True)
+        swaps, was = swaps + (sw.hooks_in != was), sw.hooks_in
+    assert swaps == 1 and sw.hooks_in and mod.f is hook  # in once, then left in for whatever comes
+    assert len(ticks) == 5 and all(b - a == 50 * MS for a, b in itertools.pairwise(ticks))
+    assert mod.step() == "hooked step"  # the step comes back: counted, and it drives again
+    clock.t = sw.due[0]
+    mod.step()
+    assert not sw.hooks_in  # sliced again by the engine's thread

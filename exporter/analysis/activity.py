@@ -11,6 +11,7 @@ from exporter.snapshot.totals import (
     BusyTotals,
     EngineMethod,
     EngineTotals,
+    GpuKeys,
     GpuKind,
     GpuSource,
     HistogramTally,
@@ -20,6 +21,8 @@ from exporter.snapshot.totals import (
 from exporter.wire import IDLE_GAP_BUCKETS_SECONDS, STEP_BUCKETS_SECONDS
 
 KINDS = (("kernel", "kernels"), ("memcpy", "memcpys"), ("memset", "memsets"), ("graph", "graphs"))
+CUPTI_KEY = GpuKeys(GpuSource, ("cupti",))  # each GPU's keys, made once (snapshot.totals.GpuKeys)
+KIND_KEYS = GpuKeys(GpuKind, tuple(kind for kind, _ in KINDS))
 NS = 1e-9
 # A window that lost more than this share of its records (CUPTI's buffers full, the agent's queue
 # over its bound) undercounts busy time: measured on the H200, a late-started agent on a ~760-node
@@ -46,14 +49,14 @@ def accumulate(snap: Snapshot, cfg: Config, prev: Snapshot | None = None) -> Tot
             continue
         gpu = a.gpu
         if not lossy(a):
-            key = GpuSource(gpu, "cupti")
-            busy_s.count(key, a.busy_ns * NS)
-            observed_s.count(key, a.observed_ns * NS)
+            (cupti,) = CUPTI_KEY(gpu)
+            busy_s.count(cupti, a.busy_ns * NS)
+            observed_s.count(cupti, a.observed_ns * NS)
             graph_s.count(gpu, a.graph_busy_ns * NS)
             if a.idle_gap_counts:
                 gaps.observe(gpu, IDLE_GAP_BUCKETS_SECONDS, a.idle_gap_counts, a.idle_gap_sum_ns * NS)
-        for kind, attr in KINDS:
-            records.count(GpuKind(gpu, kind), getattr(a, attr))
+        for kind, n in zip(KIND_KEYS(gpu), (a.kernels, a.memcpys, a.memsets, a.graphs), strict=True):
+            records[kind] = records.get(kind, 0.0) + (n if n > 0.0 else 0.0)  # Tally.count, inline
         dropped.count(gpu, a.dropped)
     refused = Tally[str]()
     for reason, n in reading.refused:

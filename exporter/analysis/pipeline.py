@@ -20,7 +20,7 @@ from exporter.snapshot import Snapshot
 from exporter.snapshot.agent import AgentReading
 from exporter.snapshot.engine import EngineReading
 from exporter.snapshot.frozen import replace
-from exporter.snapshot.totals import EMPTY, BusyTotals, GpuSource, Tally, Totals
+from exporter.snapshot.totals import EMPTY, BusyTotals, GpuKeys, GpuSource, Tally, Totals
 
 
 class Accumulate(Protocol):
@@ -186,18 +186,22 @@ def pick_busy(snap: Snapshot) -> dict[int, tuple[float, str]]:
     return busy.shown(snap)
 
 
+DEVICE_KEYS = GpuKeys(GpuSource, ("nvml", "gpm"))  # each GPU's keys, made once
+
+
 def device_busy_increments(snap: Snapshot, cfg: Config | None = None, prev: Snapshot | None = None) -> Totals:
     """Integrate the NVML and GPM busy ratios over the tick (CUPTI is integrated exactly elsewhere)."""
     busy_s, observed_s = Tally[GpuSource](), Tally[GpuSource]()
     dt = snap.dt
     if dt > 0:
         for g in snap.gpus:
+            nvml, gpm = DEVICE_KEYS(g.index)
             if g.utilization is not None:
-                key = GpuSource(g.index, "nvml")
+                key = nvml
                 busy_s.count(key, g.utilization * dt)
                 observed_s.count(key, dt)
             if g.gpm is not None and g.gpm.graphics is not None:
-                key = GpuSource(g.index, "gpm")
+                key = gpm
                 busy_s.count(key, g.gpm.graphics * dt)
                 observed_s.count(key, dt)
     return Totals(busy=BusyTotals(busy_seconds=busy_s, observed_seconds=observed_s))

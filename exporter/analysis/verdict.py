@@ -58,7 +58,7 @@ from exporter.snapshot.agent import AgentReading, EngineSteps, GpuActivity
 from exporter.snapshot.engine import EngineReading, demand
 from exporter.snapshot.frozen import replace
 from exporter.snapshot.host import CgroupCpu
-from exporter.snapshot.totals import EMPTY, GpuVerdict, Tally, Totals, VerdictTotals
+from exporter.snapshot.totals import EMPTY, GpuKeys, GpuVerdict, Tally, Totals, VerdictTotals
 from exporter.snapshot.verdict import HOST_REASONS, VERDICTS, Evidence, Verdict
 
 T = TypeVar("T")
@@ -1105,6 +1105,9 @@ def replay(snapshots: Sequence[Snapshot], cfg: Config) -> list[Snapshot]:
     return out
 
 
+VERDICT_KEYS = GpuKeys(GpuVerdict, VERDICTS)  # each GPU's bound_seconds keys, made once
+
+
 def accumulate(snap: Snapshot, cfg: Config, prev: Snapshot | None = None) -> Totals:
     """Return this tick's time per verdict and host-bound seconds.
 
@@ -1118,9 +1121,10 @@ def accumulate(snap: Snapshot, cfg: Config, prev: Snapshot | None = None) -> Tot
     if snap.dt <= 0:
         return EMPTY
     bound, host_bound = Tally[GpuVerdict](), Tally[int]()
-    for v in snap.verdicts:
-        for name in VERDICTS:  # every series from the first tick, so rate() sees each start from 0
-            bound.count(GpuVerdict(v.gpu, name), snap.dt if name == v.verdict else 0.0)
+    dt, get = snap.dt, bound.get
+    for v in snap.verdicts:  # every series from the first tick, so rate() sees each start from 0
+        for name, key in zip(VERDICTS, VERDICT_KEYS(v.gpu), strict=True):  # Tally.count; dt > 0
+            bound[key] = get(key, 0.0) + (dt if name == v.verdict else 0.0)
     verdicts = {v.gpu: v for v in snap.verdicts}
     by_gpu = _activity_of(snap.agent) if snap.agent is not None else {}
     live = [  # the live engines with counts, each placed once (not once per GPU)

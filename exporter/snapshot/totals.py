@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 
 @dataclass(frozen=True)
@@ -31,12 +31,22 @@ class HistogramValue:
             return HistogramValue(self.bounds, tuple(counts), total)
         if len(counts) != len(self.counts):
             raise ValueError(f"histogram of {len(self.counts)} buckets added {len(counts)}")
-        return HistogramValue(self.bounds, tuple(map(operator.add, self.counts, counts)), self.total + total)
+        return _histogram(self.bounds, tuple(map(operator.add, self.counts, counts)), self.total + total)
 
     @property
     def count(self) -> float:
         """Return the number of observations."""
         return float(sum(self.counts))
+
+
+def _histogram(bounds: tuple[float, ...], counts: tuple[float, ...], total: float) -> HistogramValue:
+    """Return `HistogramValue(bounds, counts, total)` without the frozen __init__'s three setattr calls.
+
+    Its __dict__ is filled in field order, as __init__ fills it: equal, the same repr, still frozen.
+    """
+    new = object.__new__(HistogramValue)
+    new.__dict__.update(bounds=bounds, counts=counts, total=total)
+    return new
 
 
 class GpuSource(NamedTuple):
@@ -82,6 +92,33 @@ class EngineServer(NamedTuple):
 
 
 K = TypeVar("K")
+
+
+class GpuKeys(Generic[K]):
+    """The label keys of one kind for each GPU index, made once: `make(gpu, label)` for each label.
+
+    A tick's counters key every GPU's series by new named tuples (`GpuKind(gpu, "kernel")`, ...):
+    ~0.2 us each, several per GPU. The keys are immutable, so each GPU's are made once and shared
+    by every tick's increments. Only a GPU index of type int is kept (an equal bool or float would
+    give a key with another repr); past `size` GPUs the cache starts afresh.
+    """
+
+    def __init__(self, make: Callable[[int, str], K], labels: tuple[str, ...], size: int = 4096) -> None:
+        self._make = make
+        self.labels = labels
+        self.size = size
+        self._kept: dict[int, tuple[K, ...]] = {}
+
+    def __call__(self, gpu: int) -> tuple[K, ...]:
+        """Return the GPU's keys, one per label in the labels' order."""
+        keys = self._kept.get(gpu)
+        if keys is None or type(gpu) is not int:
+            keys = tuple(self._make(gpu, label) for label in self.labels)
+            if type(gpu) is int:
+                if len(self._kept) >= self.size:
+                    self._kept.clear()
+                self._kept[gpu] = keys
+        return keys
 
 
 def _none() -> Mapping[Any, Any]:
@@ -223,7 +260,7 @@ class HistogramTally(dict[K, HistogramValue]):
 
     def observe(self, key: K, bounds: tuple[float, ...], counts: tuple[float, ...], total: float) -> None:
         """Add per-bucket counts (non-cumulative, +Inf last) and their sum to a series."""
-        value = HistogramValue(bounds, tuple(map(float, counts)), float(total))
+        value = _histogram(bounds, tuple(map(float, counts)), float(total))
         prev = self.get(key)
         self[key] = value if prev is None else prev.add(value.counts, value.total)
 

@@ -153,6 +153,7 @@ def child(seconds: float, kernels: int, step_us: float) -> dict[str, Any]:
         "phases": {lab: stats(d) for lab, d in sorted(phases.items())},
         "longest_agent_call_us": round(max(every), 1) if every else 0.0,
         "messages_sent": a.sender.sent,
+        "phases_after_launch": a.switch.after_launch,  # of them, run right after a graph replay's launch
     }
 
 
@@ -186,7 +187,7 @@ def main() -> int:
         print(
             f"steps {r['steps']} (median {r['step_us'].get('median_us')} us), longest agent call "
             f"{r['longest_agent_call_us']} us, thread wake-ups {r['agent_thread_wakes_while_stepping']}, "
-            f"driven {r['hooks_driven']}",
+            f"driven {r['hooks_driven']}, phases after a launch {r.get('phases_after_launch')}",
             flush=True,
         )
         for lab, s in {**r["spans"], **r["phases"]}.items():

@@ -116,9 +116,9 @@ def patch_graph_class(cls: Any) -> bool:
         new.__name__, new.__qualname__, new.__doc__ = old.__name__, old.__qualname__, old.__doc__
         new.__wrapped__ = old  # type: ignore[attr-defined]
         if name == "replay":  # on every step's path: in for a slice of each tick (exporter.agent.switch)
-            SWITCH.add(
-                cls, name, old, new, rank=1
-            )  # a replay can drive the cycle (no step hook: a torch engine)
+            # a replay can drive the cycle (no step hook: a torch engine), and it queues the graph:
+            # a pending tick's phases run right after it, while the GPU runs the graph
+            SWITCH.add(cls, name, old, new, rank=1, launches=True)
         else:  # captures: off the steps' path, always counted (graphs_so_far)
             setattr(cls, name, new)
     setattr(cls, MARK, True)

@@ -314,6 +314,7 @@ class LightAgent:
             "hook_share": self.settings.hook_share,
             "hooks_cycling": self.switch.cycling,
             "hooks_held": self.switch.held,
+            "phases_after_launch": self.switch.after_launch,
             "quiet": self.switch.quiet,
             "quiets": self.quiets,
         }

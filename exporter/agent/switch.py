@@ -94,11 +94,20 @@ class Switch:
         self._ranks: list[int] = []  # each site's rank (add's)
         self._claims: dict[int, Any] = {}  # a driver site's claiming hook, by index (made on first use)
         self._missed = 0  # the agent's thread swapped or ticked for the engine since it last drove (max 2)
+        self._launch = -1  # index in _sites of the site whose original queues GPU work (a replay), -1: none
+        self._runner: Any = None  # what the launch site holds while a tick is pending (launch, then a phase)
+        self._runner_ran = False  # the runner ran a phase since the driver's last call
+        self._step_open = [False]  # the runner may run a phase (once per driver call: one a step)
+        self.after_launch = 0  # the tick's phases run right after a launch so far (for describe())
 
-    def add(self, owner: Any, name: str, original: Any, hook: Any, rank: int = 0) -> None:
+    def add(
+        self, owner: Any, name: str, original: Any, hook: Any, rank: int = 0, launches: bool = False
+    ) -> None:
         """Manage owner.name (a class attribute or module global) that holds hook in place of original.
 
         rank: how well the site can drive the cycle (2: once an engine step, 1: a graph replay, 0: not).
+        launches: the original returns once it has queued GPU work (a graph replay): the tick's phases
+        run right after it, while the GPU runs what it queued (the first such site).
         """
         with self._lock:
             if len(self._sites) >= MAX_SWITCHES:
@@ -106,6 +115,8 @@ class Switch:
                 return
             self._sites.append((owner, name, original, hook))
             self._ranks.append(max(0, int(rank)))
+            if launches and self._launch < 0:
+                self._launch = len(self._sites) - 1
             try:
                 setattr(hook, SWITCHED, True)
             except (AttributeError, TypeError):
@@ -362,7 +373,8 @@ class Switch:
                 self.due[0] = now + self._first_slice()
                 wake, rearm = self.due[0] + self._margin, self._rearm
             elif self._pending is not None:  # a phase of the tick begun: the timer already stands
-                pending = self._pending
+                if by_thread or not self._phase_after_launch():
+                    pending = self._pending
             else:
                 # the agent's thread does the engine's swap: the driver sites may claim the drive
                 self._missed = min(2, missed + 1) if by_thread else 0
@@ -380,6 +392,8 @@ class Switch:
                     self._pending, self._resume_due = self._on_out(), self.due[0]
                     self.due[0] = 1  # the next call runs the first phase
                     pending = self._pending if by_thread else None
+                    if not by_thread:
+                        self._place_runner()  # or the launch this step makes: its phase hides behind the GPU
                 rearm = self._rearm
             if bool(self._missed) != bool(missed) and self.hooks_in == was_in:
                 self._place_all()  # (a swap placed them already, from the plan of the new state)
@@ -439,6 +453,61 @@ class Switch:
                     self._pending = None
                     if self.driving:
                         self.due[0] = self._resume_due
+                self._remove_runner()
+
+    def _place_runner(self) -> None:
+        """While a tick is pending, let the launch site run its phases after the launch (under the lock).
+
+        On a graph-captured decode the engine's thread, once the replay is queued, waits for the GPU:
+        a phase run there costs the step nothing as long as the graph outlasts it. The driver's next
+        calls skip their phase while the runner ran one since (`_phase_after_launch`); an engine that
+        launches no graph (eager, or a graph-less step) gets its phases from the driver as before.
+        """
+        i = self._launch
+        if i < 0 or self.hooks_in:
+            return
+        owner, name, _, _ = self._sites[i]
+        out_fn = self._value(i, False)
+        if getattr(owner, "__dict__", {}).get(name) is not out_fn:
+            return  # the site holds something else (a bound copy, a hand-made hook): leave it
+        self._runner = _launch_runner(out_fn, self._step_open, self._after_launch)
+        self._runner_ran = False
+        self._step_open[0] = True  # this step's launch runs the first phase
+        setattr(owner, name, self._runner)
+
+    def _phase_after_launch(self) -> bool:
+        """A driver's call while a tick is pending: True if the launch site runs the phase (under the lock)."""
+        if self._runner is None:
+            return False
+        self._step_open[0] = True  # one phase in this step
+        ran, self._runner_ran = self._runner_ran, False
+        return ran
+
+    def _after_launch(self) -> None:
+        """The runner's part once the launch returned: the pending tick's next phase; never raises."""
+        try:
+            pending = self._pending
+            if pending is None:
+                if self._lock.acquire(blocking=False):
+                    try:
+                        self._remove_runner()
+                    finally:
+                        self._lock.release()
+                return
+            self._runner_ran = True
+            self.after_launch += 1
+            self._run_phases(pending, every=False)
+        except Exception:
+            pass
+
+    def _remove_runner(self) -> None:
+        """Put back what the launch site holds now, if it still holds the runner (under the lock)."""
+        runner, self._runner = self._runner, None
+        if runner is None or self._launch < 0:
+            return
+        owner, name, _, _ = self._sites[self._launch]
+        if getattr(owner, "__dict__", {}).get(name) is runner:
+            setattr(owner, name, self._value(self._launch, self.hooks_in))
 
     def finish_pending(self) -> None:
         """Run what is left of a tick the engine's thread had begun (the agent stops or takes over)."""
@@ -518,6 +587,37 @@ class Switch:
         self.cycling = False
         self._undrive()
         self._set(True)
+
+
+def _launch_runner(out_fn: Any, step_open: list[bool], after: Any) -> Any:
+    """Return the launch site's stand-in while a tick is pending: the site's own call, then one phase a step."""
+    if _self_only(out_fn):
+
+        def launch_then_phase_self(self: Any) -> Any:
+            result = out_fn(self)
+            if step_open[0]:
+                step_open[0] = False
+                after()
+            return result
+
+        fn: Any = launch_then_phase_self
+    else:
+
+        def launch_then_phase(*args: Any, **kwargs: Any) -> Any:
+            result = out_fn(*args, **kwargs)
+            if step_open[0]:
+                step_open[0] = False
+                after()
+            return result
+
+        fn = launch_then_phase
+    for attr in ("__name__", "__qualname__", "__doc__", "__wrapped__"):
+        try:
+            setattr(fn, attr, getattr(out_fn, attr))
+        except (AttributeError, TypeError):
+            pass
+    setattr(fn, SWITCHED, True)
+    return fn
 
 
 def _self_only(fn: Any) -> bool:

@@ -615,3 +615,54 @@ def test_the_agents_thread_puts_the_hooks_in_once_for_an_engine_that_stopped_and
     clock.t = sw.due[0]
     mod.step()
     assert not sw.hooks_in  # sliced again by the engine's thread
+
+
+def launch_and_step_sites() -> tuple[types.SimpleNamespace, Clock, Switch, list[str]]:
+    """Return a module with an engine step (rank 2) and a graph launch (rank 1, its original queues work),
+    its clock, the switch cycling, and the log the launch's original and the tick's phases write to."""
+    clock = Clock(1_000 * MS)
+    sw = Switch(clock)
+    log: list[str] = []
+    mod = types.SimpleNamespace(step=lambda: "own step", replay=lambda: log.append("launch"))
+    mod.own_replay = mod.replay
+    sw.add(mod, "replay", mod.replay, lambda: log.append("counted launch"), rank=1, launches=True)
+    sw.add(mod, "step", mod.step, lambda: "hooked step", rank=2)
+    assert sw.start_cycle()
+    return mod, clock, sw, log
+
+
+def three_phases(log: list[str]) -> object:
+    for i in range(3):
+        log.append(f"phase{i}")
+        yield
+
+
+def test_a_pending_ticks_phases_run_after_the_graph_launch_one_a_step_and_the_launch_site_is_put_back() -> (
+    None
+):
+    mod, clock, sw, log = launch_and_step_sites()
+    assert sw.drive_inline(40 * MS, 10 * MS, 5 * MS, lambda: three_phases(log), lambda w: None)
+    per_step: list[list[str]] = []
+    for _ in range(9):  # steps 5 ms apart: in for 10 ms, then out, the tick pending (the next at 60 ms)
+        clock.t += 5 * MS
+        log.clear()
+        mod.step()
+        mod.replay()
+        per_step.append(list(log))
+    phased = [s for s in per_step if any(x.startswith("phase") for x in s)]
+    # each phase right after the step's launch, one a step, none before it (the driver ran none)
+    assert phased == [["launch", "phase0"], ["launch", "phase1"], ["launch", "phase2"]], per_step
+    assert not sw.hooks_in and mod.replay is mod.own_replay  # the tick done: the engine's own replay again
+    assert (
+        sw.due[0] > clock() and sw.after_launch == 4
+    )  # the due restored; 3 phases and the end after launches
+
+
+def test_an_engine_that_launches_no_graph_gets_the_ticks_phases_from_its_step() -> None:
+    mod, clock, sw, log = launch_and_step_sites()
+    assert sw.drive_inline(40 * MS, 10 * MS, 5 * MS, lambda: three_phases(log), lambda w: None)
+    for _ in range(9):  # eager steps: the launch site is never called
+        clock.t += 5 * MS
+        mod.step()
+    assert [x for x in log if x.startswith("phase")] == ["phase0", "phase1", "phase2"], log
+    assert mod.replay is mod.own_replay and not sw.hooks_in

@@ -201,6 +201,30 @@ class Spans:
 
         setattr(owner, name, timed)
 
+    def watch_agent(self, a: Any) -> None:
+        """Record the light agent's own activity: its ticks, swaps, tick phases (either thread's), and its
+        thread's time awake between two timer waits (it holds or wants the GIL then: 'agent_thread')."""
+        from exporter.agent.timer import WakeTimer
+
+        self.wrap(a, "tick", "tick")
+        self.wrap(a.switch, "_set", "swap")  # every swap: the thread's and the inline ones
+        self.wrap(a.switch, "_run_phases", "phases")
+        if getattr(WakeTimer.wait, "_bench_watched", False):
+            return
+        own, awake = WakeTimer.wait, [0]
+        spans = self.spans
+
+        def wait(timer: Any) -> bool:
+            if awake[0]:
+                spans.append((awake[0], time.perf_counter_ns(), "agent_thread"))
+            try:
+                return bool(own(timer))
+            finally:
+                awake[0] = time.perf_counter_ns()
+
+        wait._bench_watched = True  # type: ignore[attr-defined]
+        WakeTimer.wait = wait  # type: ignore[method-assign]
+
     def what(self, a: int, b: int) -> str:
         """Return the labels of the spans that overlap [a, b], 'other' if none."""
         hit = sorted({lab for t0, t1, lab in self.spans if t0 < b and t1 > a})
@@ -231,7 +255,8 @@ def pause_attributed(seconds: float, spans: Spans, call: Any = None) -> dict[str
         if b - a > 100_000:
             k = spans.what(a, b)
             by[k] = by.get(k, 0) + 1
-    agent = [b - a for a, b in gaps if any(k in ("tick", "swap") for k in spans.what(a, b).split("+"))]
+    mine = ("tick", "swap", "phases", "agent_thread")
+    agent = [b - a for a, b in gaps if any(k in mine for k in spans.what(a, b).split("+"))]
     return {
         "gaps_over_20us": len(gaps),
         "agent_max_us": round(max(agent) / 1e3, 1) if agent else 0.0,  # the longest the agent overlapped
@@ -331,9 +356,10 @@ def gpu_workloads(light: bool, seconds: float) -> dict[str, Any]:
     return out
 
 
-def llama8b_step(torch: Any) -> tuple[Any, Any, list[Any]]:
+def llama8b_step(torch: Any, wrap: Any = None) -> tuple[Any, Any, list[Any]]:
     """Capture a decode step of a Llama-3-8B-shaped model at batch 1 (32 layers, 7.0 B bf16 weights:
-    14 GB read a step); return (step, raw step, the weights: clear them to free the memory)."""
+    14 GB read a step); return (step, raw step, the weights: clear them to free the memory).
+    wrap(body) -> body: what is captured around the step (bench/light_agent_periods.py's stamps)."""
     hidden, ffn, layers, kv = 4096, 14336, 32, 1024
 
     def w(rows: int, cols: int) -> Any:
@@ -353,7 +379,7 @@ def llama8b_step(torch: Any) -> tuple[Any, Any, list[Any]]:
             x = x + (torch.nn.functional.silu(g) * u) @ down * 0.01
         return x.argmax(-1)
 
-    step, raw_step = captured_steps(torch, body)
+    step, raw_step = captured_steps(torch, wrap(body) if wrap is not None else body)
     return step, raw_step, ws
 
 
@@ -396,8 +422,7 @@ def child(mode: str, seconds: float) -> dict[str, Any]:
         res["agent_state"] = agent.start(role="generic")  # before torch: the hooks see every capture
         a = agent.current()
         if a is not None:
-            spans.wrap(a, "tick", "tick")
-            spans.wrap(a.switch, "_set", "swap")  # every swap: the thread's and the inline ones
+            spans.watch_agent(a)
     started = time.monotonic()
     res["gpu"] = gpu_workloads(light, seconds)
     if "skipped" in res["gpu"]:

@@ -23,6 +23,7 @@ sync), decode_8b (a Llama-3-8B-shaped decode step at batch 1, captured), eager (
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -35,8 +36,56 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKLOADS = ("decode_b1", "decode_b8", "decode_8b", "eager", "cpu")
 
 
-def make_step(name: str) -> tuple[Any, str]:
-    """Build the workload's engine step (through the plugin's step wrapper); return it and what it is."""
+class Stamps:
+    """%globaltimer stamps captured first and last in every decode step's graph (bench.agent_common's
+    Triton kernels): the GPU's own start and end of each step, so the host's share of a step (the GPU
+    idle between one step's end and the next one's start) is read apart from the graph's own time,
+    which drifts with the GPU's clock from one period to the next."""
+
+    CAP = 16384  # steps between two resets (the stamping kernel has no bound of its own)
+
+    def __init__(self, torch: Any) -> None:
+        from bench.agent_common import kernels
+
+        self.torch, self.k = torch, kernels()
+        self.stamps = torch.zeros(self.CAP * 4, dtype=torch.int64, device="cuda")
+        self.counter = torch.zeros(1, dtype=torch.int64, device="cuda")
+
+    def wrap(self, body: Any) -> Any:
+        k, stamps, counter = self.k, self.stamps, self.counter
+
+        def stamped() -> Any:
+            k["spin_indexed"][(1,)](stamps, counter, 0, 0, NODES=2, CTAS=1, num_warps=1)
+            out = body()
+            k["spin_indexed"][(1,)](stamps, counter, 1, 0, NODES=2, CTAS=1, num_warps=1)
+            k["bump"][(1,)](counter, num_warps=1)
+            return out
+
+        return stamped
+
+    def reset(self) -> None:
+        self.torch.cuda.synchronize()
+        self.counter.zero_()
+        self.torch.cuda.synchronize()
+
+    def read(self, n: int) -> dict[str, float]:
+        """The GPU's view of the first n steps since the reset: mean graph time, mean idle gap, mean cycle (us)."""
+        self.torch.cuda.synchronize()
+        n = min(n, self.CAP)
+        st = self.stamps[: n * 4].view(n, 2, 2).cpu().tolist()
+        starts = [r[0][0] for r in st]
+        ends = [r[1][1] for r in st]
+        gaps = [b - a for a, b in zip(ends[:-1], starts[1:], strict=True)]
+        return {
+            "gpu_us": sum(e - s for s, e in zip(starts, ends, strict=True)) / n / 1e3,
+            "idle_us": sum(gaps) / len(gaps) / 1e3,
+            "cycle_us": (starts[-1] - starts[0]) / (n - 1) / 1e3,
+        }
+
+
+def make_step(name: str) -> tuple[Any, str, Stamps | None]:
+    """Build the workload's engine step (through the plugin's step wrapper); return it, what it is and
+    its GPU stamps (decode workloads)."""
     from bench.light_agent_overhead import (
         HIDDEN,
         LAYERS,
@@ -48,11 +97,12 @@ def make_step(name: str) -> tuple[Any, str]:
 
     cls = engine_class(True)  # the step site as the vLLM plugin installs it (the switch swaps it)
     if name == "cpu":
-        return call_step(cls(8, lambda: sum(range(200)))), "pure-Python step, sum(range(200))"
+        return call_step(cls(8, lambda: sum(range(200)))), "pure-Python step, sum(range(200))", None
     import torch
 
     if not torch.cuda.is_available():
         raise RuntimeError("no CUDA device")
+    stamps = Stamps(torch)
     if name.startswith("decode_b"):
         batch = int(name[len("decode_b") :])
         ws = [torch.randn(HIDDEN, HIDDEN, device="cuda", dtype=torch.float16) * 0.005 for _ in range(8)]
@@ -63,13 +113,12 @@ def make_step(name: str) -> tuple[Any, str]:
                 x = x + torch.relu(x @ ws[i % 8]) * 0.5
             return x.argmax(-1)
 
-        step, _ = captured_steps(torch, body)
-        return call_step(
-            cls(batch, step)
-        ), f"graph of {LAYERS * 4} kernels, batch {batch}, replayed and synced"
+        step, _ = captured_steps(torch, stamps.wrap(body))
+        what = f"graph of {LAYERS * 4} kernels and 2 stamps, batch {batch}, replayed and synced"
+        return call_step(cls(batch, step)), what, stamps
     if name == "decode_8b":
-        step, _, _ws = llama8b_step(torch)
-        return call_step(cls(1, step)), "Llama-3-8B-shaped decode step, batch 1, captured"
+        step, _, _ws = llama8b_step(torch, wrap=stamps.wrap)
+        return call_step(cls(1, step)), "Llama-3-8B-shaped decode step, batch 1, captured, 2 stamps", stamps
     small = torch.zeros(16, device="cuda")
 
     def eager() -> None:
@@ -77,18 +126,19 @@ def make_step(name: str) -> tuple[Any, str]:
             small.add_(1.0)
         torch.cuda.synchronize()
 
-    return call_step(cls(1, eager)), "256 eager kernels a step, synchronised"
+    return call_step(cls(1, eager)), "256 eager kernels a step, synchronised", None
 
 
 class AgentState:
     """Start and stop the light agent as a whole; stopped, every hook site holds the engine's own function."""
 
-    def __init__(self) -> None:
+    def __init__(self, spans: Any) -> None:
         from exporter import agent
         from exporter.agent.switch import SWITCH
 
         self.agent, self.switch, self.on = agent, SWITCH, False
         self.starts = 0
+        self.spans = spans  # what the agent does, for the pause probe's attribution
 
     def set(self, on: bool) -> None:
         if on == self.on:
@@ -96,6 +146,8 @@ class AgentState:
         if on:
             self.agent.start(role="generic")
             self.starts += 1
+            if self.agent.current() is not None:
+                self.spans.watch_agent(self.agent.current())
         else:
             self.agent.stop()
             with self.switch._lock:
@@ -103,65 +155,104 @@ class AgentState:
         self.on = on
 
 
-def timed(step: Any, seconds: float) -> tuple[int, float]:
-    """Step for `seconds`; return the steps and the mean step time in us."""
+def timed(step: Any, seconds: float, stamps: Stamps | None = None) -> dict[str, float]:
+    """Step for `seconds`; return the steps, the mean step time in us and, stamped, the GPU's view."""
+    if stamps is not None:
+        stamps.reset()
     n, t0 = 0, time.perf_counter_ns()
     t_end = t0 + int(seconds * 1e9)
     t = t0
-    while t < t_end:
+    cap = Stamps.CAP if stamps is not None else 1 << 62
+    while t < t_end and n < cap:
         step()
         n += 1
         t = time.perf_counter_ns()
-    return n, (t - t0) / n / 1e3
+    out = {"steps": n, "wall_us": (t - t0) / n / 1e3}
+    if stamps is not None and n > 2:
+        out.update(stamps.read(n))
+    return out
 
 
 def pairs(
-    step: Any, state: AgentState, n: int, period: float, settle: float, aa: bool
+    step: Any, state: AgentState, n: int, period: float, settle: float, aa: bool, stamps: Stamps | None
 ) -> list[dict[str, Any]]:
-    """Run n pairs (ABBA; both sides off for the A/A); return each pair's mean step times."""
+    """Run n pairs (ABBA; both sides off for the A/A); return each pair's figures, on and off."""
     out = []
     for i in range(n):
         order = (True, False) if i % 2 == 0 else (False, True)
-        got: dict[bool, float] = {}
-        steps: dict[bool, int] = {}
+        got: dict[str, Any] = {}
         for on in order:
             state.set(on and not aa)
-            timed(step, settle)
-            steps[on], got[on] = timed(step, period)
-        out.append({"on_us": round(got[True], 4), "off_us": round(got[False], 4), "on_steps": steps[True],
-                    "off_steps": steps[False]})  # fmt: skip
+            timed(step, settle, stamps)
+            got["on" if on else "off"] = {k: round(v, 4) for k, v in timed(step, period, stamps).items()}
+        out.append(got)
     return out
 
 
 def cost(ps: list[dict[str, Any]]) -> dict[str, Any]:
-    """The mean of the pairs' relative differences (on over off), its standard error, in percent."""
-    rel = [100.0 * (p["on_us"] - p["off_us"]) / p["off_us"] for p in ps]
-    add = [p["on_us"] - p["off_us"] for p in ps]
-    se = statistics.stdev(rel) / math.sqrt(len(rel)) if len(rel) > 1 else float("nan")
-    return {
-        "pairs": len(rel),
-        "cost_pct_mean": round(statistics.fmean(rel), 4),
-        "cost_pct_se": round(se, 4),
-        "cost_pct_median": round(statistics.median(rel), 4),
-        "added_us_mean": round(statistics.fmean(add), 3),
-        "step_us": round(statistics.fmean(p["off_us"] for p in ps), 2),
+    """The pairs' relative differences (on over off) in percent: mean, its standard error, median.
+
+    wall: the steps' mean wall time (what a loop's throughput is; with the GPU's clock drift in it).
+    host (stamped steps): the GPU's idle between steps, on minus off, over the off step's cycle: what
+    the host added to a step, the graph's own time (and its drift) left out.
+    """
+
+    def stats(rel: list[float]) -> dict[str, float]:
+        se = statistics.stdev(rel) / math.sqrt(len(rel)) if len(rel) > 1 else float("nan")
+        return {
+            "mean": round(statistics.fmean(rel), 4),
+            "se": round(se, 4),
+            "median": round(statistics.median(rel), 4),
+        }
+
+    wall = [100.0 * (p["on"]["wall_us"] - p["off"]["wall_us"]) / p["off"]["wall_us"] for p in ps]
+    out: dict[str, Any] = {
+        "pairs": len(ps),
+        "step_us": round(statistics.fmean(p["off"]["wall_us"] for p in ps), 2),
+        "wall_pct": stats(wall),
     }
+    if all("idle_us" in p["on"] and "idle_us" in p["off"] for p in ps):
+        host = [100.0 * (p["on"]["idle_us"] - p["off"]["idle_us"]) / p["off"]["cycle_us"] for p in ps]
+        out["host_pct"] = stats(host)
+        out["idle_added_us_mean"] = round(
+            statistics.fmean(p["on"]["idle_us"] - p["off"]["idle_us"] for p in ps), 3
+        )
+        out["idle_us_off"] = round(statistics.fmean(p["off"]["idle_us"] for p in ps), 2)
+        out["gpu_us_off"] = round(statistics.fmean(p["off"]["gpu_us"] for p in ps), 2)
+    return out
 
 
-def child(name: str, n: int, n_aa: int, period: float, settle: float, tree: str) -> dict[str, Any]:
+def child(
+    name: str, n: int, n_aa: int, period: float, settle: float, tree: str, pause_s: float
+) -> dict[str, Any]:
     sys.path.insert(0, ROOT)
     if tree:  # another tree's exporter (the code before a change), this tree's bench
         sys.path.insert(0, os.path.abspath(tree))
     import exporter
+    from bench.light_agent_overhead import Spans, pause_attributed
 
-    state = AgentState()
+    spans = Spans()
+    gc.callbacks.append(spans.on_gc)
+    state = AgentState(spans)
     state.set(True)  # before torch: the hooks see every capture, as shipped
-    step, what = make_step(name)
-    timed(step, 1.0)  # warm, the agent on
+    step, what, stamps = make_step(name)
+    timed(step, 1.0, stamps)  # warm, the agent on
     res: dict[str, Any] = {"workload": name, "what": what, "pid": os.getpid(), "exporter": exporter.__file__}
     t0 = time.perf_counter()
-    res["pairs"] = pairs(step, state, n, period, settle, aa=False)
-    res["aa_pairs"] = pairs(step, state, n_aa, period, settle, aa=True) if n_aa else []
+    res["pairs"] = pairs(step, state, n, period, settle, aa=False, stamps=stamps)
+    # the engine's thread stops stepping and spins in Python: the agent's thread then swaps and ticks for
+    # it until it goes quiet; each of its wake-ups can take the GIL from the spinning thread
+    state.set(True)
+    timed(step, settle + period, stamps)
+    spans.spans.clear()
+    res["pause_after_steps"] = pause_attributed(pause_s, spans) if pause_s > 0 else {}
+    res["agent"] = state.agent.current().describe() if state.agent.current() is not None else None
+    res["aa_pairs"] = pairs(step, state, n_aa, period, settle, aa=True, stamps=stamps) if n_aa else []
+    if pause_s > 0:  # the same with no agent: what the process and the machine do alone
+        state.set(False)
+        timed(step, settle + period, stamps)
+        spans.spans.clear()
+        res["pause_after_steps_none"] = pause_attributed(pause_s, spans)
     res["seconds"] = round(time.perf_counter() - t0, 1)
     res["cost"] = cost(res["pairs"])
     if len(res["aa_pairs"]) > 1:
@@ -184,12 +275,15 @@ def main() -> int:
     ap.add_argument(
         "--tree", default="", help="a checkout whose exporter/ the children import (a before/after)"
     )
+    ap.add_argument(
+        "--pause", type=float, default=4.0, help="seconds of the pause probe after the steps stop"
+    )
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     opts = ["--pairs", str(args.pairs), "--aa", str(args.aa), "--period", str(args.period), "--settle",
-            str(args.settle), "--tree", args.tree]  # fmt: skip
+            str(args.settle), "--tree", args.tree, "--pause", str(args.pause)]  # fmt: skip
     if args.child:
-        r = child(args.child, args.pairs, args.aa, args.period, args.settle, args.tree)
+        r = child(args.child, args.pairs, args.aa, args.period, args.settle, args.tree, args.pause)
         print("RESULT " + json.dumps(r), flush=True)
         return 0
     names = [w for w in args.workloads.split(",") if w]
@@ -209,6 +303,10 @@ def main() -> int:
             if "cost" in r:
                 print(f"{name:10s} {r['what']}: on-off {json.dumps(r['cost'])}; A/A {json.dumps(r.get('aa'))}",
                       flush=True)  # fmt: skip
+                for k in ("pause_after_steps", "pause_after_steps_none"):
+                    p = r.get(k) or {}
+                    print(f"  {k}: max {p.get('max_us')} us, agent's {p.get('agent_max_us')} us, over 100 us by "
+                          f"cause {p.get('over_100us_by_cause')}, top {p.get('top', [])[:4]}", flush=True)  # fmt: skip
     finally:
         listener.close()
     result = {"argv": sys.argv[1:], "runs": runs, "messages_received": listener.count}

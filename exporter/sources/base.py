@@ -78,12 +78,15 @@ class BlockingReader:
     with ReadTimeout, so a hung driver call costs one thread, never a growing pile. The
     hand-off is one queue put and one `call_soon_threadsafe` (no executor, no concurrent
     future and its condition, no chained future); the thread is a daemon, so a hung read
-    never holds up the process's exit.
+    never holds up the process's exit. `on_exit` runs in the thread once it stops after
+    `close()` (or in `close()` when no thread ever started): what the reads kept open is
+    closed where it was used, never under a read still running.
     """
 
-    def __init__(self, name: str, timeout: float) -> None:
+    def __init__(self, name: str, timeout: float, on_exit: Callable[[], None] | None = None) -> None:
         self._thread_name = f"bw-{name}_0"  # the name ThreadPoolExecutor gave its one worker
         self._timeout = timeout
+        self._on_exit = on_exit
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._busy = False  # a read is queued or running in the thread
@@ -110,22 +113,28 @@ class BlockingReader:
 
     def _work(self) -> None:
         """Run the queued reads one by one, handing each result back to its event loop."""
-        while (job := self._jobs.get()) is not None:
-            fn, future, loop = job
-            if self._closed:  # queued but not started when the reader closed: dropped
-                return
-            try:
-                result, error = fn(), None
-            except BaseException as exc:  # as an executor does: the awaiting side re-raises it
-                result, error = None, exc
-            self._busy = False
-            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                loop.call_soon_threadsafe(_deliver, future, result, error)
+        try:
+            while (job := self._jobs.get()) is not None:
+                fn, future, loop = job
+                if self._closed:  # queued but not started when the reader closed: dropped
+                    return
+                try:
+                    result, error = fn(), None
+                except BaseException as exc:  # as an executor does: the awaiting side re-raises it
+                    result, error = None, exc
+                self._busy = False
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                    loop.call_soon_threadsafe(_deliver, future, result, error)
+        finally:
+            if self._on_exit is not None:
+                self._on_exit()
 
     def close(self) -> None:
         """Stop the thread without waiting for a hung read."""
         self._closed = True
         self._jobs.put(None)
+        if self._thread is None and self._on_exit is not None:
+            self._on_exit()
 
 
 _Job = tuple[Callable[[], Any], "asyncio.Future[Any]", asyncio.AbstractEventLoop]

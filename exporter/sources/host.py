@@ -9,6 +9,7 @@ is v1 or v2) every `OWN_CGROUP_EVERY_SECONDS`: each file opened costs a cold tic
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import Callable
@@ -55,6 +56,10 @@ class HostSource:
     async def read(self) -> HostReading:
         """Return this tick's host reading."""
         return await self._reader.run(self.read_blocking)
+
+    def start_read(self) -> asyncio.Future[HostReading]:
+        """Start this tick's read in the reader's thread and return its future (the Sampler's way)."""
+        return self._reader.submit(self.read_blocking)
 
     def read_blocking(self) -> HostReading:
         """Read the host now, in the calling thread."""

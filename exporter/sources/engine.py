@@ -142,9 +142,7 @@ class EngineSource:
         if not self.cfg.engine.enabled:
             raise SourceUnavailable("engine source disabled")
         now = self._clock()
-        if self.cfg.engine.discover and (
-            self._discovered_at is None or now - self._discovered_at >= self._discover_every
-        ):
+        if self._discovery_due(now):
             found = await self._blocking.run(self._rediscover)
             if found is not None:
                 self._log_discovery(found)
@@ -158,10 +156,36 @@ class EngineSource:
                 self._said_none = True
             return ()  # nothing to read is not a failure: the source stays up
         self._said_none = False
-        carry = [self._carried(t, now) for t in self._targets]
-        readings = await self._blocking.run(lambda: self._build(carry, now))
+        readings = await self._blocking.run(self._build_job(now))
         self._log_states(readings)
         return readings
+
+    def start_read(self) -> asyncio.Future[tuple[EngineReading, ...]]:
+        """Start this tick's read and return its future: one call in the source's thread (the Sampler's way).
+
+        A tick that looks for engines again, or has none to read, runs `read()` in a task instead.
+        """
+        now = self._clock()
+        if not self.cfg.engine.enabled or self._discovery_due(now) or not self._targets:
+            return asyncio.ensure_future(self.read())
+        self._said_none = False
+        future = self._blocking.submit(self._build_job(now))
+        future.add_done_callback(self._built)  # logs each engine's change of state, before the tick goes on
+        return future
+
+    def _discovery_due(self, now: float) -> bool:
+        return self.cfg.engine.discover and (
+            self._discovered_at is None or now - self._discovered_at >= self._discover_every
+        )
+
+    def _build_job(self, now: float) -> Callable[[], tuple[EngineReading, ...]]:
+        """Return this tick's build for the source's thread, with the page readings to carry decided now."""
+        carry = [self._carried(t, now) for t in self._targets]
+        return lambda: self._build(carry, now)
+
+    def _built(self, future: asyncio.Future[tuple[EngineReading, ...]]) -> None:
+        if not future.cancelled() and future.exception() is None:
+            self._log_states(future.result())
 
     def follow(self, snap: Snapshot) -> None:
         """Note which engines the newest Snapshot served from agent counts: their pages are read rarely."""

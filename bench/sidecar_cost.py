@@ -342,10 +342,20 @@ def watch_gc() -> dict[str, float]:
 
 
 def thread_cpu() -> dict[str, float]:
-    """Return this process's CPU seconds (utime + stime) by thread name."""
+    """Return this process's CPU seconds by thread name: each Python thread's CPU clock (ns), else utime + stime."""
     names = {t.native_id: t.name for t in threading.enumerate()}
     out: dict[str, float] = {}
+    clocked = set()
+    for t in threading.enumerate():
+        try:
+            seconds = time.clock_gettime(time.pthread_getcpuclockid(t.ident or 0))
+        except (OSError, OverflowError):
+            continue
+        out[t.name] = out.get(t.name, 0.0) + seconds
+        clocked.add(t.native_id)
     for tid in os.listdir("/proc/self/task"):
+        if int(tid) in clocked:
+            continue
         try:
             with open(f"/proc/self/task/{tid}/stat") as f:
                 fields = f.read().rpartition(")")[2].split()

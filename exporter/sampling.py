@@ -185,7 +185,11 @@ class Sampler:
         if state.pending is None:
             state.started, state.ended = time.perf_counter(), None
             start = state.start_read  # a read that is one call in a thread, or none: no task around it
-            state.pending = start() if start is not None else asyncio.ensure_future(source.read())
+            try:
+                state.pending = start() if start is not None else asyncio.ensure_future(source.read())
+            except Exception as exc:  # a start that raises fails this read, as a read's task would
+                state.pending = asyncio.get_running_loop().create_future()
+                state.pending.set_exception(exc)
             if state.pending.done():
                 state.ended = time.perf_counter()
             else:

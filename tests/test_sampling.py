@@ -545,3 +545,26 @@ async def test_a_hung_read_through_start_read_is_down_as_through_read_and_not_st
     finally:
         release.set()
         hung.close()
+
+
+async def test_a_start_read_that_raises_fails_that_source_only():
+    class Raising:
+        name = "host"
+
+        async def read(self):
+            raise AssertionError("read() is not called when start_read() exists")
+
+        def start_read(self):
+            raise RuntimeError("can't start new thread")
+
+        def close(self) -> None:
+            pass
+
+    nvml = NvmlSource(NvmlConfig(), nvml=FakeNvml())  # type: ignore[arg-type]
+    sampler = Sampler(Config(), [nvml, Raising()], clock=Clock(100.0))
+    try:
+        snap = await sampler.tick()
+    finally:
+        nvml.close()
+    assert snap.source("nvml").up is True
+    assert snap.source("host").up is False and "can't start new thread" in snap.source("host").last_error

@@ -252,7 +252,7 @@ def capture_ticks(path: str, gpus: int, skip: int = 20, keep: int = 40) -> None:
 def time_parts() -> dict[str, float]:
     """Add up the CPU time (time.thread_time, in their own thread) of the daemon's synchronous parts."""
     from exporter import sampling, wire
-    from exporter.sources import unixsock
+    from exporter.sources import engine, placement, procs, unixsock
     from exporter.sources.agent_feed import AgentFeed
     from exporter.sources.engine import EngineSource
     from exporter.sources.host import HostSource
@@ -280,10 +280,46 @@ def time_parts() -> dict[str, float]:
     wrap(AgentFeed, "_take", "main:agent_readable:take")
     wrap(AgentFeed, "collect", "main:agent_collect")
     wrap(EngineSource, "_build", "engine:build")
+    wrap(EngineSource, "_fetch", "engine:build:fetch")  # inside _build, as the next five
+    wrap(EngineSource, "_read_one", "engine:build:parse")
+    wrap(procs.CpuTracker, "sample", "engine:build:cpu")
+    wrap(EngineSource, "_with_processes", "engine:build:processes")  # the next two inside it
+    wrap(engine, "read_cgroup_cpu", "engine:build:processes:cgroups")
+    wrap(placement, "placements", "engine:build:processes:placements")
     wrap(EngineSource, "_rediscover", "engine:rediscover")
     wrap(NvmlSource, "read_blocking", "nvml:read")
     wrap(HostSource, "read_blocking", "host:read")
+    if os.environ.get("BW_COST_LOOP"):  # every event-loop callback's CPU, by what it runs ("loop:...")
+        time_callbacks(out)
     return out
+
+
+def _callback_label(handle: Any) -> str:
+    """Return what an event-loop callback runs: a task's coroutine, else the callback's qualified name."""
+    cb = handle._callback
+    owner = getattr(cb, "__self__", None)
+    if isinstance(owner, __import__("asyncio").Task):
+        coro = owner.get_coro()
+        return "loop:task:" + getattr(coro, "__qualname__", type(coro).__name__)
+    name = getattr(cb, "__qualname__", None) or type(cb).__name__
+    return "loop:" + name
+
+
+def time_callbacks(out: dict[str, float]) -> None:
+    """Add up the CPU time of each event-loop callback (asyncio's Handle._run), by `_callback_label`."""
+    import asyncio.events
+
+    real = asyncio.events.Handle._run
+
+    def _run(self: Any) -> None:
+        label = _callback_label(self)
+        t = time.thread_time()
+        try:
+            real(self)
+        finally:
+            out[label] = out.get(label, 0.0) + time.thread_time() - t
+
+    asyncio.events.Handle._run = _run  # type: ignore[method-assign]
 
 
 def watch_gc() -> dict[str, float]:
@@ -306,10 +342,20 @@ def watch_gc() -> dict[str, float]:
 
 
 def thread_cpu() -> dict[str, float]:
-    """Return this process's CPU seconds (utime + stime) by thread name."""
+    """Return this process's CPU seconds by thread name: each Python thread's CPU clock (ns), else utime + stime."""
     names = {t.native_id: t.name for t in threading.enumerate()}
     out: dict[str, float] = {}
+    clocked = set()
+    for t in threading.enumerate():
+        try:
+            seconds = time.clock_gettime(time.pthread_getcpuclockid(t.ident or 0))
+        except (OSError, OverflowError):
+            continue
+        out[t.name] = out.get(t.name, 0.0) + seconds
+        clocked.add(t.native_id)
     for tid in os.listdir("/proc/self/task"):
+        if int(tid) in clocked:
+            continue
         try:
             with open(f"/proc/self/task/{tid}/stat") as f:
                 fields = f.read().rpartition(")")[2].split()

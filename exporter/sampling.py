@@ -121,6 +121,7 @@ class _SourceState:
         self.ended: float | None = None  # when the pending read finished (perf_counter)
         self.last_reading: Any = None
         self.last_ok: float | None = None
+        self.start_read: Callable[[], asyncio.Future[Any]] | None = None  # the source's, if it has one
 
     def finished(self, _future: asyncio.Future[Any]) -> None:
         """Note when the pending read finished, so its duration does not count the wait for the others."""
@@ -144,6 +145,8 @@ class Sampler:
         self._clock = clock
         self._wall = wall
         self._state = {s.name: _SourceState() for s in self.sources}
+        for s in self.sources:
+            self._state[s.name].start_read = getattr(s, "start_read", None)
         size = max(2, int(cfg.history_seconds / cfg.tick_seconds) + 1)
         self._history: collections.deque[Snapshot] = collections.deque(maxlen=size)
         self._compact_gpus = CompactGpus()  # what the compacted history shares
@@ -181,8 +184,16 @@ class Sampler:
         state = self._state[source.name]
         if state.pending is None:
             state.started, state.ended = time.perf_counter(), None
-            state.pending = asyncio.ensure_future(source.read())
-            state.pending.add_done_callback(state.finished)
+            start = state.start_read  # a read that is one call in a thread, or none: no task around it
+            try:
+                state.pending = start() if start is not None else asyncio.ensure_future(source.read())
+            except Exception as exc:  # a start that raises fails this read, as a read's task would
+                state.pending = asyncio.get_running_loop().create_future()
+                state.pending.set_exception(exc)
+            if state.pending.done():
+                state.ended = time.perf_counter()
+            else:
+                state.pending.add_done_callback(state.finished)
         return state.pending
 
     def _result(self, source: Source) -> tuple[Any, SourceStatus]:

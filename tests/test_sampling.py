@@ -487,3 +487,84 @@ async def test_the_daemon_collects_young_objects_less_often_while_serving_and_re
     await asyncio.wait_for(daemon.serve(cfg, sources=[_Lifecycle()], stop=stop, on_ready=ready), 30)
     assert seen and seen[0][0] == max(before[0], daemon.GC_YOUNG_THRESHOLD) and seen[0][1:] == before[1:]
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+
+
+class Started:
+    """A source with start_read(): the Sampler takes its future and never calls read()."""
+
+    name = "host"
+
+    def __init__(self, reader: BlockingReader, fn) -> None:
+        self.reader, self.fn = reader, fn
+        self.reads = self.starts = 0
+
+    async def read(self):
+        self.reads += 1
+        return await self.reader.run(self.fn)
+
+    def start_read(self):
+        self.starts += 1
+        return self.reader.submit(self.fn)
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+async def test_a_source_with_start_read_is_read_through_its_future_without_a_task():
+    from exporter.snapshot.host import HostReading
+
+    reading = HostReading(cpus=4, cpu_busy=0.25)
+    src = Started(BlockingReader("started", timeout=1.0), lambda: reading)
+    sampler = Sampler(Config(), [src], clock=Clock(100.0))
+    try:
+        snap = await sampler.tick()
+        snap = await sampler.tick()
+    finally:
+        src.close()
+    assert src.starts == 2 and src.reads == 0
+    assert snap.host == reading and snap.source("host").up is True
+
+
+async def test_a_hung_read_through_start_read_is_down_as_through_read_and_not_started_again():
+    hung = Hung()
+    release = threading.Event()
+    started = []
+
+    def block():
+        started.append(1)
+        release.wait(5)
+
+    src = Started(hung._reader, block)
+    sampler = Sampler(Config(), [src], clock=Clock(100.0))
+    try:
+        for _ in range(4):
+            snap = await sampler.tick()
+        assert snap.source("host").up is False
+        assert "still running" in snap.source("host").last_error
+        assert len(started) == 1
+    finally:
+        release.set()
+        hung.close()
+
+
+async def test_a_start_read_that_raises_fails_that_source_only():
+    class Raising:
+        name = "host"
+
+        async def read(self):
+            raise AssertionError("read() is not called when start_read() exists")
+
+        def start_read(self):
+            raise RuntimeError("can't start new thread")
+
+        def close(self) -> None:
+            pass
+
+    nvml = NvmlSource(NvmlConfig(), nvml=FakeNvml())  # type: ignore[arg-type]
+    sampler = Sampler(Config(), [nvml, Raising()], clock=Clock(100.0))
+    try:
+        snap = await sampler.tick()
+    finally:
+        nvml.close()
+    assert snap.source("nvml").up is True
+    assert snap.source("host").up is False and "can't start new thread" in snap.source("host").last_error

@@ -347,6 +347,19 @@ class AgentFeed:
 
     async def read(self) -> AgentReading:
         """Return what the agents reported since the last read (windows raw, per GPU)."""
+        return self._read_now()
+
+    def start_read(self) -> asyncio.Future[AgentReading]:
+        """Return `read()`'s outcome as a future already done (the Sampler's way: no task)."""
+        future: asyncio.Future[AgentReading] = asyncio.get_running_loop().create_future()
+        try:
+            future.set_result(self._read_now())
+        except Exception as exc:
+            future.set_exception(exc)
+        return future
+
+    def _read_now(self) -> AgentReading:
+        """Return what the agents reported since the last read, or raise SourceUnavailable."""
         if self._sock is None:
             raise SourceUnavailable(self.start_error or "agent feed not started")
         if self._sock_stat is not None and not self._still_bound():

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from exporter.snapshot.host import CgroupCpu
+from exporter.sources.pseudofiles import KeptFiles
 
 V1_CPU_DIRS = ("cpu,cpuacct", "cpu", "cpuacct,cpu")
 V1_ACCT_DIRS = ("cpu,cpuacct", "cpuacct", "cpuacct,cpu")
@@ -21,10 +22,11 @@ def cgroup_version(cgroup_root: str) -> int:
     return 2 if os.path.exists(os.path.join(cgroup_root, "cgroup.controllers")) else 1
 
 
-def cgroup_path_of(proc_root: str, pid: int | str) -> str:
-    """Return the CPU cgroup path of a process ("/" when it cannot be told)."""
+def cgroup_path_of(proc_root: str, pid: int | str, files: KeptFiles | None = None) -> str:
+    """Return the CPU cgroup path of a process ("/" when it cannot be told); `files`: kept open there."""
+    path = f"{proc_root}/{pid}/cgroup"
     try:
-        text = read_file(f"{proc_root}/{pid}/cgroup")
+        text = read_file(path) if files is None else files.read(path).decode(errors="replace")
     except OSError:
         return "/"
     unified = None
@@ -59,9 +61,11 @@ def read_file(path: str) -> str:
     return b"".join(chunks).decode(errors="replace")
 
 
-def _read_str(path: str) -> str | None:
-    """Return a small file's text, stripped (None when it cannot be read)."""
+def _read_str(path: str, files: KeptFiles | None = None) -> str | None:
+    """Return a small file's text, stripped (None when it cannot be read); `files`: kept open there."""
     try:
+        if files is not None:
+            return files.read(path).decode(errors="replace").strip()
         return read_file(path).strip()
     except OSError:
         return None
@@ -168,18 +172,23 @@ def _v1_dir_cached(cgroup_root: str, names: tuple[str, ...], now: float | None) 
 
 
 def read_cgroup_cpu(
-    cgroup_root: str, rel_path: str, version: int | None = None, now: float | None = None
+    cgroup_root: str,
+    rel_path: str,
+    version: int | None = None,
+    now: float | None = None,
+    files: KeptFiles | None = None,
 ) -> CgroupCpu | None:
     """Return the CPU quota and throttling counters of one cgroup, or None when it is not there.
 
     With `now` (monotonic seconds) the quota (and where a v1 hierarchy is) comes from a cache
     younger than QUOTA_EVERY_SECONDS (they change rarely; the counters are read every call).
+    With `files` the counters' files are read through it (kept open, one pread each).
     """
     version = version or cgroup_version(cgroup_root)
     rel_path = rel_path or "/"
     if version == 2:
         leaf = os.path.join(cgroup_root, rel_path.lstrip("/"))
-        stat_text = _read_str(os.path.join(leaf, "cpu.stat"))
+        stat_text = _read_str(os.path.join(leaf, "cpu.stat"), files)
         if stat_text is None and not os.path.isdir(leaf):
             return None
         stat = _stat(stat_text)
@@ -196,12 +205,13 @@ def read_cgroup_cpu(
     if base is None:
         return None
     v1_leaf = os.path.join(base, rel_path.lstrip("/"))
-    stat_text = _read_str(os.path.join(v1_leaf, "cpu.stat"))
+    stat_text = _read_str(os.path.join(v1_leaf, "cpu.stat"), files)
     if stat_text is None and not os.path.isdir(v1_leaf):
         return None
     stat = _stat(stat_text)
     acct = _v1_dir_cached(cgroup_root, V1_ACCT_DIRS, now)
-    usage = _read_str(os.path.join(acct, rel_path.lstrip("/"), "cpuacct.usage")) if acct is not None else None
+    usage_path = os.path.join(acct, rel_path.lstrip("/"), "cpuacct.usage") if acct is not None else None
+    usage = _read_str(usage_path, files) if usage_path is not None else None
     return CgroupCpu(
         path=rel_path,
         quota_cores=_quota_cached(cgroup_root, rel_path, now, lambda: _v1_quota(base, rel_path)),

@@ -42,7 +42,7 @@ from exporter.snapshot.frozen import replace
 from exporter.snapshot.host import CgroupCpu, ProcessCpu
 from exporter.sources import placement, procs
 from exporter.sources.base import BlockingReader, SourceUnavailable
-from exporter.sources.cgroup import cgroup_path_of, read_cgroup_cpu
+from exporter.sources.cgroup import cgroup_path_of, cgroup_version, read_cgroup_cpu
 from exporter.sources.engine_discovery import (
     EngineTarget,
     configured_target,
@@ -65,6 +65,7 @@ from exporter.sources.engine_scrape import (
     read_page_file,
     refused_tuple,
 )
+from exporter.sources.pseudofiles import KeptFiles
 
 log = structlog.get_logger("boundwatch.engine")
 
@@ -110,11 +111,16 @@ class EngineSource:
         self._configured = [configured_target(u) for u in cfg.engine.urls]
         self._targets: list[EngineTarget] = list(self._configured)
         self._discovered_at: float | None = None
-        self._cpu = procs.CpuTracker(self.proc_root, hot_every=procs.HOT_LIST_SECONDS)
+        # the /proc and cgroup files read each tick, kept open (engine thread only; closed by it)
+        self._files = KeptFiles()
+        self._cpu = procs.CpuTracker(self.proc_root, hot_every=procs.HOT_LIST_SECONDS, files=self._files)
         self._table = procs.ProcessTable(self.proc_root)
         self._found_targets: list[EngineTarget] | None = None  # what discovery found last
         self._cgroup_paths: dict[int, str] = {}  # pid -> cgroup path, until the table changes
-        self._blocking = BlockingReader("engine", max(1.0, cfg.engine.timeout_seconds * 4))
+        self._cgroup_version: tuple[float, int] | None = None  # (looked at, v1 or v2), once a period
+        self._blocking = BlockingReader(
+            "engine", max(1.0, cfg.engine.timeout_seconds * 4), on_exit=self._files.close
+        )
         self._clients: dict[str, PageClient] = {}  # url -> its kept-alive connection (engine thread only)
         self._names: dict[str, str] = {}  # target url -> engine name once its kind is known
         self._readers: dict[str, MultiprocReader] = {}  # multiprocess dir -> its reader (and file index)
@@ -136,9 +142,7 @@ class EngineSource:
         if not self.cfg.engine.enabled:
             raise SourceUnavailable("engine source disabled")
         now = self._clock()
-        if self.cfg.engine.discover and (
-            self._discovered_at is None or now - self._discovered_at >= self._discover_every
-        ):
+        if self._discovery_due(now):
             found = await self._blocking.run(self._rediscover)
             if found is not None:
                 self._log_discovery(found)
@@ -152,10 +156,36 @@ class EngineSource:
                 self._said_none = True
             return ()  # nothing to read is not a failure: the source stays up
         self._said_none = False
-        carry = [self._carried(t, now) for t in self._targets]
-        readings = await self._blocking.run(lambda: self._build(carry, now))
+        readings = await self._blocking.run(self._build_job(now))
         self._log_states(readings)
         return readings
+
+    def start_read(self) -> asyncio.Future[tuple[EngineReading, ...]]:
+        """Start this tick's read and return its future: one call in the source's thread (the Sampler's way).
+
+        A tick that looks for engines again, or has none to read, runs `read()` in a task instead.
+        """
+        now = self._clock()
+        if not self.cfg.engine.enabled or self._discovery_due(now) or not self._targets:
+            return asyncio.ensure_future(self.read())
+        self._said_none = False
+        future = self._blocking.submit(self._build_job(now))
+        future.add_done_callback(self._built)  # logs each engine's change of state, before the tick goes on
+        return future
+
+    def _discovery_due(self, now: float) -> bool:
+        return self.cfg.engine.discover and (
+            self._discovered_at is None or now - self._discovered_at >= self._discover_every
+        )
+
+    def _build_job(self, now: float) -> Callable[[], tuple[EngineReading, ...]]:
+        """Return this tick's build for the source's thread, with the page readings to carry decided now."""
+        carry = [self._carried(t, now) for t in self._targets]
+        return lambda: self._build(carry, now)
+
+    def _built(self, future: asyncio.Future[tuple[EngineReading, ...]]) -> None:
+        if not future.cancelled() and future.exception() is None:
+            self._log_states(future.result())
 
     def follow(self, snap: Snapshot) -> None:
         """Note which engines the newest Snapshot served from agent counts: their pages are read rarely."""
@@ -286,6 +316,7 @@ class EngineSource:
         names = {r.name for r in out}
         for name in [n for n in self._pages if n not in names]:
             del self._pages[name]
+        self._files.sweep()  # the files of processes, threads and cgroups no longer read are closed
         return tuple(out)
 
     def _claim(self, target: EngineTarget, kind: str) -> str:
@@ -373,7 +404,8 @@ class EngineSource:
         for pid in dict.fromkeys((*target.engine_pids, *target.api_server_pids)):
             path = self._cgroup_of(pid)
             if path not in cgroups:
-                cg = read_cgroup_cpu(self.cgroup_root, path, now=now)
+                version = self._cgroup_version_at(now)
+                cg = read_cgroup_cpu(self.cgroup_root, path, version, now=now, files=self._files)
                 if cg is not None:
                     cgroups[path] = cg
         servers = tuple(replace(s, cgroup=self._cgroup_of(s.pid)) for s in servers)
@@ -390,11 +422,17 @@ class EngineSource:
             placements=placement.placements(self.proc_root, target.engine_pids, self._table.rows),
         )
 
+    def _cgroup_version_at(self, now: float) -> int:
+        """Return whether the cgroup tree is v1 or v2, looked at once per discovery period."""
+        if self._cgroup_version is None or now - self._cgroup_version[0] >= self._discover_every:
+            self._cgroup_version = (now, cgroup_version(self.cgroup_root))
+        return self._cgroup_version[1]
+
     def _cgroup_of(self, pid: int) -> str:
         """Return a process's cgroup path, read once per discovery period (or per tick, once dropped)."""
         path = self._cgroup_paths.get(pid)
         if path is None:
-            path = self._cgroup_paths[pid] = cgroup_path_of(self.proc_root, pid)
+            path = self._cgroup_paths[pid] = cgroup_path_of(self.proc_root, pid, self._files)
         return path
 
     def close(self) -> None:

@@ -4,10 +4,12 @@ Reads `/proc/stat` under an injectable `proc_root` and the cgroup tree under `cg
 tests feed it fixture files. The process table (API servers, their threads) is in procs.py.
 Its own cgroup's counters are read every tick, the path to that cgroup (and whether the hierarchy
 is v1 or v2) every `OWN_CGROUP_EVERY_SECONDS`: each file opened costs a cold tick tens of us.
+/proc/stat and the counters' files are kept open and read with one pread each (pseudofiles.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import Callable
@@ -15,7 +17,8 @@ from collections.abc import Callable
 from exporter.config import HostConfig
 from exporter.snapshot.host import HostReading
 from exporter.sources.base import BlockingReader
-from exporter.sources.cgroup import cgroup_path_of, cgroup_version, read_cgroup_cpu, read_file
+from exporter.sources.cgroup import cgroup_path_of, cgroup_version, read_cgroup_cpu
+from exporter.sources.pseudofiles import KeptFiles
 
 
 def parse_proc_stat(text: str) -> tuple[int, int, int]:
@@ -45,7 +48,8 @@ class HostSource:
     def __init__(self, cfg: HostConfig, clock: Callable[[], float] = time.monotonic) -> None:
         self._cfg = cfg
         self._clock = clock
-        self._reader = BlockingReader(self.name, cfg.timeout_seconds)
+        self._files = KeptFiles()  # /proc/stat and the cgroup's counters, kept open (the reader's thread)
+        self._reader = BlockingReader(self.name, cfg.timeout_seconds, on_exit=self._files.close)
         self._prev: tuple[int, int] | None = None
         self._own: tuple[float, str, int] | None = None  # (read at, own cgroup path, cgroup version)
 
@@ -53,9 +57,14 @@ class HostSource:
         """Return this tick's host reading."""
         return await self._reader.run(self.read_blocking)
 
+    def start_read(self) -> asyncio.Future[HostReading]:
+        """Start this tick's read in the reader's thread and return its future (the Sampler's way)."""
+        return self._reader.submit(self.read_blocking)
+
     def read_blocking(self) -> HostReading:
         """Read the host now, in the calling thread."""
-        busy, total, cpus = parse_proc_stat(read_file(os.path.join(self._cfg.proc_root, "stat")))
+        text = self._files.read(os.path.join(self._cfg.proc_root, "stat")).decode(errors="replace")
+        busy, total, cpus = parse_proc_stat(text)
         ratio = None
         if self._prev is not None and total > self._prev[1]:
             ratio = (busy - self._prev[0]) / (total - self._prev[1])
@@ -66,7 +75,8 @@ class HostSource:
             path = cgroup_path_of(self._cfg.proc_root, "self")
             self._own = (now, path, cgroup_version(self._cfg.cgroup_root))
         _, path, version = self._own
-        own = read_cgroup_cpu(self._cfg.cgroup_root, path, version=version, now=now)
+        own = read_cgroup_cpu(self._cfg.cgroup_root, path, version=version, now=now, files=self._files)
+        self._files.sweep()
         return HostReading(cpus=cpus or (os.cpu_count() or 1), cpu_busy=ratio, own_cgroup=own)
 
     def close(self) -> None:

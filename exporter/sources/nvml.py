@@ -15,6 +15,7 @@ The `nvml` module is injectable: tests give it a stand-in for the driver.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -93,6 +94,10 @@ class NvmlSource:
     async def read(self) -> tuple[GpuReading, ...]:
         """Return this tick's reading of every GPU."""
         return await self._reader.run(self.read_blocking)
+
+    def start_read(self) -> asyncio.Future[tuple[GpuReading, ...]]:
+        """Start this tick's read in the reader's thread and return its future (the Sampler's way)."""
+        return self._reader.submit(self.read_blocking)
 
     def read_blocking(self) -> tuple[GpuReading, ...]:
         """Read every GPU now, in the calling thread."""

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from exporter.snapshot.engine import ThreadLoad
 from exporter.snapshot.host import ProcessCpu
+from exporter.sources.pseudofiles import KeptFiles
 
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -63,7 +64,12 @@ def parse_stat(text: str) -> Stat | None:
         return None
 
 
-def _read_text(path: Path | str) -> str | None:
+def _read_text(path: Path | str, files: KeptFiles | None = None) -> str | None:
+    if files is not None:  # a pseudo-file kept open: one pread
+        try:
+            return files.read(str(path)).decode(errors="replace")
+        except OSError:
+            return None
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -79,10 +85,12 @@ def _read_text(path: Path | str) -> str | None:
         os.close(fd)
 
 
-def read_stat(proc_root: str, pid: int, tid: int | None = None) -> Stat | None:
+def read_stat(
+    proc_root: str, pid: int, tid: int | None = None, files: KeptFiles | None = None
+) -> Stat | None:
     """Return the stat of a process, or of one of its threads; None when it is gone."""
     path = f"{proc_root}/{pid}/stat" if tid is None else f"{proc_root}/{pid}/task/{tid}/stat"
-    text = _read_text(path)
+    text = _read_text(path, files)
     return parse_stat(text) if text else None
 
 
@@ -253,9 +261,9 @@ def read_schedstat(proc_root: str, pid: int, tid: int) -> int | None:
     return None if times is None else times[0] + times[1]
 
 
-def _schedstat(path: str) -> tuple[int, int] | None:
+def _schedstat(path: str, files: KeptFiles | None = None) -> tuple[int, int] | None:
     """Return (ns on CPU, ns waiting on a run queue) from a schedstat file, None without one."""
-    text = _read_text(path)
+    text = _read_text(path, files)
     if not text:
         return None
     fields = text.split()
@@ -392,6 +400,11 @@ class CpuTracker:
     A thread last read before the previous tick is reported at a listing by what it can have used
     this tick (its CPU since its last read, at most the other threads' CPU this tick), without
     run-queue wait; from the next tick on exactly.
+
+    With `files` the stat and schedstat files are read through it (kept open, one pread each); its
+    owner sweeps it once per tick, so the files of processes and threads no longer read are closed.
+    A kernel that keeps no schedstat files (seen once through a kept stat) has them not looked for
+    again: each thread's stat is read each tick there, as it was when its schedstat was missing.
     """
 
     def __init__(
@@ -400,8 +413,10 @@ class CpuTracker:
         clock: Callable[[], float] = time.monotonic,
         full_every: float = FULL_READ_SECONDS,
         hot_every: float = 0.0,
+        files: KeptFiles | None = None,
     ) -> None:
         self.proc_root = proc_root
+        self._files = files  # the stat and schedstat files read each tick, kept open (pseudofiles.py)
         self._clock = clock
         self._full_every = full_every
         self._hot_every = hot_every
@@ -409,24 +424,29 @@ class CpuTracker:
         self.stat_reads = 0  # thread stat files read, for tests and the bench
         self.schedstat_reads = 0  # thread schedstat files read, for tests and the bench
         self.listings = 0  # reads of every thread of a process, for tests and the bench
+        self.no_schedstat = False  # this /proc has no schedstat files (the kernel keeps none): not looked for
 
     def _threads(
         self, pid: int, tids: Iterable[int], before: dict[int, _Thread], full: bool, now: float
     ) -> dict[int, _Thread]:
         """Return the given threads' times now, reading a stat only when schedstat says it ran."""
-        root = self.proc_root
+        root, files = self.proc_root, self._files
         out: dict[int, _Thread] = {}
         for tid in tids:
-            self.schedstat_reads += 1
-            times = _schedstat(f"{root}/{pid}/task/{tid}/schedstat")
+            times = None
+            if not self.no_schedstat:
+                self.schedstat_reads += 1
+                times = _schedstat(f"{root}/{pid}/task/{tid}/schedstat", files)
             old = before.get(tid)
             if not full and times is not None and old is not None and old.run == times[0]:
                 out[tid] = _Thread(old.ticks, times[0] + times[1], times[0], old.name, now)
                 continue
             self.stat_reads += 1
-            tstat = read_stat(root, pid, tid)
+            tstat = read_stat(root, pid, tid, files)
             if tstat is None:
                 continue
+            if times is None and not self.no_schedstat and files is not None:
+                self.no_schedstat = _schedstat_absent(files, f"{root}/{pid}/task/{tid}")
             run, sched = (None, None) if times is None else (times[0], times[0] + times[1])
             out[tid] = _Thread(tstat.cpu_ticks, sched, run, tstat.comm, now)
         return out
@@ -467,7 +487,7 @@ class CpuTracker:
         for info in procs:
             seen.add(info.pid)
             now = self._clock()
-            stat = read_stat(self.proc_root, info.pid)
+            stat = read_stat(self.proc_root, info.pid, files=self._files)
             if stat is None:
                 continue
             if stat.start_ticks != info.start_ticks:  # the pid is another process's now
@@ -504,6 +524,15 @@ class CpuTracker:
         for gone in set(self._last) - seen:
             del self._last[gone]
         return out
+
+
+def _schedstat_absent(files: KeptFiles, task: str) -> bool:
+    """Say whether a kernel /proc has no schedstat: a thread's stat is a kept pseudo-file, its schedstat missing.
+
+    Whether /proc has schedstat files is the kernel's build (CONFIG_SCHED_INFO), the same for every
+    thread; a fixture tree of plain files is never kept, so it is looked for there every time.
+    """
+    return files.kept(f"{task}/stat") and not os.path.exists(f"{task}/schedstat")
 
 
 def _load(tid: int, t: _Thread, old: _Thread, prev_at: float, wall: float, others: int) -> ThreadLoad:

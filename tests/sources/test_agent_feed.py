@@ -365,3 +365,22 @@ def test_a_quiet_agent_that_captured_graphs_counts_zero_replays_while_it_stays_q
     f.alive = lambda pid: False  # its process ended: no more zeros, whatever it said last
     clock.t += 6
     assert f.collect().graphs == ()
+
+
+async def test_start_read_hands_out_what_read_would_as_a_done_future(tmp_path) -> None:
+    import asyncio
+
+    from exporter.config import AgentFeedConfig
+    from exporter.sources.agent_feed import AgentFeed
+    from exporter.sources.base import SourceUnavailable
+
+    feed = AgentFeed(AgentFeedConfig(socket=str(tmp_path / "a.sock")))
+    future = feed.start_read()
+    assert future.done() and isinstance(future.exception(), SourceUnavailable)
+    await feed.start()
+    try:
+        done = feed.start_read()
+        assert isinstance(done, asyncio.Future) and done.done()
+        assert done.result() == await feed.read()
+    finally:
+        feed.close()

@@ -66,3 +66,63 @@ async def test_the_reader_thread_is_a_daemon_and_stops_on_close():
     assert not thread.is_alive()
     with pytest.raises(RuntimeError):
         await reader.run(lambda: None)
+
+
+async def test_a_submitted_read_is_the_same_read_as_run_without_a_task():
+    reader = BlockingReader("demo", timeout=5.0)
+
+    def fail() -> None:
+        raise OSError("gone")
+
+    try:
+        future = reader.submit(lambda: threading.current_thread().name)
+        assert not isinstance(future, asyncio.Task)
+        assert await future == "bw-demo_0"
+        with pytest.raises(OSError, match="gone"):
+            await reader.submit(fail)
+        assert await reader.submit(lambda: 42) == 42
+        loop = asyncio.get_running_loop()
+        assert not [h for h in loop._scheduled if not h.cancelled()]  # type: ignore[attr-defined]
+    finally:
+        reader.close()
+
+
+async def test_a_late_submitted_read_fails_as_run_fails_and_blocks_a_second_until_it_ends():
+    reader = BlockingReader("demo", timeout=0.05)
+    release = threading.Event()
+    try:
+        with pytest.raises(ReadTimeout, match=r"read took longer than 0\.05s"):
+            await reader.submit(lambda: release.wait(5))
+        second = reader.submit(lambda: 1)
+        assert second.done()
+        with pytest.raises(ReadTimeout, match="previous read still running"):
+            second.result()
+        release.set()
+        for _ in range(500):  # the late read ends (its result dropped); the reader then takes reads again
+            try:
+                assert await reader.submit(lambda: 2) == 2
+                break
+            except ReadTimeout:
+                await asyncio.sleep(0.01)
+        else:
+            raise AssertionError("the reader never took a read again")
+    finally:
+        release.set()
+        reader.close()
+
+
+async def test_a_cancelled_submitted_read_drops_its_result_and_a_closed_reader_refuses():
+    reader = BlockingReader("demo", timeout=5.0)
+    release = threading.Event()
+    future = reader.submit(lambda: release.wait(5))
+    future.cancel()
+    release.set()
+    for _ in range(500):  # the cancelled read ends; its result goes nowhere
+        if not reader._busy:
+            break
+        await asyncio.sleep(0.01)
+    assert await reader.submit(lambda: 3) == 3
+    assert future.cancelled()
+    reader.close()
+    with pytest.raises(RuntimeError, match="after close"):
+        await reader.submit(lambda: None)

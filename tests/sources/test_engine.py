@@ -337,3 +337,39 @@ def test_inspect_of_a_local_engine_lists_its_api_server_processes(fake_vllm, cap
     assert (servers["count"], servers["count_from"]) == (2, "processes")
     assert [p["server"] for p in servers["processes"]] == [0, 1]
     assert data["steps"]["method"] == "output_steps" and data["steps"]["total"] == data["steps"]["lower"]
+
+
+async def test_between_discoveries_a_tick_is_one_call_in_the_source_thread_with_the_same_readings():
+    import structlog
+
+    dead = f"http://127.0.0.1:{free_port()}/metrics"
+    page = str(PAGES / "vllm-sim-0.11-asc4.prom")
+    by_start = EngineSource(config(urls=(page, dead), discover=False))
+    by_read = EngineSource(config(urls=(page, dead), discover=False))
+    try:
+        with structlog.testing.capture_logs() as started_logs:
+            first = by_start.start_read()
+            assert not isinstance(first, asyncio.Task)  # configured engines: no discovery, no task
+            started = await first
+        with structlog.testing.capture_logs() as read_logs:
+            read = await by_read.read()
+    finally:
+        await by_start.aclose()
+        await by_read.aclose()
+
+    def same(r):  # the time a read took is the only field that differs
+        return dataclasses.replace(r, scrape_seconds=None)
+
+    assert [same(r) for r in started] == [same(r) for r in read]
+    assert [(e["event"], e["engine"]) for e in started_logs] == [(e["event"], e["engine"]) for e in read_logs]
+    assert {e["event"] for e in started_logs} == {"engine_up", "engine_down"}
+
+
+async def test_a_discovery_tick_or_a_disabled_source_reads_through_read_in_a_task(tmp_path):
+    (tmp_path / "proc").mkdir()
+    src = EngineSource(config(urls=()), proc_root=str(tmp_path / "proc"))
+    try:
+        due = src.start_read()
+        assert isinstance(due, asyncio.Task) and await due == ()
+    finally:
+        await src.aclose()

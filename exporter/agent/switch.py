@@ -167,14 +167,7 @@ class Switch:
                 return hook(*args, **kwargs)
 
             pair = (thin, checked)
-        for fn in pair:
-            for attr in ("__name__", "__qualname__", "__doc__", "__wrapped__"):
-                try:
-                    setattr(fn, attr, getattr(hook, attr))
-                except (AttributeError, TypeError):
-                    pass
-            setattr(fn, SWITCHED, True)
-        return pair
+        return (_dressed(pair[0], hook), _dressed(pair[1], hook))
 
     def _value(self, i: int, hooks_in: bool) -> Any:
         """Return what site i holds with the hooks in or out (its check while the engine drives)."""
@@ -198,13 +191,7 @@ class Switch:
                     return hook(*args, **kwargs)
                 return checked(*args, **kwargs)
 
-            for attr in ("__name__", "__qualname__", "__doc__", "__wrapped__"):
-                try:
-                    setattr(claiming, attr, getattr(hook, attr))
-                except (AttributeError, TypeError):
-                    pass
-            setattr(claiming, SWITCHED, True)
-            fn = self._claims[i] = claiming
+            fn = self._claims[i] = _dressed(claiming, hook)
         return fn
 
     def _claim(self, i: int, rank: int) -> Any:
@@ -626,9 +613,14 @@ def _launch_runner(out_fn: Any, step_open: list[bool], after: Any) -> Any:
             return result
 
         fn = launch_then_phase
+    return _dressed(fn, out_fn)
+
+
+def _dressed(fn: Any, like: Any) -> Any:
+    """Give fn the name, qualified name, doc and __wrapped__ of `like`, and this module's mark; return it."""
     for attr in ("__name__", "__qualname__", "__doc__", "__wrapped__"):
         try:
-            setattr(fn, attr, getattr(out_fn, attr))
+            setattr(fn, attr, getattr(like, attr))
         except (AttributeError, TypeError):
             pass
     setattr(fn, SWITCHED, True)

@@ -10,6 +10,17 @@ import pytest
 from exporter.sources.base import BlockingReader, ReadTimeout
 
 
+async def takes_reads_again(read) -> None:  # type: ignore[no-untyped-def]
+    """Wait (up to ~5 s) until read(fn) runs a read again after a late one; fail if it never does."""
+    for _ in range(500):
+        try:
+            assert await read(lambda: 2) == 2
+            return
+        except ReadTimeout:
+            await asyncio.sleep(0.01)
+    raise AssertionError("the reader never took a read again")
+
+
 async def test_a_read_returns_its_result_from_the_reader_thread():
     reader = BlockingReader("demo", timeout=5.0)
     try:
@@ -43,14 +54,7 @@ async def test_a_late_read_times_out_and_blocks_a_second_until_it_ends():
         with pytest.raises(ReadTimeout, match="previous read still running"):
             await reader.run(lambda: 1)
         release.set()
-        for _ in range(500):  # the late read ends; the reader then takes reads again
-            try:
-                assert await reader.run(lambda: 2) == 2
-                break
-            except ReadTimeout:
-                await asyncio.sleep(0.01)
-        else:
-            raise AssertionError("the reader never took a read again")
+        await takes_reads_again(reader.run)  # the late read ends; the reader then takes reads again
     finally:
         release.set()
         reader.close()
@@ -98,14 +102,7 @@ async def test_a_late_submitted_read_fails_as_run_fails_and_blocks_a_second_unti
         with pytest.raises(ReadTimeout, match="previous read still running"):
             second.result()
         release.set()
-        for _ in range(500):  # the late read ends (its result dropped); the reader then takes reads again
-            try:
-                assert await reader.submit(lambda: 2) == 2
-                break
-            except ReadTimeout:
-                await asyncio.sleep(0.01)
-        else:
-            raise AssertionError("the reader never took a read again")
+        await takes_reads_again(reader.submit)  # the late read ends (its result dropped)
     finally:
         release.set()
         reader.close()

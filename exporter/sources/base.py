@@ -96,23 +96,8 @@ class BlockingReader:
         self._closed = False
 
     async def run(self, fn: Callable[[], T]) -> T:
-        """Run fn in the reader's thread and return its result, or raise ReadTimeout."""
-        if self._busy:
-            raise ReadTimeout("previous read still running")
-        if self._closed:
-            raise RuntimeError("cannot schedule new reads after close")
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = loop.create_future()
-        self._busy = True
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._work, name=self._thread_name, daemon=True)
-            self._thread.start()
-        self._jobs.put((fn, future, loop, None))
-        try:  # a timeout cancels `future`; the read goes on in the thread and its result is dropped
-            async with asyncio.timeout(self._timeout):
-                return await future
-        except TimeoutError as exc:
-            raise ReadTimeout(f"read took longer than {self._timeout:.2f}s") from exc
+        """Run fn in the reader's thread and return its result, or raise ReadTimeout (`submit`, awaited)."""
+        return await self.submit(fn)
 
     def submit(self, fn: Callable[[], T]) -> asyncio.Future[T]:
         """Start fn in the reader's thread and return its future: what `run()` awaits, without a task.
@@ -163,7 +148,7 @@ class BlockingReader:
             self._on_exit()
 
 
-_Job = tuple[Callable[[], Any], "asyncio.Future[Any]", asyncio.AbstractEventLoop, asyncio.TimerHandle | None]
+_Job = tuple[Callable[[], Any], "asyncio.Future[Any]", asyncio.AbstractEventLoop, asyncio.TimerHandle]
 
 
 def _expire(future: asyncio.Future[Any], timeout: float) -> None:
@@ -176,11 +161,10 @@ def _deliver(
     future: asyncio.Future[Any],
     result: Any,
     error: BaseException | None,
-    expiry: asyncio.TimerHandle | None = None,
+    expiry: asyncio.TimerHandle,
 ) -> None:
     """Set a read's outcome on its future, unless the awaiting side gave up (timeout, cancel)."""
-    if expiry is not None:
-        expiry.cancel()
+    expiry.cancel()
     if future.done():
         return
     if error is not None:

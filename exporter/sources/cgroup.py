@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from exporter.snapshot.host import CgroupCpu
-from exporter.sources.pseudofiles import KeptFiles
+from exporter.sources.pseudofiles import KeptFiles, read_path
 
 V1_CPU_DIRS = ("cpu,cpuacct", "cpu", "cpuacct,cpu")
 V1_ACCT_DIRS = ("cpu,cpuacct", "cpuacct", "cpuacct,cpu")
@@ -51,14 +51,7 @@ def _read(path: Path) -> str | None:
 
 def read_file(path: str) -> str:
     """Return a /proc or cgroup file's text (raises OSError), without pathlib's per-call cost."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        chunks = []
-        while chunk := os.read(fd, 65536):
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
-    return b"".join(chunks).decode(errors="replace")
+    return read_path(path).decode(errors="replace")
 
 
 def _read_str(path: str, files: KeptFiles | None = None) -> str | None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from exporter.snapshot.engine import ThreadLoad
 from exporter.snapshot.host import ProcessCpu
-from exporter.sources.pseudofiles import KeptFiles
+from exporter.sources.pseudofiles import KeptFiles, read_path
 
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -71,18 +71,9 @@ def _read_text(path: Path | str, files: KeptFiles | None = None) -> str | None:
         except OSError:
             return None
     try:
-        fd = os.open(path, os.O_RDONLY)
+        return read_path(str(path)).decode(errors="replace")
     except OSError:
         return None
-    try:
-        chunks = []
-        while chunk := os.read(fd, 65536):
-            chunks.append(chunk)
-        return b"".join(chunks).decode(errors="replace")
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def read_stat(

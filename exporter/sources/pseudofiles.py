@@ -34,16 +34,21 @@ def _pread_all(fd: int) -> bytes:
     return b"".join(chunks)
 
 
-def _read_path(path: str) -> bytes:
-    """Return a file's text read by its path (raises OSError), as procs and cgroup read it."""
+def _read_fd(fd: int) -> bytes:
+    """Return the rest of an open file's text."""
+    chunks = []
+    while chunk := os.read(fd, _CHUNK):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def read_path(path: str) -> bytes:
+    """Return a file's text read by its path (raises OSError): open, read to the end, close, no pathlib."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        chunks = []
-        while chunk := os.read(fd, _CHUNK):
-            chunks.append(chunk)
+        return _read_fd(fd)
     finally:
         os.close(fd)
-    return b"".join(chunks)
 
 
 class KeptFiles:
@@ -86,17 +91,14 @@ class KeptFiles:
         """Read a file by its path, keeping it open when it is a pseudo-file and there is room."""
         self.opens += 1
         if len(self._fds) >= self.limit:
-            data = _read_path(path)
+            data = read_path(path)
             if data:
                 self.unkept += 1
             return data
         fd = os.open(path, os.O_RDONLY)
         keep = False
         try:
-            chunks = []
-            while chunk := os.read(fd, _CHUNK):
-                chunks.append(chunk)
-            data = b"".join(chunks)
+            data = _read_fd(fd)
             if data:
                 st = os.fstat(fd)
                 keep = stat.S_ISREG(st.st_mode) and st.st_size == 0

@@ -171,7 +171,13 @@ def union_fraction(intervals: list[tuple[int, int]], lo: int, hi: int) -> float:
 
 
 def run_fresh(
-    script: str, key: str, name: str, args: list[str], env_extra: dict[str, str] | None, sock: str
+    script: str,
+    key: str,
+    name: str,
+    args: list[str],
+    env_extra: dict[str, str] | None,
+    sock: str,
+    timeout: float = 240.0,
 ) -> dict[str, Any]:
     """Run `script --child name *args` in a fresh process (CUPTI cannot be unloaded), with no inherited
     BOUNDWATCH_AGENT_* but a socket nobody listens on (every message dropped and counted); return its
@@ -184,7 +190,7 @@ def run_fresh(
         env=env,
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=timeout,
     )
     line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
     if not line:

@@ -295,10 +295,12 @@ def main() -> int:
     from bench.light_agent_overhead import Listener
 
     listener = Listener(f"/tmp/bwbench/light-periods-{os.getpid()}.sock")
+    # each child: its warm-up and graph capture, every period with its settle, the two pause probes
+    child_s = 120 + 1.25 * (2 * (args.pairs + args.aa) + 2) * (args.period + args.settle) + 2 * args.pause
     runs = []
     try:
         for name in names:
-            r = run_fresh(__file__, "workload", name, opts, None, listener.path)
+            r = run_fresh(__file__, "workload", name, opts, None, listener.path, timeout=child_s)
             runs.append(r)
             if "cost" in r:
                 print(f"{name:10s} {r['what']}: on-off {json.dumps(r['cost'])}; A/A {json.dumps(r.get('aa'))}",

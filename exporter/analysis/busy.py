@@ -40,19 +40,3 @@ def for_verdict(snap: Snapshot, gpu: int, prefer: str = "fresh") -> tuple[float,
             if g.utilization is not None:
                 return g.utilization, "nvml"
     return snap.busy.get(gpu)
-
-
-def for_verdict_all(snap: Snapshot, prefer: str = "fresh") -> dict[int, tuple[float, str]]:
-    """Return `for_verdict(snap, gpu, prefer)` of every GPU that has one, in one pass over the tick."""
-    out = dict(snap.busy)
-    if prefer == "fresh":
-        seen: set[int] = set()
-        for g in snap.gpus:
-            if g.index in seen:  # `Snapshot.gpu` finds the first GPU of a repeated index
-                continue
-            seen.add(g.index)
-            if g.gpm is not None and g.gpm.graphics is not None:
-                out[g.index] = (g.gpm.graphics, "gpm")
-            elif g.utilization is not None:
-                out[g.index] = (g.utilization, "nvml")
-    return out

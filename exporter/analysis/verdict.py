@@ -416,18 +416,12 @@ class _Drivers:
 class _Tick:
     """What the verdict of every GPU reads alike in one window: computed once per tick, not once per GPU."""
 
-    __slots__ = ("_lost", "activity", "busy_inside", "busy_latest", "drivers")
-
-    busy_inside: list[tuple[dict[int, tuple[float, str]], float]]
-    busy_latest: dict[int, tuple[float, str]]
+    __slots__ = ("_lost", "activity", "busy_inside", "drivers")
 
     def __init__(self, win: Sequence[Snapshot], cfg: VerdictConfig) -> None:
         self.drivers = [_Drivers(s) for s in win]
-        # each tick's busy share of every GPU (busy.for_verdict), found once, with the tick's dt
-        inside = _inside(window(win, cfg.busy_window_seconds))
-        self.busy_inside = [(_busy_shares(s, cfg.busy_source), s.dt) for s in inside]
-        self.busy_latest = _busy_shares(win[-1], cfg.busy_source) if win else {}
-        self.activity = [_activity_sums(s.agent) for s in _inside(win) if s.agent is not None]
+        self.busy_inside = _inside(window(win, cfg.busy_window_seconds))
+        self.activity = [_activity_of(s.agent) for s in _inside(win) if s.agent is not None]
         self._lost: tuple[str, ...] | None = None
 
     def lost(self, last: Snapshot) -> tuple[str, ...]:
@@ -504,7 +498,7 @@ def gather(
     vs = [d.views(gpu) for d in tick.drivers]
     span = max(0.0, last.mono - win[0].mono) if len(win) > 1 else 0.0
     f: dict[str, object] = {"gpu": gpu, "span_seconds": span}
-    f.update(_busy(gpu, tick))
+    f.update(_busy(win, gpu, cfg, tick.busy_inside))
     good = [(s, v) for s, v in zip(_inside(win), _inside(vs), strict=True) if v]
     if good:
         f.update(_engine_facts(win, vs, good, cfg, whole))
@@ -544,20 +538,21 @@ def gather(
     return Facts.of(f)
 
 
-def _busy(gpu: int, tick: _Tick) -> dict[str, object]:
+def _busy(
+    win: Sequence[Snapshot], gpu: int, cfg: VerdictConfig, busy_inside: Sequence[Snapshot]
+) -> dict[str, object]:
     """Return the busy share over the (short) busy window: the latest ticks, weighted by their length.
 
-    `tick.busy_inside`: each of the busy window's ticks whose figures count, its busy shares
-    (`busy_of` of every GPU) and dt; `tick.busy_latest`: the newest tick's.
+    `busy_inside`: the busy window's snapshots whose figures count (`_Tick.busy_inside`).
     """
-    latest = tick.busy_latest.get(gpu)
+    latest = busy_of(win[-1], gpu, cfg.busy_source)
     if latest is None:
         return {}
-    source = latest[1]
-    pairs = [
-        (b[0], dt) for shares, dt in tick.busy_inside if (b := shares.get(gpu)) is not None and b[1] == source
-    ]
-    return {"busy": _weighted_mean(pairs), "busy_source": source}
+    rows = [(b, s.dt) for s in busy_inside if (b := busy_of(s, gpu, cfg.busy_source)) is not None]
+    return {
+        "busy": _weighted_mean([(b[0], dt) for b, dt in rows if b[1] == latest[1]]),
+        "busy_source": latest[1],
+    }
 
 
 def _engine_facts(
@@ -711,44 +706,22 @@ def _activity_of(agent: AgentReading) -> dict[int, list[GpuActivity]]:
     return index
 
 
-# (GPU readings, shown busy ratios, prefer) -> every GPU's busy_of, for the Snapshots of the last few
-# ticks: a tick's shares are found once, not once per tick it stays in the busy window. Both
-# objects are kept with the shares (they outlive a Snapshot's retire()), so their ids are not reused.
-_BUSY_SHARES: dict[int, tuple[object, object, str, dict[int, tuple[float, str]]]] = {}
+def _agent_activity(
+    indices: Sequence[dict[int, list[GpuActivity]]], gpu: int, whole: bool
+) -> dict[str, object]:
+    """Return CUPTI's exact busy, graph share and idle gaps for a GPU.
 
-
-def _busy_shares(snap: Snapshot, prefer: str) -> dict[int, tuple[float, str]]:
-    """Return `busy_of(snap, gpu, prefer)` of every GPU that has one (busy.for_verdict_all), kept per tick."""
-    hit = _BUSY_SHARES.get(id(snap.gpus))
-    if hit is not None and hit[0] is snap.gpus and hit[1] is snap.busy and hit[2] == prefer:
-        return hit[3]
-    shares = busy.for_verdict_all(snap, prefer)
-    while len(_BUSY_SHARES) >= _ACTIVITY_INDEX_SIZE:
-        _BUSY_SHARES.pop(next(iter(_BUSY_SHARES)))
-    _BUSY_SHARES[id(snap.gpus)] = (snap.gpus, snap.busy, prefer, shares)
-    return shares
-
-
-# One GPU's CUPTI figures in one agent reading, its records added up: busy, graph and observed ns,
-# idle gaps and their ns, and the newest record's (busy, graph, observed) that observed any time.
-_Sums = tuple[int, int, int, int, int, "tuple[int, int, int] | None"]
-_ACTIVITY_SUMS: dict[int, tuple[AgentReading, dict[int, _Sums]]] = {}
-
-
-def _activity_sums(agent: AgentReading) -> dict[int, _Sums]:
-    """Return an agent reading's CUPTI figures per GPU, its records added up in order (lossy ones left out).
-
-    Kept per reading as `_activity_of`'s index is: each GPU's verdict reads every tick of its
-    window, so a reading's records are added up once, not once per tick it stays in the window.
+    `indices`: the activity by GPU of each snapshot inside the window that has an agent reading
+    (`_Tick.activity`). CUPTI windows arrive 1-2 s late, so the shares come from the newest tick
+    that brought one (averaging more would only add delay); `whole=True` (the report over a run)
+    takes every window.
     """
-    hit = _ACTIVITY_SUMS.get(id(agent))
-    if hit is not None and hit[0] is agent:
-        return hit[1]
-    sums: dict[int, _Sums] = {}
-    for gpu, records in _activity_of(agent).items():
-        busy_ns = graph_ns = observed_ns = gaps = gap_ns = 0
-        newest: tuple[int, int, int] | None = None
-        for a in records:
+    f: dict[str, object] = {}
+    busy_ns = graph_ns = observed_ns = gaps = gap_ns = 0
+    newest: tuple[int, int, int] | None = None
+    for index in indices:
+        for a in index.get(gpu, ()):
+            f["agent"] = True
             if lossy(a):  # records lost: its busy, graph and gap figures undercount
                 continue
             busy_ns += a.busy_ns
@@ -758,36 +731,6 @@ def _activity_sums(agent: AgentReading) -> dict[int, _Sums]:
             gap_ns += a.idle_gap_sum_ns
             if a.observed_ns > 0:
                 newest = (a.busy_ns, a.graph_busy_ns, a.observed_ns)
-        sums[gpu] = (busy_ns, graph_ns, observed_ns, gaps, gap_ns, newest)
-    while len(_ACTIVITY_SUMS) >= _ACTIVITY_INDEX_SIZE:
-        _ACTIVITY_SUMS.pop(next(iter(_ACTIVITY_SUMS)))
-    _ACTIVITY_SUMS[id(agent)] = (agent, sums)
-    return sums
-
-
-def _agent_activity(ticks: Sequence[dict[int, _Sums]], gpu: int, whole: bool) -> dict[str, object]:
-    """Return CUPTI's exact busy, graph share and idle gaps for a GPU.
-
-    `ticks`: the CUPTI figures by GPU of each snapshot inside the window that has an agent reading
-    (`_Tick.activity`, `_activity_sums`). CUPTI windows arrive 1-2 s late, so the shares come from
-    the newest tick that brought one (averaging more would only add delay); `whole=True` (the
-    report over a run) takes every window.
-    """
-    f: dict[str, object] = {}
-    busy_ns = graph_ns = observed_ns = gaps = gap_ns = 0
-    newest: tuple[int, int, int] | None = None
-    for sums in ticks:
-        found = sums.get(gpu)
-        if found is None:
-            continue
-        f["agent"] = True
-        busy_ns += found[0]
-        graph_ns += found[1]
-        observed_ns += found[2]
-        gaps += found[3]
-        gap_ns += found[4]
-        if found[5] is not None:
-            newest = found[5]
     if f.get("agent") and observed_ns > 0:
         f["idle_gaps"] = gaps
         f["idle_gap_seconds_per_second"] = gap_ns / observed_ns

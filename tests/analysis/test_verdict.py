@@ -9,10 +9,8 @@ import random
 import pytest
 
 from exporter.analysis import verdict as v
-from exporter.analysis.activity import lossy
 from exporter.config import Config, RooflineConfig, VerdictConfig
 from exporter.snapshot import ProbeSummary, Snapshot
-from exporter.snapshot.agent import AgentReading, GpuActivity
 from exporter.snapshot.engine import GraphConfig
 from exporter.snapshot.totals import GpuVerdict
 from tests.fakes.verdict_scenes import SEED, Recorder, Scene, series
@@ -535,86 +533,3 @@ def test_classify_holds_each_verdict_as_with_the_band_side_and_host_reasons_alwa
             want = v.hold(raw, prev, cfg, host_now, v.decide(f, cfg, None)[0])
             got = v.classify((), 0, cfg, prev)
             assert got == want and repr(got) == repr(want)
-
-
-def _eager_agent_activity(readings: list[AgentReading], gpu: int, whole: bool) -> dict[str, object]:
-    """The CUPTI facts as gather found them record by record before the per-reading sums."""
-    f: dict[str, object] = {}
-    busy_ns = graph_ns = observed_ns = gaps = gap_ns = 0
-    newest = None
-    for reading in readings:
-        for a in reading.activity:
-            if a.gpu != gpu:
-                continue
-            f["agent"] = True
-            if lossy(a):
-                continue
-            busy_ns += a.busy_ns
-            graph_ns += a.graph_busy_ns
-            observed_ns += a.observed_ns
-            gaps += sum(a.idle_gap_counts)
-            gap_ns += a.idle_gap_sum_ns
-            if a.observed_ns > 0:
-                newest = (a.busy_ns, a.graph_busy_ns, a.observed_ns)
-    if f.get("agent") and observed_ns > 0:
-        f["idle_gaps"] = gaps
-        f["idle_gap_seconds_per_second"] = gap_ns / observed_ns
-        cb, cg, co = (busy_ns, graph_ns, observed_ns) if whole or newest is None else newest
-        f["agent_busy_ratio"] = cb / co
-        if cb > 0:
-            f["graph_share"] = min(1.0, cg / cb)
-    return f
-
-
-def test_cupti_facts_from_each_readings_sums_equal_those_added_record_by_record() -> None:
-    rng = random.Random(14)
-    for _ in range(300):
-        readings = []
-        for _ in range(rng.randint(0, 5)):
-            acts = []
-            for _ in range(rng.randint(0, 6)):
-                observed = rng.choice([0, 500_000_000, rng.randint(1, 10**9)])
-                acts.append(
-                    GpuActivity(
-                        gpu=rng.randint(0, 2),
-                        uuid="",
-                        observed_ns=observed,
-                        busy_ns=rng.randint(0, observed) if observed else 0,
-                        graph_busy_ns=rng.randint(0, observed) if observed else 0,
-                        kernels=rng.randint(0, 1000),
-                        dropped=rng.choice([0, 0, rng.randint(0, 1000)]),
-                        idle_gap_counts=tuple(rng.randint(0, 5) for _ in range(rng.choice([0, 4]))),
-                        idle_gap_sum_ns=rng.randint(0, 10**8),
-                    )
-                )
-            readings.append(AgentReading(activity=tuple(acts)))
-        sums = [v._activity_sums(r) for r in readings]
-        assert [v._activity_sums(r) for r in readings] == sums and all(  # kept per reading
-            a is b for a, b in zip(sums, [v._activity_sums(r) for r in readings], strict=True)
-        )
-        for gpu in range(3):
-            for whole in (False, True):
-                want = _eager_agent_activity(readings, gpu, whole)
-                got = v._agent_activity(sums, gpu, whole)
-                assert list(got.items()) == list(want.items())
-
-
-def test_every_gpus_busy_share_for_the_verdict_in_one_pass_equals_each_ones() -> None:
-    from exporter.analysis import busy
-    from exporter.snapshot import GpuReading
-    from exporter.snapshot.gpu import GpmRatios
-
-    gpus = (
-        GpuReading(0, "GPU-0", "H200", "580", utilization=0.3, gpm=GpmRatios(graphics=0.25)),
-        GpuReading(1, "GPU-1", "H200", "580", utilization=0.4, gpm=GpmRatios(graphics=None)),
-        GpuReading(2, "GPU-2", "H200", "580", utilization=None, gpm=GpmRatios(graphics=0.5)),
-        GpuReading(3, "GPU-3", "H200", "580"),
-        GpuReading(1, "GPU-9", "H200", "580", utilization=0.9),  # a repeated index: the first one counts
-    )
-    shown = {0: (0.2, "cupti"), 3: (0.7, "cupti"), 5: (0.1, "cupti")}
-    snap = Snapshot(seq=1, at=0.0, mono=0.0, interval=0.5, dt=0.5, gpus=gpus, busy=shown)
-    for prefer in ("fresh", "best"):
-        every = busy.for_verdict_all(snap, prefer)
-        for gpu in range(7):
-            assert every.get(gpu) == busy.for_verdict(snap, gpu, prefer)
-        assert v._busy_shares(snap, prefer) == every

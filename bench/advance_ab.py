@@ -6,6 +6,10 @@ or this checkout) runs in a fresh process: the 40 ticks once to warm up, then `-
 tick's `advance(history, raw, cfg)` on the captured inputs (never on its own earlier outputs), the
 thread's CPU per tick in us, and once the calls per tick (Python functions and builtins, counted by
 `sys.setprofile`: the same on every run, so a figure the machine's load does not move). Rounds alternate the order of the trees, so both meet the same load.
+With `--sequence` the 40 raw ticks run in order on a history that `advance` builds itself, the
+one before the newest `retire()`d as the Sampler does, so what the pipeline keeps from one tick to
+the next (a reading's figures, a tick's busy shares) is used as in the daemon; without it each tick
+runs on its own captured (unpickled) history, where nothing carries over.
 Every run also prints a digest of the 40 Snapshots `advance` returned (sha256 of their reprs:
 every field, the counters' series in order, floats exact): trees that agree return the same ones.
 
@@ -36,7 +40,28 @@ def mappingproxy_of(d):  # how the capture pickled the Snapshots' mapping fields
 with open(sys.argv[2], "rb") as f:
     got = pickle.load(f)
 ticks, cfg, reps = got["ticks"], got["cfg"], int(sys.argv[3])
-outs = [advance(history, raw, cfg) for history, raw in ticks]
+if sys.argv[4] == "sequence":  # the raw ticks in order, the history kept as the Sampler keeps it
+    import collections
+    from exporter.sampling import retire
+
+    base = list(ticks[0][0])
+
+    def one_pass():
+        history = collections.deque(base, maxlen=len(base) + 1)
+        outs = []
+        for _, raw in ticks:
+            snap = advance(tuple(history), raw, cfg)
+            if history:
+                history[-1] = retire(history[-1])
+            history.append(snap)
+            outs.append(snap)
+        return outs
+else:  # each tick on its own captured history
+
+    def one_pass():
+        return [advance(history, raw, cfg) for history, raw in ticks]
+
+outs = one_pass()
 digest = hashlib.sha256("\n".join(repr(s) for s in outs).encode()).hexdigest()
 calls = [0]
 
@@ -45,21 +70,19 @@ def count(frame, event, arg):
         calls[0] += 1
 
 sys.setprofile(count)  # one pass counting calls (Python functions and builtins): the same on every run
-for history, raw in ticks:
-    advance(history, raw, cfg)
+one_pass()
 sys.setprofile(None)
 t = time.thread_time()
 for _ in range(reps):
-    for history, raw in ticks:
-        advance(history, raw, cfg)
+    one_pass()
 print((time.thread_time() - t) / (reps * len(ticks)) * 1e6, calls[0] / len(ticks), digest)
 """
 
 
-def run(tree: str, capture: str, reps: int) -> tuple[float, float, str]:
+def run(tree: str, capture: str, reps: int, mode: str = "each") -> tuple[float, float, str]:
     """Return (us of CPU per tick, calls per tick, digest of the outputs) of one tree's `advance` on one capture."""
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, tree, capture, str(reps)],
+        [sys.executable, "-c", CHILD, tree, capture, str(reps), mode],
         capture_output=True,
         text=True,
         check=True,
@@ -76,6 +99,12 @@ def main() -> int:
     ap.add_argument("--gpus", default="8,64")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--reps", type=int, default=10, help="passes over the 40 ticks per run")
+    ap.add_argument(
+        "--sequence",
+        action="store_true",
+        help="the ticks in order on a history advance itself builds (retire()d as the Sampler does), "
+        "so what the pipeline keeps from one tick to the next is used as in the daemon",
+    )
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     trees = [os.path.abspath(t) for t in args.trees.split(",")]
@@ -85,7 +114,8 @@ def main() -> int:
     for r in range(args.rounds):
         for gpus in us:
             for tree in trees if r % 2 == 0 else trees[::-1]:
-                t_us, calls[gpus][tree], digest = run(tree, f"{args.capture}.{gpus}", args.reps)
+                mode = "sequence" if args.sequence else "each"
+                t_us, calls[gpus][tree], digest = run(tree, f"{args.capture}.{gpus}", args.reps, mode)
                 us[gpus][tree].append(t_us)
                 digests[gpus][tree].append(digest)
             row = ", ".join(f"{t} {v[-1]:.0f} us" for t, v in us[gpus].items())

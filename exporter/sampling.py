@@ -24,7 +24,7 @@ from exporter.probe.scheduled import ProbeScheduler
 from exporter.snapshot import EngineReading, GpuReading, Snapshot, SourceStatus
 from exporter.snapshot.frozen import replace
 from exporter.snapshot.totals import EMPTY
-from exporter.sources.base import AsyncClosable, Source, SourceUnavailable, Startable
+from exporter.sources.base import AsyncClosable, Handoff, Source, SourceUnavailable, Startable
 
 log = structlog.get_logger("boundwatch.sampler")
 
@@ -119,6 +119,7 @@ class _SourceState:
         self.pending: asyncio.Future[Any] | None = None
         self.started = 0.0
         self.ended: float | None = None  # when the pending read finished (perf_counter)
+        self.handoff: Handoff | None = None  # the tick's handoff the pending read started under
         self.last_reading: Any = None
         self.last_ok: float | None = None
         self.start_read: Callable[[], asyncio.Future[Any]] | None = None  # the source's, if it has one
@@ -179,11 +180,11 @@ class Sampler:
         """Return the kept Snapshots, oldest first."""
         return tuple(self._history)
 
-    def _start(self, source: Source) -> asyncio.Future[Any]:
+    def _start(self, source: Source, handoff: Handoff | None = None) -> asyncio.Future[Any]:
         """Return the source's read in flight, starting one unless the last is still running."""
         state = self._state[source.name]
         if state.pending is None:
-            state.started, state.ended = time.perf_counter(), None
+            state.started, state.ended, state.handoff = time.perf_counter(), None, handoff
             start = state.start_read  # a read that is one call in a thread, or none: no task around it
             try:
                 state.pending = start() if start is not None else asyncio.ensure_future(source.read())
@@ -217,8 +218,10 @@ class Sampler:
             return None, self._down(
                 source.name, state, f"read still running after {duration:.1f}s", duration, False
             )
-        duration = (time.perf_counter() if state.ended is None else state.ended) - state.started
-        state.pending = None
+        ended = state.handoff.ended.get(future) if state.handoff is not None else None
+        ended = ended or state.ended or time.perf_counter()  # in its thread, else when the loop saw it
+        duration = ended - state.started
+        state.pending, state.handoff = None, None
         exc = future.exception()
         if exc is not None:
             counted = getattr(exc, "counted", True)  # an absent engine is a state; a driver down counts
@@ -253,9 +256,15 @@ class Sampler:
         """Read every source once and return the new Snapshot."""
         cpu0 = time.process_time()
         mono, at = self._clock(), self._wall()
-        running = {f for f in map(self._start, self.sources) if not f.done()}
+        # The reads that run in reader threads come back together: the last to finish wakes the loop once.
+        handoff = Handoff(asyncio.get_running_loop())
+        with handoff.opened():
+            started = [self._start(s, handoff) for s in self.sources]
+        running = {f for f in started if not f.done()}
         if running:  # one wait for all the reads (each has the same budget), not a task per source
             await asyncio.wait(running, timeout=self._budget)
+            if handoff.take():  # past the budget with a read still running: the others' outcomes, now,
+                await asyncio.sleep(0)  # and their callbacks (an engine's change of state logged) first
         results = [self._result(s) for s in self.sources]
         prev = self._history[-1] if self._history else None
         fields: dict[str, Any] = {}

@@ -568,3 +568,53 @@ async def test_a_start_read_that_raises_fails_that_source_only():
         nvml.close()
     assert snap.source("nvml").up is True
     assert snap.source("host").up is False and "can't start new thread" in snap.source("host").last_error
+
+
+async def test_reads_in_threads_come_back_together_each_with_its_own_read_time():
+    import time
+
+    from exporter.snapshot.host import HostReading
+
+    def slow_read():
+        time.sleep(0.15)
+        return ()
+
+    fast = Started(BlockingReader("fast", timeout=1.0), lambda: HostReading(cpus=4, cpu_busy=0.25))
+    slow = Started(BlockingReader("slow", timeout=1.0), slow_read)
+    slow.name = "nvml"
+    sampler = Sampler(Config(tick_seconds=0.5, history_seconds=10), [fast, slow], clock=Clock(100.0))
+    try:
+        snap = await sampler.tick()
+    finally:
+        fast.close()
+        slow.close()
+    assert (
+        snap.source("host").up and snap.source("nvml").up and snap.host == HostReading(cpus=4, cpu_busy=0.25)
+    )
+    assert snap.source("nvml").duration_seconds >= 0.15
+    assert snap.source("host").duration_seconds < 0.1  # its own read, not the wait for the slow one
+
+
+async def test_a_hung_read_in_a_thread_holds_the_others_back_only_until_the_budget():
+    from exporter.snapshot.host import HostReading
+
+    hung = Hung()
+    release = threading.Event()
+    stuck = Started(hung._reader, lambda: release.wait(5))
+    stuck.name = "nvml"
+    fast = Started(BlockingReader("fast", timeout=1.0), lambda: HostReading(cpus=2, cpu_busy=0.5))
+    cfg = Config(tick_seconds=0.1, history_seconds=10)
+    sampler = Sampler(cfg, [stuck, fast], clock=Clock(100.0))
+    loop = asyncio.get_running_loop()
+    try:
+        for _ in range(3):
+            t0 = loop.time()
+            snap = await sampler.tick()
+            assert loop.time() - t0 < 0.5  # the budget (80 ms), not the hung read
+            assert snap.source("host").up and snap.host == HostReading(cpus=2, cpu_busy=0.5)
+            assert snap.source("host").duration_seconds < 0.08
+        assert snap.source("nvml").up is False
+    finally:
+        release.set()
+        hung.close()
+        fast.close()

@@ -1059,9 +1059,17 @@ def classify(
     """Return the verdict to report for one GPU: the window's verdict, held against the previous one."""
     f = gather(win, gpu, cfg, roofline, tick=tick)
     verdict, reasons = decide(f, cfg, prev)
-    lean = decide(f, cfg, None)[0]  # inside the band: the side of its midpoint
     raw = Verdict(gpu, verdict, reasons, f.busy, f.busy_source, f.evidence(), raw=verdict, offered=f.offered)
-    return hold(raw, prev, cfg, reasons if verdict == "host" else host_reasons(f, cfg), lean)
+    # What `hold` reads only in some cases is worked out only then: the side of the band's midpoint
+    # (`lean`, without prev the verdict itself) while the verdict stays, the window's host reasons
+    # while a host verdict is held.
+    lean = verdict
+    if prev is not None and verdict == prev.verdict:
+        lean = decide(f, cfg, None)[0]  # inside the band: the side of its midpoint
+    host_now = reasons
+    if verdict != "host":
+        host_now = host_reasons(f, cfg) if prev is not None and prev.verdict == "host" else ("unknown",)
+    return hold(raw, prev, cfg, host_now, lean)
 
 
 def gpus_of(snap: Snapshot) -> list[int]:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 T = TypeVar("T")
@@ -119,14 +120,17 @@ class BlockingReader:
             self._thread = threading.Thread(target=self._work, name=self._thread_name, daemon=True)
             self._thread.start()
         expiry = loop.call_later(self._timeout, _expire, future, self._timeout)
-        self._jobs.put((fn, future, loop, expiry))
+        handoff = _HANDOFF.get()
+        if handoff is not None and not handoff.expect(loop):
+            handoff = None  # a tick's handoff takes only the reads its sources start, before it is sealed
+        self._jobs.put((fn, future, loop, expiry, handoff))
         return future
 
     def _work(self) -> None:
         """Run the queued reads one by one, handing each result back to its event loop."""
         try:
             while (job := self._jobs.get()) is not None:
-                fn, future, loop, expiry = job
+                fn, future, loop, expiry, handoff = job
                 if self._closed:  # queued but not started when the reader closed: dropped
                     return
                 try:
@@ -134,6 +138,9 @@ class BlockingReader:
                 except BaseException as exc:  # as an executor does: the awaiting side re-raises it
                     result, error = None, exc
                 self._busy = False
+                if handoff is not None:
+                    handoff.deliver(future, result, error, expiry)
+                    continue
                 with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
                     loop.call_soon_threadsafe(_deliver, future, result, error, expiry)
         finally:
@@ -148,7 +155,85 @@ class BlockingReader:
             self._on_exit()
 
 
-_Job = tuple[Callable[[], Any], "asyncio.Future[Any]", asyncio.AbstractEventLoop, asyncio.TimerHandle]
+_Job = tuple[
+    Callable[[], Any],
+    "asyncio.Future[Any]",
+    asyncio.AbstractEventLoop,
+    asyncio.TimerHandle,
+    "Handoff | None",
+]
+
+
+class Handoff:
+    """The reads one tick starts in reader threads, handed back to the event loop together.
+
+    Each reader thread leaves its outcome here; the last of the tick's reads to finish wakes the
+    loop once (one `call_soon_threadsafe`), which then sets every future: one wake-up of the loop a
+    tick, not one per thread. The Sampler opens it around its sources' starts (`opened`): a read
+    submitted meanwhile is expected here, one submitted once it is sealed goes back on its own.
+    A read that hangs holds the others back only until the tick's budget, when the Sampler takes
+    what is ready (`take`); the hung one is handed back alone when it ends. `ended` holds when each
+    read finished in its thread (perf_counter), so its duration never counts the wait for the others.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._open = 0  # reads expected and not yet finished
+        self._ready: list[tuple[asyncio.Future[Any], Any, BaseException | None, asyncio.TimerHandle]] = []
+        self._sealed = False
+        self.ended: dict[asyncio.Future[Any], float] = {}
+
+    @contextlib.contextmanager
+    def opened(self) -> Iterator[Handoff]:
+        """Take the reads submitted inside the block, then seal: those finished already are handed back at once."""
+        token = _HANDOFF.set(self)
+        try:
+            yield self
+        finally:
+            _HANDOFF.reset(token)
+            with self._lock:
+                self._sealed = True
+                done = not self._open
+            if done:
+                self.take()
+
+    def expect(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Count one more read to wait for; False once sealed (or for another loop's read)."""
+        if self._sealed or loop is not self._loop:
+            return False
+        with self._lock:
+            self._open += 1
+        return True
+
+    def deliver(
+        self,
+        future: asyncio.Future[Any],
+        result: Any,
+        error: BaseException | None,
+        expiry: asyncio.TimerHandle,
+    ) -> None:
+        """Leave a read's outcome (in its reader thread); the last one of a sealed handoff wakes the loop."""
+        ended = time.perf_counter()
+        with self._lock:
+            self._ready.append((future, result, error, expiry))
+            self.ended[future] = ended
+            self._open -= 1
+            wake = self._sealed and not self._open
+        if wake:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                self._loop.call_soon_threadsafe(self.take)
+
+    def take(self) -> bool:
+        """Set the futures of the reads finished so far (on the loop); say whether there were any."""
+        with self._lock:
+            ready, self._ready = self._ready, []
+        for future, result, error, expiry in ready:
+            _deliver(future, result, error, expiry)
+        return bool(ready)
+
+
+_HANDOFF: contextvars.ContextVar[Handoff | None] = contextvars.ContextVar("bw_handoff", default=None)
 
 
 def _expire(future: asyncio.Future[Any], timeout: float) -> None:

@@ -490,3 +490,46 @@ def test_facts_of_found_fields_equal_facts_built_by_init() -> None:
         v.Facts.of({"gpu": 0, "bussy": 0.4})
     with pytest.raises(TypeError):
         v.Facts.of({"busy": 0.4})
+
+
+def test_classify_holds_each_verdict_as_with_the_band_side_and_host_reasons_always_worked_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """classify works out the band's side and the host reasons only where hold reads them: the same Verdicts."""
+    cfg = VerdictConfig()
+    facts = [
+        v.Facts(0, busy=b, busy_source=src, engine=True, offered=offered, api_servers=1, **extra)  # type: ignore[arg-type]
+        for b in (0.05, 0.3, 0.45, 0.55, 0.7, 0.95, None)
+        for src in ("gpm", "cupti")
+        for offered in (True, False)
+        for extra in (
+            {},
+            {"api_server_thread_cpu": 0.99, "waiting_mean": 0.0, "running_mean": 1.0, "max_batch": 64},
+        )
+    ]
+    facts += [v.Facts(0, busy=b, agent=True) for b in (0.01, 0.3, 0.5, 0.9)]
+    facts += [v.Facts(0, busy=0.5), v.Facts(0, unplaced="vllm:8000")]
+    prevs: list[v.Verdict | None] = [None]
+    for verdict, reasons in (
+        ("gpu", ()),
+        ("host", ("api_server_saturated",)),
+        ("idle", ()),
+        ("unknown", ("x",)),
+    ):
+        for streak in (0, 1, 2):
+            prevs.append(
+                v.Verdict(
+                    0, verdict, reasons, 0.5, "gpm", (), raw="gpu" if streak else verdict, streak=streak
+                )
+            )
+    for f in facts:
+        monkeypatch.setattr(v, "gather", lambda *a, f=f, **k: f)
+        for prev in prevs:
+            verdict, reasons = v.decide(f, cfg, prev)
+            raw = v.Verdict(
+                0, verdict, reasons, f.busy, f.busy_source, f.evidence(), raw=verdict, offered=f.offered
+            )
+            host_now = reasons if verdict == "host" else v.host_reasons(f, cfg)
+            want = v.hold(raw, prev, cfg, host_now, v.decide(f, cfg, None)[0])
+            got = v.classify((), 0, cfg, prev)
+            assert got == want and repr(got) == repr(want)

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from exporter.sources.base import BlockingReader, ReadTimeout
+from exporter.sources.base import BlockingReader, Handoff, ReadTimeout
 
 
 async def takes_reads_again(read) -> None:  # type: ignore[no-untyped-def]
@@ -123,3 +123,108 @@ async def test_a_cancelled_submitted_read_drops_its_result_and_a_closed_reader_r
     reader.close()
     with pytest.raises(RuntimeError, match="after close"):
         await reader.submit(lambda: None)
+
+
+async def wait_until(check, seconds: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    """Let the loop run until check() is true; fail after `seconds`."""
+    for _ in range(int(seconds / 0.005)):
+        if check():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("never happened")
+
+
+async def test_reads_started_in_a_handoff_come_back_together_once_the_last_is_done():
+    fast, slow = BlockingReader("fast", timeout=5.0), BlockingReader("slow", timeout=5.0)
+    release, done = threading.Event(), threading.Event()
+
+    def quick() -> int:
+        done.set()
+        return 1
+
+    handoff = Handoff(asyncio.get_running_loop())
+    try:
+        with handoff.opened():
+            first, second = fast.submit(quick), slow.submit(lambda: release.wait(5) and 2)
+        assert done.wait(5)
+        await wait_until(lambda: not fast._busy)  # the fast read ended in its thread...
+        await asyncio.sleep(0.05)
+        assert not first.done() and not second.done()  # ...and waits for the slow one
+        release.set()
+        assert await second == 2 and first.done() and first.result() == 1
+        assert handoff.ended[first] <= handoff.ended[second]  # each read's own end, in its thread
+    finally:
+        release.set()
+        fast.close()
+        slow.close()
+
+
+async def test_a_handoff_whose_reads_ended_before_it_was_sealed_hands_them_back_at_once():
+    reader = BlockingReader("demo", timeout=5.0)
+    handoff = Handoff(asyncio.get_running_loop())
+    try:
+        with handoff.opened():
+            future = reader.submit(lambda: 7)
+            await wait_until(lambda: not reader._busy)  # ended in its thread, not yet handed back
+            assert not future.done()
+        assert future.done() and future.result() == 7  # sealed: taken on the spot, no wake-up needed
+    finally:
+        reader.close()
+
+
+async def test_a_read_submitted_after_the_handoff_is_sealed_comes_back_on_its_own():
+    reader, hung = BlockingReader("demo", timeout=5.0), BlockingReader("hung", timeout=5.0)
+    release = threading.Event()
+    handoff = Handoff(asyncio.get_running_loop())
+    try:
+        with handoff.opened():
+            held = hung.submit(lambda: release.wait(5))
+        assert await reader.submit(lambda: 5) == 5  # not held back by the handoff's hung read
+        assert not held.done()
+    finally:
+        release.set()
+        reader.close()
+        hung.close()
+
+
+async def test_take_hands_back_what_is_ready_and_a_hung_read_comes_back_alone_when_it_ends():
+    fast, hung = BlockingReader("fast", timeout=5.0), BlockingReader("hung", timeout=5.0)
+    release = threading.Event()
+
+    def fail() -> None:
+        raise OSError("gone")
+
+    handoff = Handoff(asyncio.get_running_loop())
+    try:
+        with handoff.opened():
+            failed, held = fast.submit(fail), hung.submit(lambda: release.wait(5) and 3)
+        await wait_until(lambda: not fast._busy)
+        assert not failed.done()
+        assert handoff.take() is True  # the tick's budget is over: what is ready, now
+        with pytest.raises(OSError, match="gone"):  # the same outcome as without a handoff
+            failed.result()
+        assert handoff.take() is False and not held.done()
+        release.set()
+        assert await held == 3  # the last read wakes the loop by itself
+        loop = asyncio.get_running_loop()
+        assert not [h for h in loop._scheduled if not h.cancelled()]  # type: ignore[attr-defined]
+    finally:
+        release.set()
+        fast.close()
+        hung.close()
+
+
+async def test_a_read_that_outlasts_its_timeout_in_a_handoff_fails_as_without_one():
+    reader = BlockingReader("demo", timeout=0.05)
+    release = threading.Event()
+    handoff = Handoff(asyncio.get_running_loop())
+    try:
+        with handoff.opened():
+            future = reader.submit(lambda: release.wait(5))
+        with pytest.raises(ReadTimeout, match=r"read took longer than 0\.05s"):
+            await future
+        release.set()
+        await takes_reads_again(reader.submit)  # the late read ends (its result dropped)
+    finally:
+        release.set()
+        reader.close()

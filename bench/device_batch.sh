@@ -30,7 +30,9 @@ for step in ${STEPS:-env}; do
   case "$step" in
     env)
       {
-        echo "== commit"; git rev-parse HEAD 2>/dev/null; git status --short 2>/dev/null | head -20
+        echo "== commit (the copy's .git may lag its files: the tree's own hash follows)"; git rev-parse HEAD 2>/dev/null
+        echo "== tree: exporter/*.py files and the hash of their hashes (compare: the same line run here)"
+        find exporter -name '*.py' -exec sha1sum {} + | LC_ALL=C sort -k2 | tee /tmp/tree.sha | wc -l; sha1sum < /tmp/tree.sha
         echo "== gpu"; nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv,noheader
         echo "== cpus"; nproc; lscpu | grep -E "Model name"
         echo "== python"; python3 -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__)'

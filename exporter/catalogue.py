@@ -227,6 +227,14 @@ AGENT_SETTINGS_REJECTED = _m(
     ["gpu"],
     "busy",
 )
+AGENT_UNSENT_MESSAGES = _m(
+    "boundwatch_agent_unsent_messages",
+    "gauge",
+    "Messages the in-process agents could not send since each started (the sidecar's socket queue "
+    "full, or no sidecar listening), summed over the agents on each GPU; they drop rather than block.",
+    ["gpu"],
+    "busy",
+)
 AGENT_MESSAGES_TOTAL = _m(
     "boundwatch_agent_messages_total", "counter", "Agent messages received.", [], "busy"
 )

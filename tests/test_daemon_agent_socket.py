@@ -233,6 +233,24 @@ def test_an_agents_rejected_settings_are_counted_per_gpu_and_a_count_past_any_ag
     assert samples(page, "boundwatch_agent_bad_messages_total")[""] == 1
 
 
+def test_what_an_agent_could_not_send_while_the_queue_was_full_is_shown_per_gpu(tmp_path: Path) -> None:
+    """The real Sender drops rather than blocks once a sidecar's socket queue is full; its next message says so."""
+    from exporter.agent.sender import Sender
+
+    full = tmp_path / "full.sock"  # a sidecar that does not read: its queue fills (net.unix.max_dgram_qlen)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as stuck:
+        stuck.bind(str(full))
+        sender = Sender(str(full))
+        went = sum(sender.send_data(agent_message(7, UUID_A, 100 * MS)) for _ in range(200))
+    assert 0 < went < 200 and sender.dropped == 200 - went and sender.sent == went
+    with running_daemon(tmp_path, engine_pages=()) as daemon:
+        sender.path = str(tmp_path / "agent.sock")  # the same agent, now heard by a live sidecar
+        assert sender.send_data(agent_message(7, UUID_A, 100 * MS, sent_dropped=sender.dropped))
+        page = wait_for(daemon, "boundwatch_agent_unsent_messages", '{gpu="0"}', 200 - went)
+    sender.close()
+    assert samples(page, "boundwatch_agent_unsent_messages") == {'{gpu="0"}': 200 - went}
+
+
 # --- row 3 -------------------------------------------------------------------------------------
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 from prometheus_client.core import Metric
 
@@ -42,20 +43,26 @@ def agents(snap: Snapshot) -> Metric:
     return family
 
 
-def settings_rejected(snap: Snapshot) -> Metric:
-    """Render boundwatch_agent_settings_rejected{gpu}: the agents' out-of-bounds settings, summed per GPU."""
-    family = c.gauge(c.AGENT_SETTINGS_REJECTED)
-    totals: Counter[str] = Counter()
-    for gpu, a in _placed(snap):
-        totals[gpu] += a.settings_rejected
-    for gpu in sorted(totals):
-        family.add_metric([gpu], totals[gpu])
-    return family
+def per_gpu_sum(spec: c.MetricSpec, value: Callable[[AgentState], int]) -> Callable[[Snapshot], Metric]:
+    """Return a renderer of the gauge `spec`{gpu}: value(agent) summed over the agents reporting on each GPU."""
+
+    def render(snap: Snapshot) -> Metric:
+        family = c.gauge(spec)
+        totals: Counter[str] = Counter()
+        for gpu, a in _placed(snap):
+            totals[gpu] += value(a)
+        for gpu in sorted(totals):
+            family.add_metric([gpu], totals[gpu])
+        return family
+
+    return render
 
 
 FAMILIES: tuple[Family, ...] = (
     Family(c.AGENTS, agents),
-    Family(c.AGENT_SETTINGS_REJECTED, settings_rejected),
+    # an agent's out-of-bounds settings; the messages it dropped rather than block (the sidecar's queue full)
+    Family(c.AGENT_SETTINGS_REJECTED, per_gpu_sum(c.AGENT_SETTINGS_REJECTED, lambda a: a.settings_rejected)),
+    Family(c.AGENT_UNSENT_MESSAGES, per_gpu_sum(c.AGENT_UNSENT_MESSAGES, lambda a: a.dropped_messages)),
 )
 INTEGRATED: tuple[Family, ...] = (
     counters(c.GPU_GRAPH_BUSY_SECONDS_TOTAL, lambda t: t.busy.graph_busy_seconds),

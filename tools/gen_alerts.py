@@ -44,6 +44,7 @@ PARAMS: dict[str, Any] = {
     "source_down_for": "5m",
     "agent_missing_for": "30m",
     "agent_lookback": "24h",  # an agent that ran within this long and stopped is missing
+    "unsent_for": "15m",  # agents dropping messages (the sidecar's socket queue full) this long
     "down_for": "5m",
     "runbook": "https://github.com/boundwatch/boundwatch/blob/main/docs/alerts.md",
 }
@@ -270,6 +271,20 @@ def _health(p: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "GPU {{ $labels.gpu }} on {{ $labels.instance }} had a boundwatch agent running within\n"
                 f"{p['agent_lookback']} and has none now: idle gaps, the CUDA-graph share and exact step times are\n"
                 "missing, and busy time comes from NVML."
+            ),
+        },
+        {
+            "comment": "Agents dropping messages rather than block: the sidecar's socket queue (net.unix.max_dgram_qlen)\n"
+            "fills when many agents send at once. The gauge counts since each agent started: a rise is new drops.",
+            "alert": "BoundwatchAgentMessagesDropped",
+            "expr": f"delta(boundwatch_agent_unsent_messages{s()}[{w}]) > 0",
+            "for": p["unsent_for"],
+            "severity": "info",
+            "summary": "boundwatch agents keep dropping messages they could not send.",
+            "description": (
+                "The agents on GPU {{ $labels.gpu }} of {{ $labels.instance }} dropped messages for\n"
+                f"{p['unsent_for']} ({{{{ $value | humanize }}}} in the last {w}): the sidecar's socket queue was full, so step\n"
+                "counts and graph shares there lag or miss windows. Raise net.unix.max_dgram_qlen on the host."
             ),
         },
         {

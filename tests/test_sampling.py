@@ -12,7 +12,7 @@ from exporter.sampling import Sampler
 from exporter.snapshot.engine import EngineReading, ThreadLoad
 from exporter.snapshot.host import CgroupCpu, ProcessCpu
 from exporter.snapshot.totals import EngineMethod, GpuSource, Totals
-from exporter.sources.base import BlockingReader, SourceUnavailable
+from exporter.sources.base import BlockingReader, Source, SourceUnavailable
 from exporter.sources.engine_scrape import raw_from_page
 from exporter.sources.nvml import NvmlSource
 from tests.fakes.clock import Clock
@@ -80,15 +80,20 @@ async def test_an_absent_party_is_down_but_not_counted_as_an_error():
 
 async def test_a_hung_blocking_read_times_out_and_is_not_started_again():
     hung = Hung()
-    sampler = Sampler(Config(), [hung], clock=Clock(100.0))
     try:
-        for _ in range(4):
-            snap = await sampler.tick()
-        assert snap.source("host").up is False
-        assert "still running" in snap.source("host").last_error
+        await down_after_four_ticks(hung)
         assert hung.started == 1
     finally:
         hung.close()
+
+
+async def down_after_four_ticks(source: Source) -> None:
+    """Tick a Sampler of that one source four times; its host reading is down, its read still running."""
+    sampler = Sampler(Config(), [source], clock=Clock(100.0))
+    for _ in range(4):
+        snap = await sampler.tick()
+    assert snap.source("host").up is False
+    assert "still running" in snap.source("host").last_error
 
 
 async def test_history_is_bounded_by_history_seconds():
@@ -535,12 +540,8 @@ async def test_a_hung_read_through_start_read_is_down_as_through_read_and_not_st
         release.wait(5)
 
     src = Started(hung._reader, block)
-    sampler = Sampler(Config(), [src], clock=Clock(100.0))
     try:
-        for _ in range(4):
-            snap = await sampler.tick()
-        assert snap.source("host").up is False
-        assert "still running" in snap.source("host").last_error
+        await down_after_four_ticks(src)
         assert len(started) == 1
     finally:
         release.set()

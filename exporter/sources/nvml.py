@@ -248,7 +248,11 @@ class NvmlSource:
         dev.gpm_sample, dev.gpm_spare = current, previous
         req = dev.gpm_request
         if req is None:
-            ids = [(name, getattr(nvml, const)) for name, const in GPM_METRICS if hasattr(nvml, const)]
+            ids = [
+                (name, getattr(nvml, const))
+                for name, const in GPM_METRICS
+                if hasattr(nvml, const) and (self._cfg.gpm_graphics or name != "graphics")
+            ]
             req = dev.gpm_request = nvml.c_nvmlGpmMetricsGet_t()
             req.version = nvml.NVML_GPM_METRICS_GET_VERSION
             req.numMetrics = len(ids)

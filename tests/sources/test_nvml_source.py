@@ -2,7 +2,9 @@
 
 import pytest
 
+from exporter.analysis import busy
 from exporter.config import NvmlConfig
+from exporter.snapshot import Snapshot
 from exporter.sources.base import SourceUnavailable
 from exporter.sources.nvml import NvmlSource
 from tests.fakes.clock import Clock
@@ -198,3 +200,13 @@ def test_gpm_read_every_tick_by_default():
     for _ in range(4):
         src.read_blocking()
     assert len(gets) == 4
+
+
+def test_gpm_without_graphics_leaves_the_busy_share_to_utilization():
+    nvml = FakeNvml([FakeGpu(util=42)])
+    src = NvmlSource(NvmlConfig(gpm_graphics=False), nvml=nvml)  # type: ignore[arg-type]
+    src.read_blocking()
+    (g,) = src.read_blocking()
+    assert g.gpm is not None and g.gpm.graphics is None and g.gpm.sm == pytest.approx(0.952)
+    snap = Snapshot(seq=1, at=0.0, mono=0.0, interval=0.5, dt=0.5, gpus=(g,))
+    assert busy.for_verdict(snap, 0) == (pytest.approx(0.42), "nvml")

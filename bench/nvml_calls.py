@@ -11,6 +11,7 @@ can be judged by the numbers it moves.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -48,6 +49,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=500)
     ap.add_argument("--ticks", type=int, default=100, help="reads per gpm_every_ticks value, 0.1 s apart")
+    ap.add_argument("--busy-seconds", type=float, default=10.0, help="seconds of 0.5 s ticks per busy way")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     import pynvml as n
@@ -67,6 +69,19 @@ def main() -> int:
         "processes": lambda: n.nvmlDeviceGetComputeRunningProcesses(h),
         "energy": lambda: n.nvmlDeviceGetTotalEnergyConsumption(h),
     }
+    # NVML's own utilization samples (one per 200 ms period on the H200): their mean over a tick would
+    # be the busy share without GPM, if the call were cheap; as a tick would make it (the samples of the
+    # last ~0.5 s) and for the whole buffer
+    _, buf = n.nvmlDeviceGetSamples(h, n.NVML_GPU_UTILIZATION_SAMPLES, 0)
+    stamps = sorted(int(x.timeStamp) for x in buf)
+    since = stamps[-1] - 500_000 if stamps else 0
+    calls["utilization_samples_tick"] = lambda: n.nvmlDeviceGetSamples(
+        h, n.NVML_GPU_UTILIZATION_SAMPLES, since
+    )
+    calls["utilization_samples_whole_buffer"] = lambda: n.nvmlDeviceGetSamples(
+        h, n.NVML_GPU_UTILIZATION_SAMPLES, 0
+    )
+    steps = [b - a for a, b in itertools.pairwise(stamps)]
     sample = n.nvmlGpmSampleAlloc()
     calls["gpm_sample_get"] = lambda: n.nvmlGpmSampleGet(h, sample)
     fields = [
@@ -114,10 +129,36 @@ def main() -> int:
         one.metrics[0].metricId = getattr(n, f"NVML_GPM_METRIC_{const}")
         calls[f"gpm_metrics_get_only_{const.lower()}"] = lambda one=one: n.nvmlGpmMetricsGet(one)
     out: dict[str, Any] = {"reps": args.reps, "calls": {k: timed(f, args.reps) for k, f in calls.items()}}
+    out["utilization_samples"] = {
+        "in_buffer": len(stamps),
+        "period_us_median": statistics.median(steps) if steps else None,
+    }
     src = NvmlSource(NvmlConfig())
     src.read_blocking()
     out["read_blocking"] = timed(src.read_blocking, max(50, args.reps // 5))
     src.close()
+    # the busy share two ways, 0.5 s ticks for --busy-seconds each, CPU per second of the daemon's NVML
+    # work: GPM GRAPHICS_UTIL (the default) and, with nvml.gpm_graphics off, utilization.gpu alone
+    out["busy_ways"] = {}
+    for name, cfg in (
+        ("gpm_graphics", NvmlConfig(gpm_graphics=True)),
+        ("utilization_only", NvmlConfig(gpm_graphics=False)),
+    ):
+        src = NvmlSource(cfg)
+        src.read_blocking()
+        ticks, tick_ns, t_end = 0, 0, time.monotonic() + args.busy_seconds
+        while time.monotonic() < t_end:
+            time.sleep(0.5)
+            c0 = time.thread_time_ns()
+            src.read_blocking()
+            tick_ns += time.thread_time_ns() - c0
+            ticks += 1
+        src.close()
+        out["busy_ways"][name] = {
+            "ticks": ticks,
+            "tick_cpu_us_mean": round(tick_ns / max(ticks, 1) / 1e3, 1),
+            "cpu_ms_per_second": round(tick_ns / 1e6 / args.busy_seconds, 3),
+        }
     # nvml.gpm_every_ticks: the mean per-tick read (GPM read every Nth tick), ticks 0.1 s apart so
     # each GPM pair is a valid one (samples more than 100 ms apart)
     out["read_blocking_gpm_every_ticks"] = {}

@@ -79,3 +79,27 @@ def test_field_lab_h200_recording_replays_at_least_as_right_as_it_ran(recording)
     for row in live["scores"]:
         floor = 0.95 if row["right_share"] >= 0.95 else row["right_share"] - 0.05
         assert replayed[row["scenario"]] >= floor, (row["scenario"], row["right_share"], replayed)
+
+
+def test_a_recording_replayed_without_gpm_graphics_falls_back_to_utilization():
+    """bench.scenarios.busy_sources: the H200 run that read both figures, replayed as if GPM's graphics were off."""
+    from bench.scenarios import busy_sources
+
+    recording = RESULTS / "scenarios-h200-none-session15-gpm.jsonl.gz"
+    with gzip.open(recording, "rt") as fh:
+        head, snaps = read_lines(fh)
+        snaps = list(snaps)
+    stripped = [busy_sources.without_graphics(s) for s in snaps]
+    assert all(g.gpm is None or g.gpm.graphics is None for s in stripped for g in s.gpus)
+    assert any(g.gpm is not None and g.gpm.graphics is not None for s in snaps for g in s.gpus)
+    segments = [Segment(**s) for s in head["schedule"]]
+    rows, summary = busy_sources.scored(stripped, segments)
+    assert summary["every_scenario_right"], rows
+    replayed = replay(stripped[:40], Config())
+    assert {s.verdicts[0].busy_source for s in replayed[5:] if s.verdicts} == {"nvml"}
+    live = json.loads(recording.with_name(recording.name.replace(".jsonl.gz", ".json")).read_text())
+    truth = {int(t[0]): float(t[2]) for t in live["truth_ticks"]}
+    steady = next(
+        r for r in busy_sources.errors(snaps, truth, segments) if r["scenario"] == "gpu_bound_decode"
+    )
+    assert steady["gpm"]["abs_error_median"] < 0.02 and steady["nvml"]["abs_error_median"] < 0.02

@@ -384,6 +384,7 @@ def observed(snaps: list[Snapshot]) -> dict[str, Any]:
         return round(got[len(got) // 2], 3) if got else None
 
     gpm: list[float | None] = []
+    nvml: list[float | None] = []
     agent: list[float | None] = []
     running: list[float | None] = []
     waiting: list[float | None] = []
@@ -392,6 +393,8 @@ def observed(snaps: list[Snapshot]) -> dict[str, Any]:
         g = s.gpu(0)
         if g is not None and g.gpm is not None:
             gpm.append(g.gpm.graphics)
+        if g is not None:
+            nvml.append(g.utilization)
         if s.agent is not None:
             for a in s.agent.activity:
                 if a.gpu == 0 and a.observed_ns:
@@ -402,7 +405,7 @@ def observed(snaps: list[Snapshot]) -> dict[str, Any]:
             threads = [p.busiest_thread.cpu for p in e.api_servers if p.busiest_thread is not None]
             if threads:
                 api.append(max(threads))
-    return {"gpm_busy": med(gpm), "agent_busy": med(agent), "page_running": med(running),
+    return {"gpm_busy": med(gpm), "nvml_busy": med(nvml), "agent_busy": med(agent), "page_running": med(running),
             "page_waiting": med(waiting), "api_busiest_thread": med(api)}  # fmt: skip
 
 
@@ -594,8 +597,8 @@ def table(results: dict[str, Any]) -> str:
     """Return the scores as a Markdown table, with the issue's columns."""
     lines = [
         f"agent: {results.get('agent_mode')}",
-        "| scenario | expected | truth: GPU busy, running / waiting, API main thread | right | GPM busy "
-        "| agent busy | what boundwatch said |",
+        "| scenario | expected | truth: GPU busy, running / waiting, API main thread | right "
+        "| NVML busy (GPM) | agent busy | what boundwatch said |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in results.get("scores", []):
@@ -607,7 +610,7 @@ def table(results: dict[str, Any]) -> str:
 
         lines.append(
             f"| {r['scenario']} | {r['expected']} | {r.get('truth_text', '-')} | {share} | "
-            f"{f(o.get('gpm_busy'))} | {f(o.get('agent_busy'))} | {r.get('said', '-')} |"
+            f"{f(o.get('nvml_busy'))} ({f(o.get('gpm_busy'))}) | {f(o.get('agent_busy'))} | {r.get('said', '-')} |"
         )
     return "\n".join(lines)
 

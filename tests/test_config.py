@@ -52,11 +52,17 @@ def test_env_list_is_comma_separated():
         ({"BOUNDWATCH_ENGINE__URLS": "ftp://x"}, "engine.urls"),
         ({"BOUNDWATCH_NVML__GPM_EVERY_TICKS": "0"}, "nvml.gpm_every_ticks"),
         ({"BOUNDWATCH_NVML__GPM_EVERY_TICKS": "21"}, "nvml.gpm_every_ticks"),
+        ({"BOUNDWATCH_NVML__GPM_GRAPHICS": "sometimes"}, "nvml.gpm_graphics"),
     ],
 )
 def test_bad_configuration_names_the_key(env, message):
     with pytest.raises(ConfigError, match=message):
         load(environ=env)
+
+
+def test_gpm_graphics_is_on_by_default_and_turned_off_from_the_environment():
+    assert load(environ={}).nvml.gpm_graphics is True
+    assert load(environ={"BOUNDWATCH_NVML__GPM_GRAPHICS": "false"}).nvml.gpm_graphics is False
 
 
 def test_missing_config_file_is_a_clear_error(tmp_path):

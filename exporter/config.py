@@ -44,8 +44,8 @@ class NvmlConfig:
     # GPM is read every this many ticks (1-20) and its ratios kept in between: nvmlGpmMetricsGet
     # costs ~1.2 ms of CPU per GPU on the H200, 82% of a tick's NVML time
     gpm_every_ticks: int = 1
-    # GPM GRAPHICS_UTIL, the verdict's busy share, is the whole of nvmlGpmMetricsGet's cost (~1.2 ms of
-    # CPU per GPU per read on the H200; the other GPM metrics ~1 us each). Off, the busy share is
+    # GPM GRAPHICS_UTIL, the verdict's busy share, is the whole of nvmlGpmMetricsGet's cost (~2.2 ms of
+    # CPU per GPU per 0.5 s tick on the H200; the other GPM metrics ~1 us each). Off, the busy share is
     # utilization.gpu, one 200 ms sample per tick: right on average but up to 0.5 off per tick where
     # load comes in bursts (bench/README.md, session 15)
     gpm_graphics: bool = True

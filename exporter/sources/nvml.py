@@ -8,8 +8,9 @@ for power, clocks and utilization. GPM needs two samples more than 100 ms apart,
 GPM ratios cover the time since the last tick; its request structure is built once per GPU.
 With `gpm_every_ticks` N > 1, GPM is read every Nth tick (its ratios then cover the N ticks since
 the last read) and the ticks in between carry the last ratios, so the busy share the verdict reads
-(GPM GRAPHICS_UTIL) is never missing, only up to N - 1 ticks old: `nvmlGpmMetricsGet` costs ~1.2 ms
-of CPU per GPU on the H200, 82% of a tick's NVML time.
+(GPM GRAPHICS_UTIL) is never missing, only up to N - 1 ticks old: `nvmlGpmMetricsGet` costs 2-2.5 ms
+of CPU per GPU on the H200 on each tick's new pair of samples (1.2 ms on a pair read again), nearly all
+of it GRAPHICS_UTIL and most of a tick's NVML time; `gpm_graphics` off leaves that metric out.
 The `nvml` module is injectable: tests give it a stand-in for the driver.
 """
 

@@ -103,3 +103,22 @@ def test_a_recording_replayed_without_gpm_graphics_falls_back_to_utilization():
         r for r in busy_sources.errors(snaps, truth, segments) if r["scenario"] == "gpu_bound_decode"
     )
     assert steady["gpm"]["abs_error_median"] < 0.02 and steady["nvml"]["abs_error_median"] < 0.02
+
+
+def test_no_sm_active_means_no_graphics_in_every_h200_recording():
+    """Why NvmlSource skips GRAPHICS_UTIL (2 ms of CPU) where SM_UTIL reads 0: on the H200 it then read ~0 too."""
+    idle = total = 0
+    worst = 0.0
+    for recording in H200:
+        with gzip.open(recording, "rt") as fh:
+            _, snaps = read_lines(fh)
+            for snap in snaps:
+                g = snap.gpu(0)
+                if g is None or g.gpm is None or g.gpm.graphics is None or g.gpm.sm is None:
+                    continue
+                total += 1
+                if g.gpm.sm <= 0.0:
+                    idle += 1
+                    worst = max(worst, g.gpm.graphics)
+    assert total >= 1000 and idle >= 100
+    assert worst < 0.001  # under a tenth of a point

@@ -174,14 +174,12 @@ def test_gpm_ratios_follow_each_tick_with_one_request_built_once():
 def test_gpm_every_third_tick_carries_the_last_ratios_between_reads():
     gpu = FakeGpu()
     nvml = FakeNvml([gpu])
-    gets = []
-    real = nvml.nvmlGpmMetricsGet
-    nvml.nvmlGpmMetricsGet = lambda req: gets.append(1) or real(req)  # type: ignore[method-assign]
+    gets = _count_gets(nvml)
     src = NvmlSource(NvmlConfig(gpm_every_ticks=3), nvml=nvml)  # type: ignore[arg-type]
     first = [src.read_blocking()[0].gpm for _ in range(2)]
     gpu.gpm = {1: 50.0, 2: 40.0}
     later = [src.read_blocking()[0].gpm for _ in range(5)]
-    assert len(gets) == 3  # ticks 1, 4 and 7 of 7
+    assert gets == {"lean": 3, "graphics": 3}  # ticks 1, 4 and 7 of 7
     assert first[0] is not None and first[0].graphics == pytest.approx(0.987)
     assert first[1] is first[0]  # carried: the verdict's busy source stays GPM
     assert later[0] is first[0]  # tick 3: not due yet, the change not seen
@@ -193,20 +191,53 @@ def test_gpm_every_third_tick_carries_the_last_ratios_between_reads():
 def test_gpm_read_every_tick_by_default():
     gpu = FakeGpu()
     nvml = FakeNvml([gpu])
-    gets = []
-    real = nvml.nvmlGpmMetricsGet
-    nvml.nvmlGpmMetricsGet = lambda req: gets.append(1) or real(req)  # type: ignore[method-assign]
+    gets = _count_gets(nvml)
     src = NvmlSource(NvmlConfig(), nvml=nvml)  # type: ignore[arg-type]
     for _ in range(4):
         src.read_blocking()
-    assert len(gets) == 4
+    assert gets == {"lean": 4, "graphics": 4}
+
+
+def _count_gets(nvml: FakeNvml) -> dict[str, int]:
+    """Count the stand-in's nvmlGpmMetricsGet calls: with GRAPHICS_UTIL asked for, and without."""
+    gets = {"lean": 0, "graphics": 0}
+    real = nvml.nvmlGpmMetricsGet
+
+    def counted(req):
+        ids = {req.metrics[i].metricId for i in range(req.numMetrics)}
+        gets["graphics" if nvml.NVML_GPM_METRIC_GRAPHICS_UTIL in ids else "lean"] += 1
+        return real(req)
+
+    nvml.nvmlGpmMetricsGet = counted  # type: ignore[method-assign]
+    return gets
+
+
+def test_graphics_is_asked_for_only_where_an_sm_was_active_in_the_window():
+    gpu = FakeGpu()
+    nvml = FakeNvml([gpu])
+    gets = _count_gets(nvml)
+    src = NvmlSource(NvmlConfig(), nvml=nvml)  # type: ignore[arg-type]
+    src.read_blocking()
+    gpu.gpm = {1: 0.004, 2: 0.0, 3: 0.0, 5: 0.0, 10: 0.0}  # no SM active: GRAPHICS_UTIL not asked for
+    idle = [src.read_blocking()[0].gpm for _ in range(3)]
+    assert gets == {"lean": 4, "graphics": 1}
+    assert all(g is not None and g.graphics == 0.0 and g.sm == 0.0 for g in idle)
+    gpu.gpm = {1: 12.5, 2: 0.01}  # one SM a moment: asked for again, the same tick
+    (busy,) = src.read_blocking()
+    assert busy.gpm is not None and busy.gpm.graphics == pytest.approx(0.125)
+    gpu.gpm = {1: 33.0}  # SM_UTIL not supported: GRAPHICS_UTIL read every tick
+    (unknown,) = src.read_blocking()
+    assert unknown.gpm is not None and unknown.gpm.graphics == pytest.approx(0.33) and unknown.gpm.sm is None
+    assert gets == {"lean": 6, "graphics": 3}
 
 
 def test_gpm_without_graphics_leaves_the_busy_share_to_utilization():
     nvml = FakeNvml([FakeGpu(util=42)])
+    gets = _count_gets(nvml)
     src = NvmlSource(NvmlConfig(gpm_graphics=False), nvml=nvml)  # type: ignore[arg-type]
     src.read_blocking()
     (g,) = src.read_blocking()
+    assert gets == {"lean": 2, "graphics": 0}
     assert g.gpm is not None and g.gpm.graphics is None and g.gpm.sm == pytest.approx(0.952)
     snap = Snapshot(seq=1, at=0.0, mono=0.0, interval=0.5, dt=0.5, gpus=(g,))
     assert busy.for_verdict(snap, 0) == (pytest.approx(0.42), "nvml")

@@ -137,12 +137,13 @@ def main() -> int:
     src.read_blocking()
     out["read_blocking"] = timed(src.read_blocking, max(50, args.reps // 5))
     src.close()
-    # the busy share two ways, 0.5 s ticks for --busy-seconds each, CPU per second of the daemon's NVML
-    # work: GPM GRAPHICS_UTIL (the default) and, with nvml.gpm_graphics off, utilization.gpu alone
+    # the daemon's NVML work at 0.5 s ticks for --busy-seconds each, CPU per second: the default and
+    # with nvml.gpm_graphics off. The GPU is idle here, so the default asks for GRAPHICS_UTIL only
+    # where SM_UTIL is above 0 (never, unless something else runs): this is an idle GPU's cost
     out["busy_ways"] = {}
     for name, cfg in (
-        ("gpm_graphics", NvmlConfig(gpm_graphics=True)),
-        ("utilization_only", NvmlConfig(gpm_graphics=False)),
+        ("default_idle_gpu", NvmlConfig()),
+        ("gpm_graphics_off", NvmlConfig(gpm_graphics=False)),
     ):
         src = NvmlSource(cfg)
         src.read_blocking()

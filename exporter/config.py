@@ -42,11 +42,11 @@ class NvmlConfig:
     energy_every_seconds: float = 10.0  # one energy read costs ~2.4 ms (p99 24 ms) on the H200
     gpm: bool = True
     # GPM is read every this many ticks (1-20) and its ratios kept in between: nvmlGpmMetricsGet
-    # costs ~1.2 ms of CPU per GPU on the H200, 82% of a tick's NVML time
+    # costs 2-2.5 ms of CPU per busy GPU on the H200, most of a tick's NVML time
     gpm_every_ticks: int = 1
     # GPM GRAPHICS_UTIL, the verdict's busy share, is the whole of nvmlGpmMetricsGet's cost (~2.2 ms of
     # CPU per GPU per 0.5 s tick on the H200; the other GPM metrics ~1 us each). Off, the busy share is
-    # utilization.gpu, one 200 ms sample per tick: right on average but up to 0.5 off per tick where
+    # utilization.gpu, one 200 ms sample per tick: right on average but up to 0.6 off per tick where
     # load comes in bursts (bench/README.md, session 15)
     gpm_graphics: bool = True
 

@@ -61,9 +61,10 @@ class _Device:
     sm_clock_max_hz: float | None
     gpm_sample: Any = None  # the previous GPM sample, when the GPU supports GPM
     gpm_spare: Any = None
-    # the nvmlGpmMetricsGet requests, metric ids set once: "lean" (every metric but GRAPHICS_UTIL) and
-    # "graphics", each with the names of its metrics
+    # the nvmlGpmMetricsGet requests, metric ids set once: "all", "lean" (every metric but
+    # GRAPHICS_UTIL) and "graphics", each with the names of its metrics
     gpm_requests: dict[str, tuple[Any, tuple[str, ...]]] = field(default_factory=dict)
+    gpm_idle: bool = False  # no SM active in the last GPM window: GRAPHICS_UTIL waits for one
     gpm_last: GpmRatios | None = None  # the last GPM read's ratios, carried while no read is due
     gpm_due_in: int = 0  # ticks before the next GPM read (0: this tick)
     energy_joules: float | None = None
@@ -250,18 +251,24 @@ class NvmlSource:
         GRAPHICS_UTIL is the whole cost of `nvmlGpmMetricsGet` (2-2.5 ms of CPU per GPU on the H200
         against ~1 us for each other metric), so it is asked for only where the cheap metrics show an
         SM active in the window: where none was, no kernel ran and it reads 0 (on 1,372 such ticks of
-        the H200 lab, out of 6,371, GRAPHICS_UTIL read at most 0.00007). An idle GPU costs ~0.1 ms.
+        the H200 lab, out of 6,371, GRAPHICS_UTIL read at most 0.00007). A GPU active in the last
+        window gets every metric in one call; an idle one the cheap ones, then GRAPHICS_UTIL only if
+        an SM ran after all: an idle GPU costs ~0.1 ms, a busy one what it did.
         """
         current = self._gpm_take(dev.handle, dev.gpm_spare)
         previous = dev.gpm_sample
         dev.gpm_sample, dev.gpm_spare = current, previous
-        values = self._gpm_get(dev, "lean", previous, current)
-        if self._cfg.gpm_graphics:
-            sm = values.get("sm")
-            if sm is not None and sm <= 0.0:
-                values["graphics"] = 0.0
-            else:
+        if not self._cfg.gpm_graphics:
+            return GpmRatios(**self._gpm_get(dev, "lean", previous, current))
+        if not dev.gpm_idle:  # an SM ran in the last window: most likely in this one too, one call
+            values = self._gpm_get(dev, "all", previous, current)
+        else:
+            values = self._gpm_get(dev, "lean", previous, current)
+            if not _idle(values):
                 values.update(self._gpm_get(dev, "graphics", previous, current))
+        dev.gpm_idle = _idle(values)
+        if dev.gpm_idle:
+            values["graphics"] = 0.0
         return GpmRatios(**values)
 
     def _gpm_get(self, dev: _Device, which: str, previous: Any, current: Any) -> dict[str, float | None]:
@@ -273,7 +280,7 @@ class NvmlSource:
             ids = [
                 (name, getattr(nvml, const))
                 for name, const in GPM_METRICS
-                if hasattr(nvml, const) and (name == "graphics") == (which == "graphics")
+                if hasattr(nvml, const) and (which == "all" or (name == "graphics") == (which == "graphics"))
             ]
             req = nvml.c_nvmlGpmMetricsGet_t()
             req.version = nvml.NVML_GPM_METRICS_GET_VERSION
@@ -309,6 +316,12 @@ def _call(fn: Callable[..., T], *args: Any) -> T | None:
         return fn(*args)
     except Exception:
         return None
+
+
+def _idle(values: dict[str, float | None]) -> bool:
+    """Say whether GPM's SM_UTIL shows no SM active in the window (unknown: not idle)."""
+    sm = values.get("sm")
+    return sm is not None and sm <= 0.0
 
 
 def _clock_event_reasons(nvml: ModuleType, handle: Any) -> int:

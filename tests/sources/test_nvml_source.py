@@ -179,7 +179,7 @@ def test_gpm_every_third_tick_carries_the_last_ratios_between_reads():
     first = [src.read_blocking()[0].gpm for _ in range(2)]
     gpu.gpm = {1: 50.0, 2: 40.0}
     later = [src.read_blocking()[0].gpm for _ in range(5)]
-    assert gets == {"lean": 3, "graphics": 3}  # ticks 1, 4 and 7 of 7
+    assert gets == {"all": 3, "lean": 0, "graphics": 0}  # ticks 1, 4 and 7 of 7
     assert first[0] is not None and first[0].graphics == pytest.approx(0.987)
     assert first[1] is first[0]  # carried: the verdict's busy source stays GPM
     assert later[0] is first[0]  # tick 3: not due yet, the change not seen
@@ -195,17 +195,18 @@ def test_gpm_read_every_tick_by_default():
     src = NvmlSource(NvmlConfig(), nvml=nvml)  # type: ignore[arg-type]
     for _ in range(4):
         src.read_blocking()
-    assert gets == {"lean": 4, "graphics": 4}
+    assert gets == {"all": 4, "lean": 0, "graphics": 0}  # a busy GPU: every metric in one call
 
 
 def _count_gets(nvml: FakeNvml) -> dict[str, int]:
-    """Count the stand-in's nvmlGpmMetricsGet calls: with GRAPHICS_UTIL asked for, and without."""
-    gets = {"lean": 0, "graphics": 0}
+    """Count the stand-in's nvmlGpmMetricsGet calls: every metric, all but GRAPHICS_UTIL, it alone."""
+    gets = {"all": 0, "lean": 0, "graphics": 0}
     real = nvml.nvmlGpmMetricsGet
 
     def counted(req):
         ids = {req.metrics[i].metricId for i in range(req.numMetrics)}
-        gets["graphics" if nvml.NVML_GPM_METRIC_GRAPHICS_UTIL in ids else "lean"] += 1
+        graphics = nvml.NVML_GPM_METRIC_GRAPHICS_UTIL in ids
+        gets["lean" if not graphics else "graphics" if len(ids) == 1 else "all"] += 1
         return real(req)
 
     nvml.nvmlGpmMetricsGet = counted  # type: ignore[method-assign]
@@ -220,15 +221,16 @@ def test_graphics_is_asked_for_only_where_an_sm_was_active_in_the_window():
     src.read_blocking()
     gpu.gpm = {1: 0.004, 2: 0.0, 3: 0.0, 5: 0.0, 10: 0.0}  # no SM active: GRAPHICS_UTIL not asked for
     idle = [src.read_blocking()[0].gpm for _ in range(3)]
-    assert gets == {"lean": 4, "graphics": 1}
+    assert gets == {"all": 2, "lean": 2, "graphics": 0}  # the first idle window found in the one call
     assert all(g is not None and g.graphics == 0.0 and g.sm == 0.0 for g in idle)
     gpu.gpm = {1: 12.5, 2: 0.01}  # one SM a moment: asked for again, the same tick
     (busy,) = src.read_blocking()
     assert busy.gpm is not None and busy.gpm.graphics == pytest.approx(0.125)
+    assert gets == {"all": 2, "lean": 3, "graphics": 1}
     gpu.gpm = {1: 33.0}  # SM_UTIL not supported: GRAPHICS_UTIL read every tick
     (unknown,) = src.read_blocking()
     assert unknown.gpm is not None and unknown.gpm.graphics == pytest.approx(0.33) and unknown.gpm.sm is None
-    assert gets == {"lean": 6, "graphics": 3}
+    assert gets == {"all": 3, "lean": 3, "graphics": 1}
 
 
 def test_gpm_without_graphics_leaves_the_busy_share_to_utilization():
@@ -237,7 +239,7 @@ def test_gpm_without_graphics_leaves_the_busy_share_to_utilization():
     src = NvmlSource(NvmlConfig(gpm_graphics=False), nvml=nvml)  # type: ignore[arg-type]
     src.read_blocking()
     (g,) = src.read_blocking()
-    assert gets == {"lean": 2, "graphics": 0}
+    assert gets == {"all": 0, "lean": 2, "graphics": 0}
     assert g.gpm is not None and g.gpm.graphics is None and g.gpm.sm == pytest.approx(0.952)
     snap = Snapshot(seq=1, at=0.0, mono=0.0, interval=0.5, dt=0.5, gpus=(g,))
     assert busy.for_verdict(snap, 0) == (pytest.approx(0.42), "nvml")

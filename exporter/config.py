@@ -47,7 +47,7 @@ class NvmlConfig:
     # GPM GRAPHICS_UTIL, the verdict's busy share, is the whole of nvmlGpmMetricsGet's cost (~2.2 ms of
     # CPU per GPU per 0.5 s tick on the H200; the other GPM metrics ~1 us each). Off, the busy share is
     # utilization.gpu, one 200 ms sample per tick: right on average but up to 0.6 off per tick where
-    # load comes in bursts (bench/README.md, session 15)
+    # load comes in bursts, and 9 of 23 H200 lab recordings replay below 95% right (bench/README.md)
     gpm_graphics: bool = True
 
 

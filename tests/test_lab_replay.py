@@ -82,7 +82,11 @@ def test_field_lab_h200_recording_replays_at_least_as_right_as_it_ran(recording)
 
 
 def test_a_recording_replayed_without_gpm_graphics_falls_back_to_utilization():
-    """bench.scenarios.busy_sources: the H200 run that read both figures, replayed as if GPM's graphics were off."""
+    """bench.scenarios.busy_sources: the H200 run that read both figures, replayed as if GPM's graphics were off.
+
+    Its `utilization` is the mean of NVML's samples over each tick (a session-15 experiment), as close
+    to the truth as GPM; a single read per tick replays worse (bench/README.md, session 15).
+    """
     from bench.scenarios import busy_sources
 
     recording = RESULTS / "scenarios-h200-none-session15-gpm.jsonl.gz"

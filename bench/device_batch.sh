@@ -1,6 +1,7 @@
 #!/bin/bash
 # One device call, several GPU benchmarks in a row; everything lands in $OUT (at most 8 files come back).
 # On the lent H200, from the repo root; wheels for structlog, bcrypt and cupti-python in .whl/ (carried).
+# More than 8 files in $OUT (a call brings back 8): all but env.txt come back packed in results.tar.gz.
 #   STEPS="env two light lab:none" bash bench/device_batch.sh
 # Steps:
 #   env        machine, driver, torch, commit                      -> env.txt
@@ -90,3 +91,9 @@ for step in ${STEPS:-env}; do
   esac
   echo "== $step took $(( $(date +%s) - t0 )) s"
 done
+# A call brings back at most 8 files: past 8, pack everything but env.txt into one archive (untar it here)
+if [ "$(find "$O" -maxdepth 1 -type f | wc -l)" -gt 8 ]; then
+  ( cd "$O" && find . -maxdepth 1 -type f ! -name env.txt ! -name results.tar.gz -printf '%P\n' > /tmp/pack.list \
+    && tar -czf results.tar.gz -T /tmp/pack.list && xargs rm -f < /tmp/pack.list )
+  echo "== more than 8 files: packed into results.tar.gz ($(wc -l < /tmp/pack.list) files)"
+fi

@@ -38,6 +38,12 @@ GPM_METRICS: tuple[tuple[str, str], ...] = (
     ("tensor", "NVML_GPM_METRIC_ANY_TENSOR_UTIL"),
     ("dram", "NVML_GPM_METRIC_DRAM_BW_UTIL"),
 )
+# the metrics of each GPM request a device builds (GRAPHICS_UTIL costs ~2 ms, the others ~1 us each)
+GPM_REQUESTS: dict[str, tuple[str, ...]] = {
+    "all": tuple(name for name, _ in GPM_METRICS),
+    "lean": tuple(name for name, _ in GPM_METRICS if name != "graphics"),
+    "graphics": ("graphics",),
+}
 INIT_RETRY_SECONDS = 30.0
 STATIC_EVERY_SECONDS = (
     10.0  # the enforced power limit is read again this often (and on a new clock-event mask)
@@ -61,8 +67,7 @@ class _Device:
     sm_clock_max_hz: float | None
     gpm_sample: Any = None  # the previous GPM sample, when the GPU supports GPM
     gpm_spare: Any = None
-    # the nvmlGpmMetricsGet requests, metric ids set once: "all", "lean" (every metric but
-    # GRAPHICS_UTIL) and "graphics", each with the names of its metrics
+    # the nvmlGpmMetricsGet requests by GPM_REQUESTS' key, metric ids set once, each with its metrics' names
     gpm_requests: dict[str, tuple[Any, tuple[str, ...]]] = field(default_factory=dict)
     gpm_idle: bool = False  # no SM active in the last GPM window: GRAPHICS_UTIL waits for one
     gpm_last: GpmRatios | None = None  # the last GPM read's ratios, carried while no read is due
@@ -272,15 +277,16 @@ class NvmlSource:
         return GpmRatios(**values)
 
     def _gpm_get(self, dev: _Device, which: str, previous: Any, current: Any) -> dict[str, float | None]:
-        """Run one of the device's two GPM requests on a pair of samples; a metric not written is None."""
+        """Run one of the device's GPM requests (`GPM_REQUESTS`) on a pair of samples; a metric not written is None."""
         nvml = self._nvml
         assert nvml is not None
         built = dev.gpm_requests.get(which)
         if built is None:
+            wanted = GPM_REQUESTS[which]
             ids = [
                 (name, getattr(nvml, const))
                 for name, const in GPM_METRICS
-                if hasattr(nvml, const) and (which == "all" or (name == "graphics") == (which == "graphics"))
+                if name in wanted and hasattr(nvml, const)
             ]
             req = nvml.c_nvmlGpmMetricsGet_t()
             req.version = nvml.NVML_GPM_METRICS_GET_VERSION

@@ -14,7 +14,7 @@
 #   truth      bench/agent_graph_truth.py, late starts at b=1 and 8  -> agent_graph_truth_late_h200.json
 #   parts      bench/light_step_parts.py (the light step's parts, paired) -> light_step_parts_h200.json
 #   eager      bench/eager_processes.py (the eager loop before/after the agent starts, each process) -> eager_processes_h200.json
-#   periods[:T] bench/light_agent_periods.py (agent on/off periods in one process; :T imports exporter/ from .T/) -> light_periods_h200[_T].json
+#   periods[:T] bench/light_agent_periods.py (agent on/off periods in one process; :T imports exporter/ from .T/; PERIODS_ARGS: e.g. --pause 35) -> light_periods_h200[_T].json
 #   phases     bench/agent_phases.py (the light agent's swaps and tick phases on a vLLM-shaped engine's thread) -> agent_phases_h200.json
 #   gputests   the GPU-marked tests (probe and agent)                -> gpu_tests.txt
 #   probe      bench/probe_h200.py --sidecar (the self-test through the sidecar) -> probe_h200.json
@@ -58,7 +58,7 @@ for step in ${STEPS:-env}; do
       tag=${step#periods}; tag=${tag#:}
       if [ -n "$tag" ]; then wl=${PERIODS_TREE_WORKLOADS:-decode_b1}; tree=(--tree ".$tag" --aa 0); else wl=${PERIODS_WORKLOADS:-decode_b1,decode_b8,decode_8b,eager}; tree=(--aa "${PERIODS_AA:-3}"); fi
       timeout "${PERIODS_T:-400}" python3 bench/light_agent_periods.py --workloads "$wl" --pairs "${PERIODS_PAIRS:-6}" \
-        --period "${PERIODS_SECONDS:-2}" "${tree[@]}" --out "$O/light_periods_h200${tag:+_$tag}.json" > "/tmp/periods$tag.log" 2>&1
+        --period "${PERIODS_SECONDS:-2}" "${tree[@]}" ${PERIODS_ARGS:-} --out "$O/light_periods_h200${tag:+_$tag}.json" > "/tmp/periods$tag.log" 2>&1
       echo "periods $tag rc=$?"; tail -8 "/tmp/periods$tag.log" ;;
     phases)
       timeout "${PHASES_T:-200}" python3 bench/agent_phases.py --rounds "${PHASES_ROUNDS:-3}" --seconds "${PHASES_SECONDS:-6}" \

@@ -124,6 +124,13 @@ class LightAgent:
         Once QUIET_AFTER ticks in a row saw nothing (no step, replay or capture), say so in one message
         and go quiet: the hooks stay in, nothing is swapped or sent, and this thread sleeps until a
         driving call (an engine step, a replay) resumes the cycle on the engine's own thread.
+
+        With idle_wake_s (the default), each drive of the engine's sets this thread's timer that far
+        ahead: it wakes only once the engine has not stepped for that long, then ticks once (what
+        was counted before the engine stopped) and goes quiet at once. An engine that stops and
+        spins in Python loses no GIL to this thread in that time; one that steps again before it
+        catches up on its own call (exporter.agent.switch). The sidecar reads a light agent that
+        is silent while its process lives as quiet.
         """
         timer = self._timer = self._timer or WakeTimer.make()
         if timer is None:
@@ -132,6 +139,7 @@ class LightAgent:
         # how late the engine's step may come before this thread swaps: half a slice (31 ms by default),
         # so an engine stepping faster than that never has this thread take the GIL from it
         margin = max(int(in_s * 1e9) // 2, 5_000_000)
+        idle_wake = int(self.settings.idle_wake_s * 1e9)
         args: tuple[int, int, int, Any, Any] = (
             int(out_s * 1e9),
             int(in_s * 1e9),
@@ -140,8 +148,8 @@ class LightAgent:
             timer.at,
         )
         if self.idle_ticks >= QUIET_AFTER:
-            self._go_quiet(args)
-        elif not sw.drive_inline(*args):
+            self._go_quiet(args, idle_wake)
+        elif not sw.drive_inline(*args, idle_wake_ns=idle_wake):
             return False
         while sw.driving:
             if self._stop.is_set():
@@ -151,23 +159,25 @@ class LightAgent:
                 return self._stop.is_set()
             self.wakes += 1
             if sw.quiet:  # the quiet beat (a step that resumed the cycle has set the timer past its due)
+                if hooks.counts() != self._seen:  # the hooks (in) saw something no driver site did
+                    self._tick_timed()
                 self._say_quiet()
                 timer.at(time.monotonic_ns() + int(QUIET_BEAT_S * 1e9))
                 continue
             due = sw.due[0]
             sw.drive(by_thread=True)  # the engine did not step past the due: swap (and tick) from here
-            if self.idle_ticks >= QUIET_AFTER and not sw.quiet:
-                self._go_quiet(args)
+            if (idle_wake or self.idle_ticks >= QUIET_AFTER) and not sw.quiet:
+                self._go_quiet(args, idle_wake)
             elif sw.due[0] == due:  # nothing was due (the engine swapped meanwhile) or the lock was taken
                 timer.at(due + margin)
         return self._stop.is_set()
 
-    def _go_quiet(self, args: tuple[int, int, int, Any, Any]) -> None:
+    def _go_quiet(self, args: tuple[int, int, int, Any, Any], idle_wake: int = 0) -> None:
         """Send the quiet message, then let the switch hold the hooks in until a driving call resumes."""
         self.switch.finish_pending()
         self._say_quiet()
         self.quiets += 1
-        self.switch.drive_inline(*args, quiet=True, beat_ns=int(QUIET_BEAT_S * 1e9))
+        self.switch.drive_inline(*args, quiet=True, beat_ns=int(QUIET_BEAT_S * 1e9), idle_wake_ns=idle_wake)
 
     def _say_quiet(self) -> None:
         try:

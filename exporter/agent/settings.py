@@ -65,6 +65,10 @@ class Settings:
     # on: the engine's own step swaps the sampled hooks and runs the tick inline, so the agent's thread
     # does not wake while the engine steps (exporter.agent.switch) | off: the agent's thread swaps
     inline: str = "on"
+    # once the engine's own step drives, the agent's thread sleeps until no step has driven for this
+    # long (then it ticks once and goes quiet): it takes no GIL from an engine that stopped stepping
+    # and spins (exporter.agent.switch) | 0: it wakes a margin past each missed swap, as before
+    idle_wake_s: float = 30.0
     lag_s: float = 1.0
     lag_max_s: float = 3.0  # windows wait up to this long for records that arrive late (core._hold_ns)
     buffer_kib: int = 1024  # raw mode copies a buffer in ~0.1 ms; object mode needs <= 256 KiB
@@ -97,6 +101,7 @@ class Settings:
             flush_s=_envf("FLUSH_S", 0.5),
             hook_share=_envf("HOOK_SHARE", 0.125),
             inline=_env("INLINE", "on"),
+            idle_wake_s=_envf("IDLE_WAKE_S", 30.0),
             lag_s=_envf("LAG_S", 1.0),
             lag_max_s=_envf("LAG_MAX_S", 3.0),
             buffer_kib=_envi("BUFFER_KIB", 1024),
@@ -133,6 +138,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "window_s": (0.05, 60.0),
     "flush_s": (0.05, 60.0),
     "hook_share": (0.01, 1.0),
+    "idle_wake_s": (0.0, 3600.0),
     "lag_s": (0.0, 60.0),
     "lag_max_s": (0.0, 600.0),
     "buffer_kib": (8, 65536),

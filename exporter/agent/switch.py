@@ -88,6 +88,10 @@ class Switch:
         self._on_out: Any = None  # the agent's tick, run inline where the engine's thread ends a slice
         self._rearm: Any = None  # sets the agent thread's timer (to the next due plus the margin)
         self._margin = 0  # how long past a due the engine has to swap before the agent's thread does
+        # once the engine's thread drives: the agent's timer set this far past its last drive instead
+        # of a margin past the next due (0: a margin past the due)
+        self._idle_wake = 0
+        self._fixed_scale: float | None = None  # the scale of a tick for a slice that ended unseen
         self._pending: Any = None  # a tick the engine's thread runs in phases, one a call (an iterator)
         self._resume_due = 0  # the due to restore once the pending tick is done
         self._phase_lock = threading.Lock()  # one phase at a time (never held across calls)
@@ -298,6 +302,7 @@ class Switch:
         rearm: Any,
         quiet: bool = False,
         beat_ns: int = 0,
+        idle_wake_ns: int = 0,
     ) -> bool:
         """Let the driver site swap the hooks (and call on_out() at each slice's end); False if none can.
 
@@ -307,7 +312,11 @@ class Switch:
         process does nothing the hooks see; keep them in with no cycle (nothing is swapped or
         ticked, the agent's thread sleeps) until a driving call resumes it (then even without a
         driver site yet: one added later, or a hook that polls, resumes it). beat_ns: while quiet,
-        the agent's timer is set this far ahead (its quiet beat; 0: disarmed).
+        the agent's timer is set this far ahead (its quiet beat; 0: disarmed). idle_wake_ns: each
+        drive on the engine's thread sets the agent's timer this far ahead rather than a margin past
+        the next due, so the agent's thread takes no GIL for that long after the engine stops
+        stepping; a driving call that comes after a whole slice went by unseen catches up itself
+        (`_catch_up`). 0: a margin past the due, the thread swapping for an engine that is late.
         """
         with self._lock:
             if self._driver < 0 and not self._polled and not quiet:
@@ -317,6 +326,7 @@ class Switch:
             self._slice = (out_ns, in_ns) if self._swapping else (out_ns + in_ns, 0)
             self._on_out, self._rearm = on_out, rearm
             self._margin = max(0, int(margin_ns))
+            self._idle_wake = max(0, int(idle_wake_ns))
             self.driving, self.quiet = True, quiet
             # quiet: whichever driver site is called first resumes the cycle (the driver may never be)
             self._missed = 2 if quiet else 0
@@ -366,14 +376,16 @@ class Switch:
                 self.quiet = False
                 self._missed = 0
                 self.due[0] = now + self._first_slice()
-                wake, rearm = self.due[0] + self._margin, self._rearm
+                wake, rearm = self._wake_at(now, by_thread), self._rearm
             elif self._pending is not None:  # a phase of the tick begun: the timer already stands
                 if by_thread or not self._phase_after_launch():
                     pending = self._pending
             else:
                 # the agent's thread does the engine's swap: the driver sites may claim the drive
                 self._missed = min(2, missed + 1) if by_thread else 0
-                if self._swapping and not (by_thread and was_in):
+                if self._idle_wake and self._swapping and self._unseen(now, due):
+                    ticks = self._catch_up(now, due)  # a whole slice went by with no call
+                elif self._swapping and not (by_thread and was_in):
                     self._swap(now, due, by_thread)
                     ticks = not self.hooks_in  # the slice ended: its tick next
                 else:
@@ -382,7 +394,7 @@ class Switch:
                     # a swap costs the engine's thread its type caches) until a driver's call swaps again
                     self._next_period(now, due, by_thread)
                     ticks = True
-                wake = self.due[0] + self._margin
+                wake = self._wake_at(now, by_thread)
                 if ticks and self._on_out is not None:
                     self._pending, self._resume_due = self._on_out(), self.due[0]
                     self.due[0] = 1  # the next call runs the first phase
@@ -403,6 +415,37 @@ class Switch:
             except Exception:
                 pass
         return hooks_in
+
+    def _wake_at(self, now: int, by_thread: bool) -> int:
+        """Return when the agent's thread should wake after this drive (under the lock)."""
+        if self._idle_wake and not by_thread:
+            return now + self._idle_wake  # the engine steps: its next call drives, however late
+        return self.due[0] + self._margin
+
+    def _unseen(self, now: int, due: int) -> bool:
+        """Say whether the slice after `due` went by whole with no driving call (under the lock)."""
+        out_ns, in_ns = self._slice
+        return now >= due + (out_ns if self.hooks_in else in_ns)
+
+    def _catch_up(self, now: int, due: int) -> bool:
+        """Take up the cycle after a whole slice went by with no driving call; True if a tick is due.
+
+        The engine stopped stepping (or one step outlasted a slice) and no thread swapped for it
+        (`idle_wake_ns`). Hooks in: their slice ended at `due`, so the tick for it is scaled over the
+        span to `due` (what happened after was nothing a driver site saw); out: the slice they
+        missed saw nothing either, and there is no tick to run. Either way the stretch since is left
+        out of the next scale, and the cycle starts again from now with the hooks out (this call is
+        not counted: the slices stay placed apart from the calls).
+        """
+        tick = self.hooks_in
+        if tick:
+            in_ns = self._in_ns + max(0, due - self._since)
+            span = due - self._scaled_at
+            self._fixed_scale = span / in_ns if 0 < in_ns < span else 1.0
+            self._set(False, now)
+        self._in_ns, self._scaled_at, self._since = 0, now, now
+        self.due[0] = now + self._slice[0]
+        return tick
 
     def _swap(self, now: int, due: int, by_thread: bool) -> None:
         out_ns, in_ns = self._slice
@@ -573,6 +616,9 @@ class Switch:
     def scale(self, now_ns: int | None = None) -> float:
         """Return the span since the last call over the time the hooks were in during it (1.0 when always in)."""
         with self._lock:
+            fixed, self._fixed_scale = self._fixed_scale, None
+            if fixed is not None:  # a tick for a slice that ended unseen: its scale was fixed then
+                return fixed
             now = self._clock() if now_ns is None else now_ns
             in_ns = self._in_ns + (now - self._since if self.hooks_in else 0)
             span = now - self._scaled_at

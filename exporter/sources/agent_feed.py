@@ -518,12 +518,16 @@ class AgentFeed:
             self._agents = dict(self._agents)  # a dict never shrinks its table in place
 
     def _quiet(self, a: _Agent, now: float) -> bool:
-        """Say whether an agent that said it has nothing to report is still alive (its process runs).
+        """Say whether an agent with nothing to report is still alive (its process runs).
 
         A quiet agent sends nothing until its process does something its hooks see, so its silence is
-        no sign of trouble while the process lives: looked up at most once per stale_seconds.
+        no sign of trouble while the process lives: looked up at most once per stale_seconds. A light
+        agent says nothing either once its engine stops stepping (its thread does not wake for
+        idle_wake_s, exporter.agent.light): silent for stale_seconds, it is quiet while its process runs.
         """
-        if a.msg.state != "quiet":
+        if a.msg.state != "quiet" and not (
+            a.msg.state == "running" and a.msg.mode == "light" and now - a.last_seen > self.cfg.stale_seconds
+        ):
             return False
         if now - a.alive_at > self.cfg.stale_seconds:
             if not self.alive(a.peer or a.pid):
@@ -538,8 +542,8 @@ class AgentFeed:
         for pid, a in self._agents.items():
             msg = a.msg
             state = msg.state
-            if now - a.last_seen > self.cfg.stale_seconds and not self._quiet(a, now):
-                state = "stale"
+            if now - a.last_seen > self.cfg.stale_seconds:
+                state = "quiet" if self._quiet(a, now) else "stale"
             dev, uuid = min(a.uuids.items()) if a.uuids else (-1, "")
             gpu = self._gpus.get(uuid or f"cuda{dev}")
             fields = (

@@ -8,6 +8,8 @@ import itertools
 import types
 from pathlib import Path
 
+import pytest
+
 from exporter.agent.light import QUIET_AFTER
 from exporter.agent.steps import StepTracker
 from exporter.agent.switch import SWITCHED, Carry, Switch
@@ -132,8 +134,8 @@ def test_scaled_light_steps_keep_the_histogram_counting_n_and_request_seconds_un
     assert s.run_ns == 8 * 490 * MS  # read at each tick and integrated over real time: not scaled
 
 
-def run(tmp_path: Path, code: str, mode: str = "") -> dict:  # type: ignore[type-arg]
-    env = {"WAKES_MODE": mode} if mode else None
+def run(tmp_path: Path, code: str, mode: str = "", idle_wake: str = "30") -> dict:  # type: ignore[type-arg]
+    env = {"WAKES_MODE": mode, "IDLE_WAKE": idle_wake} if mode else None
     return run_fresh(tmp_path, code, [fake_torch, fake_vllm], env, timeout=120)  # type: ignore[no-any-return]
 
 
@@ -256,7 +258,8 @@ import torch
 from tests.agent.fresh import ListSender
 stepping = os.environ["WAKES_MODE"] == "stepping"
 sender = ListSender()
-agent = LightAgent(Settings(socket="", flush_s=0.05, hook_share=0.25), sender=sender)
+idle_wake = float(os.environ["IDLE_WAKE"])
+agent = LightAgent(Settings(socket="", flush_s=0.05, hook_share=0.25, idle_wake_s=idle_wake), sender=sender)
 in_at_tick, phases = [], agent.phases
 def counted_tick(*a, **k):  # every tick: the agent thread's, the engine's in phases, stop()'s
     in_at_tick.append(SWITCH.hooks_in)
@@ -286,10 +289,21 @@ print(json.dumps({"wakes": wakes, "ticks": len(in_at_tick) - 1, "in_at_tick": so
 """
 
 
-def test_with_no_engine_stepping_the_agents_thread_swaps_the_hooks_in_ticks_then_goes_quiet(
+def test_with_no_engine_stepping_the_agents_thread_goes_quiet_after_one_wake_up_of_its_own(
     tmp_path: Path,
 ) -> None:
     out = run(tmp_path, WAKES, "idle")  # the idle run counts the first cycle's two wake-ups too
+    # nothing steps: after its first cycle (in, out, tick) the thread hands the cycle to the engine; no
+    # driver site is called by the next due, so it wakes once, swaps the hooks in and goes quiet at once
+    assert out["ticks"] == 1 and out["driven"] and out["wakes"] == 3, out
+    assert out["states"] == ["running", "quiet", "running"], out  # (the last: stop()'s tick)
+    assert out["in_at_tick"] == [False]
+
+
+def test_with_no_idle_wake_the_agents_thread_swaps_the_hooks_in_ticks_then_goes_quiet(
+    tmp_path: Path,
+) -> None:
+    out = run(tmp_path, WAKES, "idle", idle_wake="0")  # the idle run counts the first cycle's wake-ups too
     # nothing steps, so the agent's thread wakes on its timer: its first cycle (in, out, tick), then
     # once to swap the hooks in where no step came to, once a tick with them left in; after
     # QUIET_AFTER ticks that saw nothing it says so and sleeps: over the rest of the second no tick,
@@ -303,15 +317,19 @@ def test_with_no_engine_stepping_the_agents_thread_swaps_the_hooks_in_ticks_then
     assert out["in_at_tick"] == [False, True]
 
 
-def test_while_the_engine_steps_its_own_thread_drives_the_cycle_and_the_agent_sleeps(tmp_path: Path) -> None:
-    out = run(tmp_path, WAKES, "stepping")
+@pytest.mark.parametrize("idle_wake", ["30", "0"])
+def test_while_the_engine_steps_its_own_thread_drives_the_cycle_and_the_agent_sleeps(
+    tmp_path: Path, idle_wake: str
+) -> None:
+    out = run(tmp_path, WAKES, "stepping", idle_wake)
     assert out["driven"] and out["ticks"] >= 10, out  # flush_s 0.05 over 1 s: the ticks go on, inline
     # each wake-up would take the GIL from the engine (130-145 us on the H200's VM): after half a second
     # idle (the agent's thread swapping), the steps take the cycle over at the next due; one wake-up
     # the timer had set before, a few more on a loaded machine at most
     assert out["wakes"] <= 4, out
-    # the engine's ticks run with the hooks out (its slice ended); the thread's, while idle, in
-    assert out["in_at_tick"] == [False, True]
+    # the engine's ticks run with the hooks out (its slice ended); the thread's, while idle, in (with
+    # an idle wake the thread goes quiet instead: its one tick is its first cycle's, hooks out)
+    assert out["in_at_tick"] == ([False] if idle_wake != "0" else [False, True])
     # the replays counted in the quarter slices, scaled, add up to the true count (a ratio estimator
     # over ~20 ticks on a loaded machine: within 20%)
     assert abs(out["sent"] - out["replays"]) <= 0.2 * out["replays"], out
@@ -666,3 +684,132 @@ def test_an_engine_that_launches_no_graph_gets_the_ticks_phases_from_its_step() 
         mod.step()
     assert [x for x in log if x.startswith("phase")] == ["phase0", "phase1", "phase2"], log
     assert mod.replay is mod.own_replay and not sw.hooks_in
+
+
+def test_with_an_idle_wake_an_engine_that_stops_and_resumes_is_counted_right_with_no_thread_waking() -> None:
+    import random
+
+    clock = Clock(1_000 * MS)
+    sw = Switch(clock)
+    counted = [0]
+    mod = types.SimpleNamespace(step=lambda: None)
+
+    def hook() -> None:
+        counted[0] += 1
+
+    sw.add(mod, "step", mod.step, hook, rank=2)
+    assert sw.start_cycle()
+    estimates: list[float] = []
+
+    def tick() -> object:
+        scale = sw.scale()
+        estimates.append(counted[0] * scale)
+        counted[0] = 0
+        yield
+
+    rearms: list[tuple[int, int]] = []
+    idle_wake = 30_000 * MS
+    assert sw.drive_inline(
+        40 * MS, 10 * MS, 5 * MS, tick, lambda w: rearms.append((w, clock())), idle_wake_ns=idle_wake
+    )
+    rng, true = random.Random(7), 0
+    for _ in range(30):  # bursts of 0.3-1 s of 1 ms steps, each followed by a stop of 0.1-5 s
+        for _ in range(rng.randint(300, 1000)):
+            clock.t += 1 * MS
+            mod.step()
+            true += 1
+        clock.t += rng.randint(100, 5_000) * MS
+    engine_rearms = len(rearms)
+    for _ in range(3):  # the engine stopped for good: the agent's thread wakes (its timer) and catches up
+        clock.t += idle_wake
+        sw.drive(by_thread=True)
+    assert counted[0] == 0 and sw._pending is None  # what the hooks counted went out in a tick
+    # every drive on the engine's thread set the agent's timer an idle wake past it: no thread woke
+    assert engine_rearms > 100 and all(w == t + idle_wake for w, t in rearms[1:engine_rearms]), rearms[:3]
+    # the ticks scaled over their spans: a stop's stretch was left out (else a tick after a 5 s stop would
+    # count ~100 times its slice), so the estimate stays the true count, less what the slices before
+    # each stop did not see (sampling: ~20 steps a stop at most)
+    assert abs(sum(estimates) - true) <= 0.1 * true, (sum(estimates), true)
+    assert max(estimates) <= 12 * 5, max(estimates)  # no tick stood for more than its ~50 ms of steps
+
+
+def test_with_an_idle_wake_the_thread_catches_up_once_a_stopped_engines_last_slice_scaled_to_its_end() -> (
+    None
+):
+    clock = Clock(1_000 * MS)
+    sw = Switch(clock)
+    counted = [0]
+    mod = types.SimpleNamespace(step=lambda: None)
+    sw.add(mod, "step", mod.step, lambda: counted.__setitem__(0, counted[0] + 1), rank=2)
+    assert sw.start_cycle()
+    scales: list[float] = []
+
+    def tick() -> object:
+        scales.append(sw.scale())
+        yield
+
+    assert sw.drive_inline(40 * MS, 10 * MS, 5 * MS, tick, lambda w: None, idle_wake_ns=30_000 * MS)
+    clock.t = sw.due[0]  # the first slice (in) ends: the engine's step swaps out and ticks
+    mod.step()
+    while sw._pending is not None:  # the tick's phases, one a step
+        mod.step()
+    clock.t = sw.due[0]
+    mod.step()  # in again: this one counted
+    assert sw.hooks_in and counted[0] == 1
+    clock.t += 4 * MS  # the engine stops 4 ms into the slice; nothing wakes for 30 s
+    in_from, due = sw._since, sw.due[0]
+    clock.t += 30_000 * MS
+    sw.drive(by_thread=True)  # the agent's timer: it catches up, the tick scaled to the slice's end
+    assert scales[-1] == (due - (in_from - 40 * MS)) / (due - in_from) == 5.0, scales
+    assert not sw.hooks_in and sw.due[0] == clock() + 40 * MS  # out; the stop is left out of the next scale
+    clock.t += 10 * MS
+    assert sw.scale() == 1.0  # (out since the catch-up: nothing counted, nothing to scale)
+
+
+SPIN = """
+import json, os, time
+from exporter.agent import hooks
+from exporter.agent.light import LightAgent
+from exporter.agent.settings import Settings
+from exporter.agent.switch import SWITCH
+hooks.install()
+import torch
+from tests.agent.fresh import ListSender
+sender = ListSender()
+agent = LightAgent(Settings(socket="", flush_s=0.05, hook_share=0.25, idle_wake_s=float(os.environ["IDLE_WAKE"])),
+                   sender=sender)
+agent.start()
+g, replays = torch.cuda.CUDAGraph(), 0
+def replay_for(seconds):
+    global replays
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:  # a replay every ~0.5 ms, the GIL let go between (as torch's ops do)
+        g.replay()
+        replays += 1
+        t = time.perf_counter() + 0.0005
+        while time.perf_counter() < t:
+            time.sleep(0)
+replay_for(0.6)
+woken, end, spins = agent.wakes, time.monotonic() + 1.0, 0
+while time.monotonic() < end:  # the engine stops and spins in Python, never letting go of the GIL itself
+    spins += 1
+spin_wakes, quiet = agent.wakes - woken, SWITCH.quiet
+replay_for(0.6)
+agent.stop()
+print(json.dumps({"spin_wakes": spin_wakes, "quiet": quiet, "replays": replays,
+                  "states": sorted({m.state for m in sender.sent}),
+                  "sent": sum(m.graphs.replays for m in sender.sent if m.graphs)}))
+"""
+
+
+@pytest.mark.parametrize("idle_wake", ["30", "0.3"])
+def test_an_engine_that_stops_and_spins_loses_no_gil_to_the_agent_until_the_idle_wake(
+    tmp_path: Path, idle_wake: str
+) -> None:
+    out = run_fresh(tmp_path, SPIN, [fake_torch], {"IDLE_WAKE": idle_wake}, timeout=120)
+    if idle_wake == "30":  # the spin is shorter than the idle wake: the agent's thread never woke
+        assert out["spin_wakes"] == 0 and not out["quiet"] and "quiet" not in out["states"], out
+    else:  # it woke once, 0.3 s after the last step: caught up, said quiet and slept
+        assert out["spin_wakes"] == 1 and out["quiet"] and "quiet" in out["states"], out
+    # before the stop, across it and after it, the replays counted in slices add up to the true count
+    assert abs(out["sent"] - out["replays"]) <= 0.2 * out["replays"], out

@@ -15,7 +15,7 @@ A message is one agent's report since its last one:
                 "graph": n, "eager": n, "run_ns": n, "wait_ns": n, "running": n, "waiting": n,
                 "max_seqs": n, "dp": n, "owner": pid}],
      "graphs": {"t0": ns, "t1": ns, "replays": n, "captures": n, "dev": n, "uuid": "GPU-..."},
-     "sent_dropped": n}
+     "sent_dropped": n, "silent_ms": ms}
 
 The light-agent keys of "steps" and "graphs" are optional: an older sidecar ignores them, and a
 message without them decodes to their defaults.
@@ -40,6 +40,7 @@ from typing import Any, TypeVar
 VERSION = 1
 MAX_DATAGRAM_BYTES = 16 * 1024
 MAX_SETTINGS_REJECTED = 64  # more settings than an agent has: a larger count is a bad message
+MAX_SILENT_MS = 3_600_000  # an hour: a longer silence is no promise the sidecar can keep
 STATES = ("running", "preempted", "unavailable", "stopped", "quiet")  # quiet: alive, nothing to report
 ROLES = ("vllm_worker", "vllm_engine", "sglang_scheduler", "generic")
 MAX_INTERVALS = 600  # busy intervals per window kept for cross-process unions (~8 KiB at worst)
@@ -179,6 +180,9 @@ class Message:
     sent_dropped: int = 0  # messages this agent could not send since it started
     settings_rejected: int = 0  # its BOUNDWATCH_AGENT_* settings out of bounds (their defaults serve)
     graphs: GraphCounts | None = None  # light hooks' counts (key "graphs"; absent from older agents)
+    # a light agent silent this long while its process runs has nothing to report (its engine stopped
+    # stepping: its thread does not wake to say so); 0: silence says nothing (older agents, CUPTI)
+    silent_ms: int = 0
     v: int = field(default=VERSION)
 
     def uuid_of(self, dev: int) -> str:
@@ -226,6 +230,7 @@ _STEPS_LIGHT_JSON = tuple(f',"{key}":%d' for key in _STEPS_LIGHT_DEFAULTS)  # ea
 _MESSAGE_JSON = '{"v":%d,"pid":%d,"seq":%d,"state":%s,"role":%s'
 _DROPPED_JSON = ',"sent_dropped":%d'
 _REJECTED_JSON = ',"settings_rejected":%d'
+_SILENT_JSON = ',"silent_ms":%d'
 _GRAPHS_JSON = '{"t0":%d,"t1":%d,"replays":%d,"captures":%d%s}'
 _GRAPHS_DEV_JSON = ',"dev":%d'
 _JSON_STRINGS: dict[str, str] = {}  # the strings an agent repeats (engine, role, state, mode, uuid, lib)
@@ -281,6 +286,8 @@ def encode(msg: Message) -> bytes:
             parts.append(_DROPPED_JSON % msg.sent_dropped)
         if msg.settings_rejected:
             parts.append(_REJECTED_JSON % msg.settings_rejected)
+        if msg.silent_ms:
+            parts.append(_SILENT_JSON % msg.silent_ms)
         if msg.graphs is not None:
             parts.append(',"graphs":' + _graphs_json(msg.graphs))
     except (TypeError, ValueError) as exc:  # a float NaN, a None: the sidecar would refuse it anyway
@@ -586,6 +593,7 @@ def _message_plain(body: Any) -> Message | None:
         get("seq", 0),
         get("sent_dropped", 0),
         get("settings_rejected", 0),
+        get("silent_ms", 0),
     )
     if (
         set(map(type, ints)) != _ONLY_INT
@@ -594,6 +602,7 @@ def _message_plain(body: Any) -> Message | None:
         or max(ints) > MAX_INT
         or ints[1] > 2**31
         or ints[4] > MAX_SETTINGS_REJECTED
+        or ints[5] > MAX_SILENT_MS
     ):
         return None
     strs = (get("state"), get("role", "generic"), get("detail", ""), get("lib", ""), get("mode", ""))
@@ -643,6 +652,7 @@ def _message_plain(body: Any) -> Message | None:
             "sent_dropped": ints[3],
             "settings_rejected": ints[4],
             "graphs": graphs,
+            "silent_ms": ints[5],
             "v": VERSION,
         },
     )
@@ -738,6 +748,7 @@ def _message(body: Any) -> Message:
             "sent_dropped": _int(body, "sent_dropped", 0),
             "settings_rejected": _int(body, "settings_rejected", 0, hi=MAX_SETTINGS_REJECTED),
             "graphs": _graph_counts(body),
+            "silent_ms": _int(body, "silent_ms", 0, hi=MAX_SILENT_MS),
             "v": VERSION,
         },
     )

@@ -229,6 +229,8 @@ def reference_body(msg: wire.Message) -> dict:  # type: ignore[type-arg]
         body["sent_dropped"] = msg.sent_dropped
     if msg.settings_rejected:
         body["settings_rejected"] = msg.settings_rejected
+    if msg.silent_ms:
+        body["silent_ms"] = msg.silent_ms
     if msg.graphs is not None:
         g = msg.graphs
         body["graphs"] = {"t0": g.t0, "t1": g.t1, "replays": g.replays, "captures": g.captures}
@@ -254,6 +256,7 @@ messages = st.builds(
     pid=small, state=st.sampled_from(wire.STATES), seq=small, role=st.sampled_from(wire.ROLES), detail=texts,
     lib=texts, mode=texts, devices=st.lists(st.tuples(st.integers(0, 9), texts), max_size=2).map(tuple),
     steps=st.lists(steps_st, max_size=3).map(tuple), sent_dropped=small, settings_rejected=st.integers(0, 9),
+    silent_ms=st.integers(0, wire.MAX_SILENT_MS),
     graphs=st.none() | st.builds(wire.GraphCounts, t0=small, t1=small, replays=small, captures=small,
                                  dev=st.integers(-1, 3), uuid=texts),
 )  # fmt: skip
@@ -331,6 +334,7 @@ KEYS = [
     "steps",
     "sent_dropped",
     "settings_rejected",
+    "silent_ms",
     "graphs",
     "dev",
     "uuid",

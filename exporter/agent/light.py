@@ -61,6 +61,12 @@ class LightAgent:
         self.idle_ticks = 0  # ticks in a row that saw no step, replay or capture
         self._seen = hooks.counts()
         self.quiets = 0  # times the agent went quiet
+        # how long the sidecar may hear nothing from a running agent before it reads it as quiet: once
+        # the engine drives, a message goes out each tick with steps, else each heartbeat (1 s), and
+        # the thread does not wake to say the engine stopped (idle_wake_s); 0 where it does
+        flush = self.settings.flush_s
+        wakes_late = self.inline and self.settings.idle_wake_s > 0
+        self.silent_ms = int((max(1.0, flush) + flush + 0.25) * 1000) if wakes_late else 0
 
     def start(self) -> str:
         """Install the hooks and start the agent's thread; return 'running', never raise."""
@@ -274,6 +280,7 @@ class LightAgent:
             graphs=graphs,
             sent_dropped=self.sender.dropped,
             settings_rejected=len(self.settings.rejected),
+            silent_ms=self.silent_ms,
         )
 
     def detach(self) -> None:

@@ -523,10 +523,12 @@ class AgentFeed:
         A quiet agent sends nothing until its process does something its hooks see, so its silence is
         no sign of trouble while the process lives: looked up at most once per stale_seconds. A light
         agent says nothing either once its engine stops stepping (its thread does not wake for
-        idle_wake_s, exporter.agent.light): silent for stale_seconds, it is quiet while its process runs.
+        idle_wake_s, exporter.agent.light): silent for longer than it said it would be while its engine
+        steps (its messages' silent_ms), it is quiet while its process runs.
         """
-        if a.msg.state != "quiet" and not (
-            a.msg.state == "running" and a.msg.mode == "light" and now - a.last_seen > self.cfg.stale_seconds
+        msg = a.msg
+        if msg.state != "quiet" and not (
+            msg.state == "running" and msg.silent_ms and now - a.last_seen > msg.silent_ms / 1000
         ):
             return False
         if now - a.alive_at > self.cfg.stale_seconds:
@@ -542,8 +544,10 @@ class AgentFeed:
         for pid, a in self._agents.items():
             msg = a.msg
             state = msg.state
-            if now - a.last_seen > self.cfg.stale_seconds:
-                state = "quiet" if self._quiet(a, now) else "stale"
+            if state == "running" and msg.silent_ms and self._quiet(a, now):
+                state = "quiet"  # silent past what it said it would be while its engine steps
+            elif now - a.last_seen > self.cfg.stale_seconds and not self._quiet(a, now):
+                state = "stale"
             dev, uuid = min(a.uuids.items()) if a.uuids else (-1, "")
             gpu = self._gpus.get(uuid or f"cuda{dev}")
             fields = (

@@ -386,23 +386,26 @@ async def test_start_read_hands_out_what_read_would_as_a_done_future(tmp_path) -
         feed.close()
 
 
-def test_a_silent_light_agent_reads_quiet_while_its_process_runs_a_cupti_one_stale(tmp_path: Path) -> None:
+def test_a_light_agent_silent_past_its_silent_ms_reads_quiet_while_its_process_runs(tmp_path: Path) -> None:
     clock = Clock()
     alive = {7: True, 8: True}
     f = AgentFeed(AgentFeedConfig(socket=str(tmp_path / "x.sock"), stale_seconds=5.0), clock=clock,
                   wall_ns=lambda: 1_000_000, alive=lambda pid: alive[pid])  # fmt: skip
     counts = wire.GraphCounts(t0=T0, t1=T0 + 500 * MS, replays=40, captures=9, dev=0, uuid=UUID)
-    f.receive(light(7, graphs=counts))  # a light agent whose engine then stops: its thread stays asleep
-    f.receive(
-        wire.encode(wire.Message(pid=8, state="running", mode="cupti"))
-    )  # a CUPTI agent's thread never does
+    # a light agent whose engine then stops (its thread stays asleep), and one that said nothing of its
+    # silence (an older light agent, a CUPTI one: their threads say quiet or keep sending)
+    f.receive(wire.encode(wire.Message(pid=7, state="running", mode="light", graphs=counts, silent_ms=1750)))
+    f.receive(wire.encode(wire.Message(pid=8, state="running", mode="light")))
+    clock.t += 1.5  # within what it said: running
     assert [(a.pid, a.state) for a in f.collect().agents] == [(7, "running"), (8, "running")]
-    clock.t += 6
-    assert [(a.pid, a.state) for a in f.collect().agents] == [(7, "quiet"), (8, "stale")]
     clock.t += 0.5
-    (g,) = f.collect().graphs  # quiet, with graphs captured: its hooks saw no replay
+    reading = f.collect()
+    assert [(a.pid, a.state) for a in reading.agents] == [(7, "quiet"), (8, "running")]
+    (g,) = reading.graphs  # quiet, with graphs captured: its hooks saw no replay over the tick
     assert (g.pid, g.replays, g.observed_ns) == (7, 0, 500 * MS)
-    clock.t += 120  # long silent: the light agent kept while its process runs, the CUPTI one forgotten
+    clock.t += 4
+    assert [(a.pid, a.state) for a in f.collect().agents] == [(7, "quiet"), (8, "stale")]
+    clock.t += 120  # long silent: the quiet agent kept while its process runs, the other forgotten
     assert [(a.pid, a.state) for a in f.collect().agents] == [(7, "quiet")]
     alive[7] = False  # its process ended without a word: silent for over the forget time, gone
     clock.t += 6

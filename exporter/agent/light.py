@@ -131,12 +131,13 @@ class LightAgent:
         and go quiet: the hooks stay in, nothing is swapped or sent, and this thread sleeps until a
         driving call (an engine step, a replay) resumes the cycle on the engine's own thread.
 
-        With idle_wake_s (the default), each drive of the engine's sets this thread's timer that far
-        ahead: it wakes only once the engine has not stepped for that long, then ticks once (what
-        was counted before the engine stopped) and goes quiet at once. An engine that stops and
-        spins in Python loses no GIL to this thread in that time; one that steps again before it
-        catches up on its own call (exporter.agent.switch). The sidecar reads a light agent that
-        is silent while its process lives as quiet.
+        With idle_wake_s (the default), each drive of an engine that steps fast (switch.FAST_STEP_NS)
+        sets this thread's timer that far ahead: it wakes only once the engine has not stepped for
+        that long, then ticks once (what was counted before the engine stopped) and goes quiet at
+        once. An engine that stops and spins in Python loses no GIL to this thread in that time;
+        one that steps again before it catches up on its own call (exporter.agent.switch). A slow
+        engine keeps the timer a margin past each due (one step may outlast a slice). The sidecar
+        reads a light agent silent past the silent_ms of its messages, its process alive, as quiet.
         """
         timer = self._timer = self._timer or WakeTimer.make()
         if timer is None:
@@ -170,9 +171,11 @@ class LightAgent:
                 self._say_quiet()
                 timer.at(time.monotonic_ns() + int(QUIET_BEAT_S * 1e9))
                 continue
-            due = sw.due[0]
+            due, idle = sw.due[0], sw.idle_armed
             sw.drive(by_thread=True)  # the engine did not step past the due: swap (and tick) from here
-            if (idle_wake or self.idle_ticks >= QUIET_AFTER) and not sw.quiet:
+            # the idle wake (a fast engine that stopped): quiet at once; a rescue (a slow engine's step
+            # outlasting its slice) goes on as before, quiet only after QUIET_AFTER empty ticks
+            if (idle or self.idle_ticks >= QUIET_AFTER) and not sw.quiet:
                 self._go_quiet(args, idle_wake)
             elif sw.due[0] == due:  # nothing was due (the engine swapped meanwhile) or the lock was taken
                 timer.at(due + margin)

@@ -60,6 +60,11 @@ from typing import Any
 
 MAX_SWITCHES = 64  # hook sites one process manages; past this the hooks stay in (held)
 MAX_BOUND = 64  # instances whose attributes hold a bound hook (an engine core's step_fn)
+# steps at most this far apart on average (driver calls while the hooks are in) make an engine "fast":
+# it swaps within a few ms of each due, and once it stops, nothing is left for the agent's thread to
+# do but the idle wake; a slower engine (a 70B model's decode, long prefill chunks) keeps the thread's
+# rescue a margin past each due, since one step may outlast a whole slice
+FAST_STEP_NS = 20_000_000
 SWITCHED = "__boundwatch_switched__"  # set on a hook this module swaps
 
 
@@ -91,7 +96,10 @@ class Switch:
         # once the engine's thread drives: the agent's timer set this far past its last drive instead
         # of a margin past the next due (0: a margin past the due)
         self._idle_wake = 0
-        self._fixed_scale: float | None = None  # the scale of a tick for a slice that ended unseen
+        self._calls = [0]  # the driver's calls with the hooks in (or polls) since _classify last ran
+        self._calls_since = 0  # when they began to be counted
+        self.fast = False  # the engine's steps come faster than FAST_STEP_NS (the idle wake applies)
+        self.idle_armed = False  # the agent's timer stands at the idle wake, not a margin past a due
         self._pending: Any = None  # a tick the engine's thread runs in phases, one a call (an iterator)
         self._resume_due = 0  # the due to restore once the pending tick is done
         self._phase_lock = threading.Lock()  # one phase at a time (never held across calls)
@@ -142,7 +150,7 @@ class Switch:
 
     def _driving_pair(self, original: Any, hook: Any) -> tuple[Any, Any]:
         """Return the driver site's functions: out, the engine's own behind a check; in, the hook behind one."""
-        due, clock, drive = self.due, self._clock, self.drive
+        due, clock, drive, calls = self.due, self._clock, self.drive, self._calls
 
         pair: tuple[Any, Any]
         if _self_only(original):  # a step of `self` alone (EngineCore.step, a replay): no packing frame
@@ -153,6 +161,7 @@ class Switch:
                 return original(self)
 
             def checked_self(self: Any) -> Any:
+                calls[0] += 1
                 if due[0] and clock() >= due[0] and not drive():
                     return original(self)
                 return hook(self)
@@ -166,6 +175,7 @@ class Switch:
                 return original(*args, **kwargs)
 
             def checked(*args: Any, **kwargs: Any) -> Any:
+                calls[0] += 1
                 if due[0] and clock() >= due[0] and not drive():
                     return original(*args, **kwargs)  # this call starts after the slice: not counted
                 return hook(*args, **kwargs)
@@ -348,6 +358,7 @@ class Switch:
     def poll(self) -> None:
         """Drive the cycle from a hook the switch does not hold (SGLang's step): cheap unless due."""
         self._polled = True
+        self._calls[0] += 1
         due = self.due[0]
         if due and self._clock() >= due:
             self.drive()
@@ -418,8 +429,9 @@ class Switch:
 
     def _wake_at(self, now: int, by_thread: bool) -> int:
         """Return when the agent's thread should wake after this drive (under the lock)."""
-        if self._idle_wake and not by_thread:
-            return now + self._idle_wake  # the engine steps: its next call drives, however late
+        self.idle_armed = bool(self._idle_wake) and not by_thread and self.fast
+        if self.idle_armed:
+            return now + self._idle_wake  # the engine steps fast: its next call drives, however late
         return self.due[0] + self._margin
 
     def _unseen(self, now: int, due: int) -> bool:
@@ -430,22 +442,31 @@ class Switch:
     def _catch_up(self, now: int, due: int) -> bool:
         """Take up the cycle after a whole slice went by with no driving call; True if a tick is due.
 
-        The engine stopped stepping (or one step outlasted a slice) and no thread swapped for it
-        (`idle_wake_ns`). Hooks in: their slice ended at `due`, so the tick for it is scaled over the
-        span to `due` (what happened after was nothing a driver site saw); out: the slice they
-        missed saw nothing either, and there is no tick to run. Either way the stretch since is left
-        out of the next scale, and the cycle starts again from now with the hooks out (this call is
-        not counted: the slices stay placed apart from the calls).
+        The engine stopped stepping, or one step outlasted a slice, and no thread swapped for it
+        (the idle wake). Hooks in: they were in until now and counted what came, so they go out
+        here and the tick follows, its scale over the time they were in (zero counts after a stop
+        spread over that time, as when the agent's thread put them in a margin late). Hooks out: the
+        slice they missed saw nothing, so the stretch since the last tick is left out of the next
+        scale (else that tick would stand for it: after a minute's stop, ~1,000 times its slice).
+        Either way the cycle starts again from now with the hooks out: this call is not counted.
         """
         tick = self.hooks_in
         if tick:
-            in_ns = self._in_ns + max(0, due - self._since)
-            span = due - self._scaled_at
-            self._fixed_scale = span / in_ns if 0 < in_ns < span else 1.0
+            self._classify(now, False)
             self._set(False, now)
-        self._in_ns, self._scaled_at, self._since = 0, now, now
+        else:
+            self._in_ns, self._scaled_at, self._since = 0, now, now
         self.due[0] = now + self._slice[0]
         return tick
+
+    def _classify(self, now: int, by_thread: bool) -> None:
+        """Say whether the engine steps fast (under FAST_STEP_NS a step) from its calls since the last time."""
+        span = now - self._calls_since
+        if not by_thread and span > 0:
+            self.fast = self._calls[0] * FAST_STEP_NS >= span
+        elif by_thread:
+            self.fast = False  # the engine left a swap to this thread: slow, or stopped
+        self._calls[0], self._calls_since = 0, now
 
     def _swap(self, now: int, due: int, by_thread: bool) -> None:
         out_ns, in_ns = self._slice
@@ -453,17 +474,20 @@ class Switch:
         # its own wake-up, and sets the next due a margin early so that idle cycles keep their length
         at, early = (now, self._margin) if by_thread else (due, 0)
         if self.hooks_in:
+            self._classify(now, by_thread)  # from the driver's calls in the slice
             self._set(False, at)
             self.due[0] = max(at + out_ns - early, now + 1)
         elif not by_thread and now >= due + in_ns:  # the whole slice went by unseen: the next one
             self.due[0] = now + out_ns
         else:
             self._set(True, at)
+            self._calls[0], self._calls_since = 0, at
             self.due[0] = max(at + in_ns - early, now + 1)
 
     def _next_period(self, now: int, due: int, by_thread: bool) -> None:
         """The hooks in: the next tick's due one period on (from now where one went by unseen)."""
         period = self._slice[0] + self._slice[1]
+        self._classify(now, by_thread)
         if by_thread:  # a margin late: set the next due as early, so that idle periods keep their length
             at, early = now, self._margin
         else:
@@ -616,9 +640,6 @@ class Switch:
     def scale(self, now_ns: int | None = None) -> float:
         """Return the span since the last call over the time the hooks were in during it (1.0 when always in)."""
         with self._lock:
-            fixed, self._fixed_scale = self._fixed_scale, None
-            if fixed is not None:  # a tick for a slice that ended unseen: its scale was fixed then
-                return fixed
             now = self._clock() if now_ns is None else now_ns
             in_ns = self._in_ns + (now - self._since if self.hooks_in else 0)
             span = now - self._scaled_at

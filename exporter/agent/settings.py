@@ -65,9 +65,9 @@ class Settings:
     # on: the engine's own step swaps the sampled hooks and runs the tick inline, so the agent's thread
     # does not wake while the engine steps (exporter.agent.switch) | off: the agent's thread swaps
     inline: str = "on"
-    # once the engine's own step drives, the agent's thread sleeps until no step has driven for this
-    # long (then it ticks once and goes quiet): it takes no GIL from an engine that stopped stepping
-    # and spins (exporter.agent.switch) | 0: it wakes a margin past each missed swap, as before
+    # once the engine's own step drives fast (switch.FAST_STEP_NS), the agent's thread sleeps until no
+    # step has driven for this long (then it ticks once and goes quiet): it takes no GIL from an engine
+    # that stopped stepping and spins | 0: it wakes a margin past each missed swap, as for a slow engine
     idle_wake_s: float = 30.0
     lag_s: float = 1.0
     lag_max_s: float = 3.0  # windows wait up to this long for records that arrive late (core._hold_ns)

@@ -551,10 +551,16 @@ time.sleep(0.3)  # two idle ticks: quiet
 quiet_at, woken = len(sender.sent), agent.wakes
 time.sleep(1.05)  # quiet: a beat every 0.25 s
 beats, beat_wakes = [m.state for m in sender.sent[quiet_at:]], agent.wakes - woken
+with torch.cuda.graph(torch.cuda.CUDAGraph()):  # a capture while quiet: no driver site is called
+    pass
+at = len(sender.sent)
+time.sleep(0.3)  # the next beat sends what the hooks (in) counted, then says quiet again
+captured = [[m.state, m.graphs.captures if m.graphs else None] for m in sender.sent[at:]]
 g.replay()  # the engine steps: the cycle resumes on its thread, the beat's timer replaced
 time.sleep(0.2)
 agent.stop()
-print(json.dumps({"beats": beats, "beat_wakes": beat_wakes, "after": [m.state for m in sender.sent]}))
+print(json.dumps({"beats": beats, "beat_wakes": beat_wakes, "captured": captured,
+                  "after": [m.state for m in sender.sent]}))
 """
 
 
@@ -563,6 +569,8 @@ def test_a_quiet_agent_says_so_again_every_beat_so_a_restarted_sidecar_finds_it(
     # one message and one wake-up a beat (a sidecar started while the engine idles learns of it)
     assert out["beats"] == ["quiet"] * len(out["beats"]) and 3 <= len(out["beats"]) <= 5, out
     assert 3 <= out["beat_wakes"] <= 5, out
+    # a capture while quiet (no step, no replay): the next beat sends it, then says quiet again
+    assert out["captured"][:2] == [["running", 1], ["quiet", None]], out
     assert out["after"][-2] == "running", out  # resumed by the replay (then stop()'s last message)
 
 

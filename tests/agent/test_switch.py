@@ -684,25 +684,42 @@ def test_an_engine_that_launches_no_graph_gets_the_ticks_phases_from_its_step() 
     assert mod.replay is mod.own_replay and not sw.hooks_in
 
 
+class CountedSteps:
+    """One engine step site (rank 2) on a fake clock whose hook counts each call; ticks turn the counts
+    into estimates (count x scale); the agent's timer is `armed` (0: disarmed)."""
+
+    def __init__(self) -> None:
+        self.clock = Clock(1_000 * MS)
+        self.sw = Switch(self.clock)
+        self.counted = [0]
+        self.mod = types.SimpleNamespace(step=lambda: None)
+        self.sw.add(self.mod, "step", self.mod.step, self._hook, rank=2)
+        assert self.sw.start_cycle()
+        self.estimates: list[float] = []
+        self.armed = [0]
+
+    def _hook(self) -> None:
+        self.counted[0] += 1
+
+    def tick(self) -> object:
+        self.estimates.append(self.counted[0] * self.sw.scale())
+        self.counted[0] = 0
+        yield
+
+    def drive_inline(self, out_ns: int, in_ns: int, margin_ns: int, idle_wake: int) -> bool:
+        rearm = self.armed.__setitem__
+        return self.sw.drive_inline(
+            out_ns, in_ns, margin_ns, self.tick, lambda w: rearm(0, w), idle_wake_ns=idle_wake
+        )
+
+
 def test_with_an_idle_wake_an_engine_that_stops_and_resumes_is_counted_right_with_no_thread_waking() -> None:
     import random
 
-    clock = Clock(1_000 * MS)
-    sw = Switch(clock)
-    counted = [0]
-    mod = types.SimpleNamespace(step=lambda: None)
-    sw.add(mod, "step", mod.step, lambda: counted.__setitem__(0, counted[0] + 1), rank=2)
-    assert sw.start_cycle()
-    estimates: list[float] = []
-
-    def tick() -> object:
-        estimates.append(counted[0] * sw.scale())
-        counted[0] = 0
-        yield
-
-    armed, idle_wake = [0], 30_000 * MS
-    rearm = armed.__setitem__
-    assert sw.drive_inline(40 * MS, 10 * MS, 5 * MS, tick, lambda w: rearm(0, w), idle_wake_ns=idle_wake)
+    e = CountedSteps()
+    clock, sw, mod, counted, estimates, armed = e.clock, e.sw, e.mod, e.counted, e.estimates, e.armed
+    idle_wake = 30_000 * MS
+    assert e.drive_inline(40 * MS, 10 * MS, 5 * MS, idle_wake)
     rng, true, thread_wakes = random.Random(7), 0, 0
     for _ in range(30):  # bursts of 0.3-1 s of 1 ms steps, each followed by a stop of 0.1-5 s
         for _ in range(rng.randint(300, 1000)):
@@ -730,24 +747,10 @@ def test_with_an_idle_wake_an_engine_that_stops_and_resumes_is_counted_right_wit
 
 def test_a_slow_engine_keeps_the_threads_rescue_and_its_steps_are_counted_right() -> None:
     """Steps of 100 ms outlast the 62.5 ms slice: the thread's timer stays a margin past each due."""
-    clock = Clock(1_000 * MS)
-    sw = Switch(clock)
-    counted = [0]
-    mod = types.SimpleNamespace(step=lambda: None)
-    sw.add(mod, "step", mod.step, lambda: counted.__setitem__(0, counted[0] + 1), rank=2)
-    assert sw.start_cycle()
-    estimates: list[float] = []
-
-    def tick() -> object:
-        estimates.append(counted[0] * sw.scale())
-        counted[0] = 0
-        yield
-
-    armed, idle_wake = [0], 30_000 * MS
-    rearm = armed.__setitem__
-    assert sw.drive_inline(
-        437_500_000, 62_500_000, 31 * MS, tick, lambda w: rearm(0, w), idle_wake_ns=idle_wake
-    )
+    e = CountedSteps()
+    clock, sw, mod, counted, estimates, armed = e.clock, e.sw, e.mod, e.counted, e.estimates, e.armed
+    idle_wake = 30_000 * MS
+    assert e.drive_inline(437_500_000, 62_500_000, 31 * MS, idle_wake)
     thread_wakes = 0
     for _ in range(600):  # a minute of 100 ms steps
         clock.t += 100 * MS

@@ -27,6 +27,7 @@ QUIET_AFTER = 2  # ticks in a row with nothing the hooks see, then the agent goe
 # a quiet agent says so again this often, so that a sidecar started (or restarted) while the engine
 # idles finds it: one wake-up of the agent's thread (its GIL take and one small send) per beat
 QUIET_BEAT_S = 30.0
+HEARTBEAT_S = 1.0  # a tick with no step sends its counts at most this often (a heartbeat)
 PHASE_YIELD_S = 50e-6  # the agent's thread sleeps this long between its tick's phases (the GIL handed back)
 
 
@@ -62,11 +63,11 @@ class LightAgent:
         self._seen = hooks.counts()
         self.quiets = 0  # times the agent went quiet
         # how long the sidecar may hear nothing from a running agent before it reads it as quiet: once
-        # the engine drives, a message goes out each tick with steps, else each heartbeat (1 s), and
-        # the thread does not wake to say the engine stopped (idle_wake_s); 0 where it does
+        # the engine drives, a message goes out each tick with steps, else each heartbeat, and the
+        # thread does not wake to say the engine stopped (idle_wake_s); 0 where it does
         flush = self.settings.flush_s
         wakes_late = self.inline and self.settings.idle_wake_s > 0
-        self.silent_ms = int((max(1.0, flush) + flush + 0.25) * 1000) if wakes_late else 0
+        self.silent_ms = int((max(HEARTBEAT_S, flush) + flush + 0.25) * 1000) if wakes_late else 0
 
     def start(self) -> str:
         """Install the hooks and start the agent's thread; return 'running', never raise."""
@@ -219,7 +220,7 @@ class LightAgent:
         self.idle_ticks = 0 if steps or seen != self._seen else self.idle_ticks + 1
         self._seen = seen
         now = time.monotonic_ns()
-        if not steps and not force and now - self._last_send_ns < 1_000_000_000:
+        if not steps and not force and now - self._last_send_ns < HEARTBEAT_S * 1e9:
             self.graphs.count(scale)  # sent with the next message, each tick's at its own scale
             return
         self._last_send_ns = now

@@ -428,7 +428,7 @@ class Switch:
         return hooks_in
 
     def _wake_at(self, now: int, by_thread: bool) -> int:
-        """Return when the agent's thread should wake after this drive (under the lock)."""
+        """Return when the agent's thread should wake after this drive, and set `idle_armed` (under the lock)."""
         self.idle_armed = bool(self._idle_wake) and not by_thread and self.fast
         if self.idle_armed:
             return now + self._idle_wake  # the engine steps fast: its next call drives, however late
@@ -462,10 +462,10 @@ class Switch:
     def _classify(self, now: int, by_thread: bool) -> None:
         """Say whether the engine steps fast (under FAST_STEP_NS a step) from its calls since the last time."""
         span = now - self._calls_since
-        if not by_thread and span > 0:
-            self.fast = self._calls[0] * FAST_STEP_NS >= span
-        elif by_thread:
+        if by_thread:
             self.fast = False  # the engine left a swap to this thread: slow, or stopped
+        elif span > 0:
+            self.fast = self._calls[0] * FAST_STEP_NS >= span
         self._calls[0], self._calls_since = 0, now
 
     def _swap(self, now: int, due: int, by_thread: bool) -> None:

@@ -544,9 +544,9 @@ class AgentFeed:
         for pid, a in self._agents.items():
             msg = a.msg
             state = msg.state
-            if state == "running" and msg.silent_ms and self._quiet(a, now):
-                state = "quiet"  # silent past what it said it would be while its engine steps
-            elif now - a.last_seen > self.cfg.stale_seconds and not self._quiet(a, now):
+            if self._quiet(a, now):  # said so, or silent past what it said it would be while its engine steps
+                state = "quiet"
+            elif now - a.last_seen > self.cfg.stale_seconds:
                 state = "stale"
             dev, uuid = min(a.uuids.items()) if a.uuids else (-1, "")
             gpu = self._gpus.get(uuid or f"cuda{dev}")

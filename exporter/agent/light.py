@@ -27,7 +27,7 @@ QUIET_AFTER = 2  # ticks in a row with nothing the hooks see, then the agent goe
 # a quiet agent says so again this often, so that a sidecar started (or restarted) while the engine
 # idles finds it: one wake-up of the agent's thread (its GIL take and one small send) per beat
 QUIET_BEAT_S = 30.0
-HEARTBEAT_S = 1.0  # a tick with no step sends its counts at most this often (a heartbeat)
+HEARTBEAT_S = 1.0  # a tick that counted nothing sends at most this often (a heartbeat)
 PHASE_YIELD_S = 50e-6  # the agent's thread sleeps this long between its tick's phases (the GIL handed back)
 
 
@@ -62,12 +62,14 @@ class LightAgent:
         self.idle_ticks = 0  # ticks in a row that saw no step, replay or capture
         self._seen = hooks.counts()
         self.quiets = 0  # times the agent went quiet
-        # how long the sidecar may hear nothing from a running agent before it reads it as quiet: once
-        # the engine drives, a message goes out each tick with steps, else each heartbeat, and the
-        # thread does not wake to say the engine stopped (idle_wake_s); 0 where it does
+        # how long the sidecar may hear nothing from a running agent before it reads it as quiet: a
+        # message goes out each tick that counted anything (a step, a replay, a capture), and the
+        # thread does not wake to say the engine stopped (idle_wake_s): two ticks and a quarter second
+        # (1.25 s by default); 0 where the thread wakes. An engine whose ticks count nothing (one too
+        # slow to keep the idle wake) has its thread tick, and say quiet after QUIET_AFTER of them.
         flush = self.settings.flush_s
         wakes_late = self.inline and self.settings.idle_wake_s > 0
-        self.silent_ms = int((max(HEARTBEAT_S, flush) + flush + 0.25) * 1000) if wakes_late else 0
+        self.silent_ms = int((2 * flush + 0.25) * 1000) if wakes_late else 0
 
     def start(self) -> str:
         """Install the hooks and start the agent's thread; return 'running', never raise."""
@@ -217,10 +219,11 @@ class LightAgent:
         yield from plugins.flush_phases(self.steps, 0)  # every engine's steps since the last hand-over
         steps = yield from self.steps.take_phased(scale)
         seen = hooks.counts()
-        self.idle_ticks = 0 if steps or seen != self._seen else self.idle_ticks + 1
+        counted = bool(steps) or seen != self._seen
+        self.idle_ticks = 0 if counted else self.idle_ticks + 1
         self._seen = seen
         now = time.monotonic_ns()
-        if not steps and not force and now - self._last_send_ns < HEARTBEAT_S * 1e9:
+        if not counted and not force and now - self._last_send_ns < HEARTBEAT_S * 1e9:
             self.graphs.count(scale)  # sent with the next message, each tick's at its own scale
             return
         self._last_send_ns = now

@@ -339,3 +339,35 @@ agent.stop()
     assert out["per_step"] is True  # CUPTI attaches GPU time to each step
     assert out["state"] in ("running", "unavailable")  # unavailable where CUPTI cannot load (here: no GPU)
     assert out["mode"].startswith("cupti:") or (out["state"], out["mode"]) == ("unavailable", "cupti")
+
+
+def test_every_tick_that_counted_a_replay_sends_and_an_empty_tick_waits_for_the_heartbeat(tmp_path: Path) -> None:
+    # A light agent silent past its silent_ms (two ticks and a quarter second) reads quiet at the sidecar,
+    # so a tick that counted something must send at once, not wait for the heartbeat (1 s) as a tick that
+    # counted nothing does.
+    code = """
+import json
+from exporter.agent import hooks
+hooks.install()
+import torch
+from exporter.agent.light import LightAgent
+from exporter.agent.settings import Settings
+from tests.agent.fresh import ListSender
+sender = ListSender()
+agent = LightAgent(Settings(socket="", flush_s=0.5), sender=sender)
+g = torch.cuda.CUDAGraph()
+sent = []
+agent.tick()                 # the first tick: nothing sent before, so the heartbeat is due
+sent.append(len(sender.sent))
+for replays in (3, 0, 0, 2):
+    for _ in range(replays):
+        g.replay()
+    agent.tick()             # all within a second of the first
+    sent.append(len(sender.sent))
+print(json.dumps({"sent": sent, "silent_ms": agent.silent_ms,
+                  "replays": [m.graphs.replays for m in sender.sent if m.graphs]}))
+"""
+    out = run(tmp_path, code)
+    assert out["sent"] == [1, 2, 2, 2, 3], out  # the ticks with replays sent; the empty ones did not
+    assert out["replays"][1:] == [3, 2], out
+    assert out["silent_ms"] == 1250, out

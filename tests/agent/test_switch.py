@@ -813,8 +813,8 @@ def test_an_engine_that_stops_and_spins_loses_no_gil_to_the_agent_until_the_idle
         assert out["spin_wakes"] == 0 and not out["quiet"] and "quiet" not in out["states"], out
     else:  # it woke once, 0.3 s after the last step: caught up, said quiet and slept
         assert out["spin_wakes"] == 1 and out["quiet"] and "quiet" in out["states"], out
-    # each message says how long the sidecar may hear nothing while the engine steps: a heartbeat (1 s)
-    # and a tick (flush_s 0.05) late, and a quarter second
-    assert out["silent_ms"] == [1300], out
+    # each message says how long the sidecar may hear nothing while the engine steps: two ticks
+    # (flush_s 0.05; every tick that counted a replay sends) and a quarter second
+    assert out["silent_ms"] == [350], out
     # before the stop, across it and after it, the replays counted in slices add up to the true count
     assert abs(out["sent"] - out["replays"]) <= 0.2 * out["replays"], out

@@ -341,7 +341,9 @@ agent.stop()
     assert out["mode"].startswith("cupti:") or (out["state"], out["mode"]) == ("unavailable", "cupti")
 
 
-def test_every_tick_that_counted_a_replay_sends_and_an_empty_tick_waits_for_the_heartbeat(tmp_path: Path) -> None:
+def test_every_tick_that_counted_a_replay_sends_and_an_empty_tick_waits_for_the_heartbeat(
+    tmp_path: Path,
+) -> None:
     # A light agent silent past its silent_ms (two ticks and a quarter second) reads quiet at the sidecar,
     # so a tick that counted something must send at once, not wait for the heartbeat (1 s) as a tick that
     # counted nothing does.

@@ -69,6 +69,7 @@ class EngineConfig:
     urls: tuple[str, ...] = ()  # explicit /metrics URLs; discovered engines are added
     discover: bool = True
     read_multiproc_files: bool = True  # read PROMETHEUS_MULTIPROC_DIR directly instead of HTTP when local
+    page_filter: bool = True  # ask an engine's page over HTTP for only the samples read (`name[]`)
     timeout_seconds: float = 2.0  # a saturated API server answers late; the tick does not wait for it
     api_server_saturated: float = 0.9  # busiest-thread CPU share that counts as saturated
     max_page_bytes: int = 8 * 1024 * 1024  # per read of one page: the rest is left unread (truncated)

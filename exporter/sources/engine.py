@@ -50,10 +50,10 @@ from exporter.sources.engine_discovery import (
     merge_targets,
     name_for,
 )
-from exporter.sources.engine_http import PageClient
 from exporter.sources.engine_scrape import (
     DEFAULT_LIMITS,
     READ_ERRORS,
+    EnginePageClient,
     MultiprocReader,
     PageError,
     PageLimits,
@@ -121,7 +121,9 @@ class EngineSource:
         self._blocking = BlockingReader(
             "engine", max(1.0, cfg.engine.timeout_seconds * 4), on_exit=self._files.close
         )
-        self._clients: dict[str, PageClient] = {}  # url -> its kept-alive connection (engine thread only)
+        self._clients: dict[
+            str, EnginePageClient
+        ] = {}  # url -> its kept-alive connection (engine thread only)
         self._names: dict[str, str] = {}  # target url -> engine name once its kind is known
         self._readers: dict[str, MultiprocReader] = {}  # multiprocess dir -> its reader (and file index)
         self._said_none = False
@@ -271,14 +273,20 @@ class EngineSource:
         timeout = self.cfg.engine.timeout_seconds
         client = self._clients.get(target.url)
         if client is None:
-            client = self._clients[target.url] = page_client(target.url, timeout, self._limits)
+            client = self._clients[target.url] = page_client(
+                target.url, timeout, self._limits, self.cfg.engine.page_filter, target.kind or ""
+            )
         client.timeout = min(timeout, budget_end - time.monotonic())
+        off = client.filter_off
         try:
             if client.timeout <= 0:
                 raise TimeoutError("the other engines' reads took this tick's time")
             data = client.get()
         except READ_ERRORS as exc:
             return None, describe_error(exc, timeout), time.perf_counter() - start
+        finally:
+            if client.filter_off != off:
+                log.info("engine_page_read_whole", url=target.url, reason=client.filter_off)
         return data, "", time.perf_counter() - start
 
     def _use_files(self, target: EngineTarget) -> bool:

@@ -82,8 +82,11 @@ class PageClient:
 
     def get(self) -> bytes:
         """Return the page's body (at most the budgets plus one chunk), or raise PageReadError."""
+        return self.get_url(self.url)
+
+    def get_url(self, url: str) -> bytes:
+        """Return the body at a URL of the same engine, over the same connection (as `get`)."""
         deadline = time.monotonic() + self.timeout
-        url = self.url
         for _ in range(MAX_REDIRECTS + 1):
             status, location, body = self._get_once(url, deadline)
             if status == 200:

@@ -27,6 +27,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
+from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -428,9 +429,96 @@ def read_page_file(path: str, limits: PageLimits = DEFAULT_LIMITS) -> bytes:
 READ_ERRORS = (PageReadError, http.client.HTTPException, TimeoutError, OSError, ValueError)
 
 
-def page_client(url: str, timeout: float, limits: PageLimits = DEFAULT_LIMITS) -> PageClient:
-    """Return a client that reads a page over HTTP no further than the byte and line budgets (plus a chunk)."""
-    return PageClient(url, timeout, limits.max_bytes, limits.max_lines)
+# The marks of a single-process registry asked for with a filtered page (`looks_multiprocess`): the
+# process and GC collectors' samples, and one counter's `_created` sample (a registry of its own, as
+# a lab's, has no collector but its counters'; one name only, as each lengthens the request line,
+# which engines log).
+_ASKED_MARKS = ("process_cpu_seconds_total", "python_gc_objects_collected_total")
+_KINDS = {"vllm": b"vllm:", "sglang": b"sglang:"}
+
+
+def asked_names(kind: str) -> tuple[str, ...]:
+    """Return the sample names a filtered page of an engine kind is asked for: those read, and the marks."""
+    if kind not in _KINDS:
+        return ()
+    return (*(n for n in WANTED if n.startswith(kind + ":")), *_ASKED_MARKS, f"{kind}:prompt_tokens_created")
+
+
+def filtered_url(url: str, kind: str) -> str:
+    """Return the URL that asks an engine's page for only `asked_names(kind)`; "" where none is asked.
+
+    vLLM (0.33) and SGLang mount prometheus_client's app, which honours `name[]`, at `/metrics`; vLLM's
+    own `/metrics` route (its HTTP instrumentator's, matched first) ignores it, while `/metrics/` reaches
+    the mounted app. So the filter is asked at the path with one trailing slash. A URL with a query of
+    its own, or an engine of no known kind, is not asked.
+    """
+    parts = urlsplit(url)
+    names = asked_names(kind)
+    if parts.query or parts.fragment or parts.scheme not in ("http", "https") or not names:
+        return ""
+    query = urlencode([("name[]", n) for n in names], safe=":")
+    return urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/") + "/", query, ""))
+
+
+def _kind_of(data: bytes) -> str:
+    return next((kind for kind, mark in _KINDS.items() if mark in data), "")
+
+
+class EnginePageClient(PageClient):
+    """An engine's page over HTTP, asked for only the samples boundwatch reads where the engine can filter.
+
+    A single-process prometheus_client registry (vLLM with one API server) serves the filtered page:
+    ~20 lines of its ~1,000, rendered ~17x cheaper by the API server (bench/README.md, issue 14).
+    A multiprocess registry answers the filter with an empty page (prometheus_client's
+    CollectorRegistry() does not restrict collectors without names); another server may answer 404
+    or ignore the filter. So the page is read whole until it shows the engine's kind (or discovery
+    named it), then filtered; a filtered read that holds no sample of that kind is read again whole
+    at once: if that page does hold some, or the filtered URL answers an HTTP error where the whole
+    one does not, this engine is read whole from then on (`filter_off` says why). A timeout or a
+    refused connection changes nothing.
+    """
+
+    def __init__(
+        self, url: str, timeout: float, max_bytes: int, max_lines: int, ask: bool = True, kind: str = ""
+    ) -> None:
+        super().__init__(url, timeout, max_bytes, max_lines)
+        self.ask = ask
+        self.filtered = filtered_url(url, kind) if ask else ""  # "" while the page is read whole
+        self.filter_off = "" if ask else "not asked"  # why this engine is read whole for good
+
+    def get(self) -> bytes:
+        """Return the page's body (filtered where the engine filters), or raise PageReadError."""
+        if self.filter_off:
+            return super().get()
+        if not self.filtered:
+            data = super().get()
+            kind = _kind_of(data)  # the engine serves its metrics: ask for its kind's from the next read
+            self.filtered = filtered_url(self.url, kind) if kind else ""
+            if kind and not self.filtered:
+                self.filter_off = "the URL has a query of its own"
+            return data
+        try:
+            data = self.get_url(self.filtered)
+        except PageReadError as exc:  # an HTTP status: the whole page's URL may still answer
+            data = super().get()
+            self.filter_off = f"the filtered page answered {exc}"
+            return data
+        if _kind_of(data):
+            return data
+        whole = super().get()
+        if _kind_of(whole):
+            self.filter_off = "the filtered page held no engine sample (a multiprocess registry)"
+        else:
+            self.filtered = ""  # an engine not serving its metrics yet: read whole until it does
+        return whole
+
+
+def page_client(
+    url: str, timeout: float, limits: PageLimits = DEFAULT_LIMITS, ask: bool = True, kind: str = ""
+) -> EnginePageClient:
+    """Return a client that reads an engine's page over HTTP no further than the byte and line budgets
+    (plus a chunk), asking for only the samples read where the engine filters (`EnginePageClient`)."""
+    return EnginePageClient(url, timeout, limits.max_bytes, limits.max_lines, ask, kind)
 
 
 def describe_error(exc: BaseException, timeout: float | None = None) -> str:

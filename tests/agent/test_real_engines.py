@@ -674,3 +674,64 @@ def test_sglang_plugin_hooks_are_applied_in_the_scheduler(tmp_path: Path) -> Non
     res = _sglang_scheduler_run(tmp_path)
     assert "error" not in res, res
     assert res["our_hooks"] and res["applied"] == res["our_hooks"], res
+
+
+PAGE_FILTER = """
+import json, os, sys
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from prometheus_client import Gauge
+from exporter.sources.engine_scrape import filtered_url
+kind = sys.argv[1]
+if kind == "vllm":  # one API server: the global registry, as vLLM's own get_prometheus_registry() gives
+    from vllm.entrypoints.serve.instrumentator.metrics import attach_router
+    Gauge("vllm:num_requests_running", "running", ["model_name"]).labels("m").set(3)
+    Gauge("vllm:e2e_request_latency_seconds_unread", "not read", ["model_name"]).labels("m").set(1)
+    app = FastAPI()
+    attach_router(app)
+else:  # SGLang: always a multiprocess registry (PROMETHEUS_MULTIPROC_DIR set before the import)
+    from sglang.srt.utils.common import add_prometheus_middleware
+    g = Gauge("sglang:num_running_reqs", "running", ["tp_rank"], multiprocess_mode="sum")
+    g.labels("0").set(3)
+    app = FastAPI()
+    add_prometheus_middleware(app)
+client = TestClient(app)
+url = filtered_url("http://127.0.0.1:8000/metrics", kind)
+asked = url[len("http://127.0.0.1:8000"):]
+out = {}
+for name, path in (("whole", "/metrics"), ("asked", asked), ("query_on_plain_path", "/metrics?" + asked.split("?", 1)[1])):
+    r = client.get(path, follow_redirects=False)
+    out[name] = {"status": r.status_code, "lines": [l for l in r.text.splitlines() if l and not l.startswith("#")]}
+print(json.dumps(out))
+"""
+
+
+def _page_filter(kind: str, tmp_path: Path) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if kind == "sglang":
+        env["PROMETHEUS_MULTIPROC_DIR"] = str(tmp_path)
+    r = subprocess.run(
+        [sys.executable, "-c", PAGE_FILTER, kind], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+@needs_vllm
+def test_vllm_serves_the_filtered_page_at_the_asked_path_and_the_whole_one_at_metrics(tmp_path: Path) -> None:
+    # vLLM's /metrics route (its HTTP instrumentator's) ignores name[]; /metrics/ reaches prometheus_client's app
+    out = _page_filter("vllm", tmp_path)
+    assert out["asked"]["status"] == 200
+    running = 'vllm:num_requests_running{model_name="m"} 3.0'
+    assert running in out["asked"]["lines"] and not any("unread" in ln for ln in out["asked"]["lines"]), out
+    assert any(ln.startswith("process_cpu_seconds_total") for ln in out["asked"]["lines"]), out  # the mark
+    for whole in (out["whole"], out["query_on_plain_path"]):
+        assert running in whole["lines"] and any("unread" in ln for ln in whole["lines"]), out
+
+
+@needs_sglang
+def test_sglang_answers_the_filter_with_an_empty_page_so_it_is_read_whole(tmp_path: Path) -> None:
+    # a multiprocess registry restricts nothing it can name: the client falls back to the whole page
+    out = _page_filter("sglang", tmp_path)
+    assert out["asked"] == {"status": 200, "lines": []}, out
+    assert any(ln.startswith("sglang:num_running_reqs") for ln in out["whole"]["lines"]), out

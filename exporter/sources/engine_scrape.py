@@ -471,10 +471,12 @@ class EnginePageClient(PageClient):
     ~20 lines of its ~1,000, rendered ~17x cheaper by the API server (bench/README.md, issue 14).
     A multiprocess registry answers the filter with an empty page (prometheus_client's
     CollectorRegistry() does not restrict collectors without names); another server may answer 404
-    or ignore the filter. So the page is read whole until it shows the engine's kind (or discovery
-    named it), then filtered; a filtered read that holds no sample of that kind is read again whole
-    at once: if that page does hold some, or the filtered URL answers an HTTP error where the whole
-    one does not, this engine is read whole from then on (`filter_off` says why). A timeout or a
+    or ignore the filter (a route of its own, a redirect to the path without the slash). So the page
+    is read whole until it shows the engine's kind (or discovery named it), then filtered; a filtered
+    read that holds no sample of that kind is read again whole at once. This engine is read whole
+    from then on (`filter_off` says why) where that page does hold some, where the filtered URL
+    answers an HTTP error the whole one does not, or where the filtered page holds more families than
+    were asked for (the filter ignored: asking would only lengthen the request). A timeout or a
     refused connection changes nothing.
     """
 
@@ -482,9 +484,9 @@ class EnginePageClient(PageClient):
         self, url: str, timeout: float, max_bytes: int, max_lines: int, ask: bool = True, kind: str = ""
     ) -> None:
         super().__init__(url, timeout, max_bytes, max_lines)
-        self.ask = ask
         self.filtered = filtered_url(url, kind) if ask else ""  # "" while the page is read whole
         self.filter_off = "" if ask else "not asked"  # why this engine is read whole for good
+        self._asked = len(asked_names(kind))
 
     def get(self) -> bytes:
         """Return the page's body (filtered where the engine filters), or raise PageReadError."""
@@ -494,6 +496,7 @@ class EnginePageClient(PageClient):
             data = super().get()
             kind = _kind_of(data)  # the engine serves its metrics: ask for its kind's from the next read
             self.filtered = filtered_url(self.url, kind) if kind else ""
+            self._asked = len(asked_names(kind))
             if kind and not self.filtered:
                 self.filter_off = "the URL has a query of its own"
             return data
@@ -504,6 +507,9 @@ class EnginePageClient(PageClient):
             self.filter_off = f"the filtered page answered {exc}"
             return data
         if _kind_of(data):
+            families = data.count(b"\n# TYPE ") + data.startswith(b"# TYPE ")
+            if families > self._asked:
+                self.filter_off = f"the engine ignores the filter (its page held {families} families)"
             return data
         whole = super().get()
         if _kind_of(whole):

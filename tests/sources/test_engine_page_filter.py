@@ -221,3 +221,18 @@ async def test_the_engine_source_says_once_that_an_engine_is_read_whole_and_why(
     assert all(not r.error and r.kind == "sglang" for r in readings), readings
     assert engine.paths[0] == "/metrics" and engine.paths[1].startswith("/metrics/?")  # whole, then asked
     assert engine.paths[2:] == ["/metrics"] * 3  # the same read again whole, then the next two
+
+
+def test_an_engine_that_ignores_the_filter_is_read_whole_after_one_filtered_read(serve) -> None:
+    page = make_wsgi_app(single_process_registry())
+
+    def own_route(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        environ["QUERY_STRING"] = ""  # a route of the engine's own: the whole page at any path, any query
+        return page(environ, start_response)
+
+    engine = serve(own_route)
+    client = page_client(engine.url, 5.0, kind="vllm")
+    pages = reads(client, 3)
+    assert client.filter_off.startswith("the engine ignores the filter"), client.filter_off
+    assert engine.paths[0].startswith("/metrics/?name") and engine.paths[1:] == ["/metrics", "/metrics"]
+    assert samples(pages[0]) == samples(pages[1]) == samples(pages[2])

@@ -468,7 +468,7 @@ class EnginePageClient(PageClient):
     """An engine's page over HTTP, asked for only the samples boundwatch reads where the engine can filter.
 
     A single-process prometheus_client registry (vLLM with one API server) serves the filtered page:
-    ~20 lines of its ~1,000, rendered ~17x cheaper by the API server (bench/README.md, issue 14).
+    54 lines of its ~1,030 (28 samples), rendered ~7x cheaper by the API server (bench/README.md, issue 14).
     A multiprocess registry answers the filter with an empty page (prometheus_client's
     CollectorRegistry() does not restrict collectors without names); another server may answer 404
     or ignore the filter (a route of its own, a redirect to the path without the slash). So the page

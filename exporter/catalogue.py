@@ -478,6 +478,15 @@ BOUND_BUSY_RATIO = _m(
     ["gpu", "source"],
     "verdict",
 )
+BOUND_GRAPH_STEP_RATIO = _m(
+    "boundwatch_bound_graph_step_ratio",
+    "gauge",
+    "Share of the engine's steps on this GPU that ran inside a CUDA graph over the verdict's window, "
+    "as the light agent counts them (each step's graph mode, else graph replays per step); absent "
+    "without a light agent's steps. Below verdict.graph_share_low while host-bound: cuda_graph_fallback.",
+    ["gpu"],
+    "verdict",
+)
 BOUND_SECONDS_TOTAL = _m(
     "boundwatch_bound_seconds_total",
     "counter",

@@ -214,10 +214,13 @@ def _causes(p: Mapping[str, Any]) -> list[dict[str, Any]]:
             "severity": "warning",
             "summary": "Decode steps run eager instead of inside CUDA graphs.",
             "description": (
-                "GPU {{ $labels.gpu }} on {{ $labels.instance }} spends\n"
-                f"{{{{ with {_q(p, 'instance_gpu:boundwatch_gpu_graph_busy:ratio_rate5m', 'gpu')} | query }}}}{{{{ . | first | value | humanizePercentage }}}}{{{{ else }}}}an unknown share{{{{ end }}}}\n"
-                "of its busy time inside CUDA graphs while host-bound: batches above the capture size\n"
-                "fall back to eager launches. The capture size counts tokens, seqs x (1 + spec depth)."
+                "GPU {{ $labels.gpu }} on {{ $labels.instance }} is host-bound with\n"
+                # the light agent's share of steps, else CUPTI's share of busy time, else the flags
+                f"{{{{ with {_q(p, 'boundwatch_bound_graph_step_ratio', 'gpu')} | query }}}}{{{{ . | first | value | humanizePercentage }}}} of its engine steps"
+                f"{{{{ else }}}}{{{{ with {_q(p, 'instance_gpu:boundwatch_gpu_graph_busy:ratio_rate5m', 'gpu')} | query }}}}{{{{ . | first | value | humanizePercentage }}}} of its busy time"
+                "{{ else }}too few of its steps (the engine's flags){{ end }}{{ end }}\n"
+                "inside CUDA graphs: batches above the capture size fall back to eager launches. The\n"
+                "capture size counts tokens, seqs x (1 + spec depth)."
             ),
         },
         {
@@ -266,7 +269,7 @@ def _health(p: Mapping[str, Any]) -> list[dict[str, Any]]:
             f"and on({tl}) boundwatch_engine_info{s()}",
             "for": p["agent_missing_for"],
             "severity": "info",
-            "summary": "The CUPTI agent stopped reporting for a GPU that serves an engine.",
+            "summary": "The boundwatch agent stopped reporting for a GPU that serves an engine.",
             "description": (
                 "GPU {{ $labels.gpu }} on {{ $labels.instance }} had a boundwatch agent running within\n"
                 f"{p['agent_lookback']} and has none now: idle gaps, the CUDA-graph share and exact step times are\n"

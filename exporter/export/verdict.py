@@ -55,6 +55,7 @@ FAMILIES: tuple[Family, ...] = (
     Family(c.BOUND, bound),
     Family(c.BOUND_REASON, reasons),
     Family(c.BOUND_BUSY_RATIO, busy_used),
+    _evidence(c.BOUND_GRAPH_STEP_RATIO, "graph_step_share"),
     _evidence(c.ROOFLINE_STEP_FLOOR_SECONDS, "roofline_floor_seconds"),
     _evidence(c.ROOFLINE_ACHIEVED_RATIO, "roofline_achieved_ratio"),
 )

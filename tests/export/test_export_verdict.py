@@ -63,3 +63,26 @@ def test_an_empty_queue_beside_a_saturated_api_server_renders_host_not_idle() ->
     assert got[("boundwatch_bound", (("gpu", "0"), ("verdict", "host")))] == 1.0
     assert got[("boundwatch_bound", (("gpu", "0"), ("verdict", "idle")))] == 0.0
     assert got[("boundwatch_bound_reason", (("gpu", "0"), ("reason", "api_server_saturated")))] == 1.0
+
+
+def test_the_light_agents_graph_step_share_is_exported_low_in_eager_decode_and_high_in_graphs() -> None:
+    # The H200 lab with the light agent (session 17): its decode ran in CUDA graphs, then eager
+    import gzip
+    import json
+    from pathlib import Path
+
+    from exporter.snapshot.codec import read_lines
+
+    results = Path(__file__).resolve().parents[2] / "bench" / "results"
+    with gzip.open(results / "scenarios-h200-light-session17.jsonl.gz", "rt") as fh:
+        head, snaps = read_lines(fh)
+        snaps = list(snaps)
+    key = ("boundwatch_bound_graph_step_ratio", (("gpu", "0"),))
+    by_scene: dict[str, list[float]] = {}
+    for snap in v.replay(snaps, Config()):
+        seg = next((s for s in head["schedule"] if s["start"] + 2 <= snap.at < s["end"]), None)
+        if seg is not None and seg["name"] in ("gpu_bound_decode", "eager_decode"):
+            by_scene.setdefault(seg["name"], []).append(samples(snap).get(key, -1.0))
+    graphs, eager = by_scene["gpu_bound_decode"], by_scene["eager_decode"]
+    assert len(graphs) > 20 and len(eager) > 20, json.dumps(by_scene)[:500]
+    assert min(graphs) > 0.9 and max(eager) < 0.1, (graphs, eager)  # every scored tick has the gauge

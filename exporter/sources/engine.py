@@ -121,9 +121,8 @@ class EngineSource:
         self._blocking = BlockingReader(
             "engine", max(1.0, cfg.engine.timeout_seconds * 4), on_exit=self._files.close
         )
-        self._clients: dict[
-            str, EnginePageClient
-        ] = {}  # url -> its kept-alive connection (engine thread only)
+        # url -> its kept-alive connection (engine thread only)
+        self._clients: dict[str, EnginePageClient] = {}
         self._names: dict[str, str] = {}  # target url -> engine name once its kind is known
         self._readers: dict[str, MultiprocReader] = {}  # multiprocess dir -> its reader (and file index)
         self._said_none = False

@@ -484,8 +484,15 @@ class EnginePageClient(PageClient):
         self, url: str, timeout: float, max_bytes: int, max_lines: int, ask: bool = True, kind: str = ""
     ) -> None:
         super().__init__(url, timeout, max_bytes, max_lines)
-        self.filtered = filtered_url(url, kind) if ask else ""  # "" while the page is read whole
+        self.filtered = ""  # the filtered page's URL; "" while the page is read whole
+        self._asked = 0  # how many names that URL asks for
         self.filter_off = "" if ask else "not asked"  # why this engine is read whole for good
+        if ask:
+            self._ask(kind)
+
+    def _ask(self, kind: str) -> None:
+        """Ask for the filtered page of an engine kind from the next read on ("" for none)."""
+        self.filtered = filtered_url(self.url, kind)
         self._asked = len(asked_names(kind))
 
     def get(self) -> bytes:
@@ -495,8 +502,7 @@ class EnginePageClient(PageClient):
         if not self.filtered:
             data = super().get()
             kind = _kind_of(data)  # the engine serves its metrics: ask for its kind's from the next read
-            self.filtered = filtered_url(self.url, kind) if kind else ""
-            self._asked = len(asked_names(kind))
+            self._ask(kind)
             if kind and not self.filtered:
                 self.filter_off = "the URL has a query of its own"
             return data

@@ -75,11 +75,14 @@ class Named(Protocol):
     def name(self) -> str: ...
 
 
+# Each engine kind and the prefix of its sample names: what says a page is an engine's, and which.
+KIND_PREFIXES: tuple[tuple[str, str], ...] = (("vllm", "vllm:"), ("sglang", "sglang:"))
+PREFIXES: tuple[str, ...] = tuple(p for _, p in KIND_PREFIXES)
+
+
 def detect_kind(samples: Iterable[Named]) -> str | None:
     """Return "vllm" or "sglang" from the sample names, or None."""
     for s in samples:
-        if s.name.startswith("vllm:"):
-            return "vllm"
-        if s.name.startswith("sglang:"):
-            return "sglang"
+        if s.name.startswith(PREFIXES):
+            return next(kind for kind, p in KIND_PREFIXES if s.name.startswith(p))
     return None

@@ -34,6 +34,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter.config import EngineConfig
 from exporter.snapshot.engine import PAGE_REFUSED_REASONS, EngineReading, PageSample, RawPage, cut
 from exporter.snapshot.engine_names import (
+    KIND_PREFIXES,
+    PREFIXES,
     SGLANG_RUNNING,
     SGLANG_WAITING,
     VLLM_ITER_COUNT,
@@ -47,6 +49,7 @@ from exporter.sources.engine_http import PageClient, PageReadError
 # Sample names read from multiprocess files: the page's names, with the histogram count
 # derived from its buckets (the files hold buckets and sum, never _count).
 _FILE_WANTED = frozenset({n for n in WANTED if n != VLLM_ITER_COUNT} | {"vllm:iteration_tokens_total_bucket"})
+_FILE_KEY_PREFIXES = tuple(b'["' + p.encode() for p in PREFIXES)  # a file's key: a JSON list, the name first
 
 
 class Sample(NamedTuple):
@@ -171,7 +174,7 @@ def prefilter_page(text: str) -> str:
 
 def looks_multiprocess(text: str) -> bool | None:
     """Say whether a full page came from a multiprocess registry (None: cannot tell)."""
-    if not any(p in text for p in ("vllm:", "sglang:")):
+    if not any(p in text for p in PREFIXES):
         return None
     # As `not any(mark in "\n" + text for mark in _SINGLE_PROCESS_MARKS)`, without copying the page:
     # a line-start mark also at the very start, the two `_created` marks by one search first.
@@ -326,7 +329,7 @@ def parse_page(text: str, *, prefilter: bool = True) -> list[Sample]:
 
 def _no_engine_metrics(text: str) -> PageError:
     """Return the error for a page without a sample boundwatch reads, saying what the page does hold."""
-    for prefix in ("vllm:", "sglang:"):
+    for prefix in PREFIXES:
         families = {
             line[7:].split(" ", 1)[0]
             for line in text.splitlines()
@@ -434,7 +437,7 @@ READ_ERRORS = (PageReadError, http.client.HTTPException, TimeoutError, OSError, 
 # a lab's, has no collector but its counters'; one name only, as each lengthens the request line,
 # which engines log).
 _ASKED_MARKS = ("process_cpu_seconds_total", "python_gc_objects_collected_total")
-_KINDS = {"vllm": b"vllm:", "sglang": b"sglang:"}
+_KINDS = {kind: prefix.encode() for kind, prefix in KIND_PREFIXES}
 
 
 def asked_names(kind: str) -> tuple[str, ...]:
@@ -575,7 +578,7 @@ def _scan(data: bytes, start: int, used: int, index: _FileIndex) -> None:
         key = data[pos + 4 : pos + 4 + length]
         value_pos = pos + 4 + length + (8 - (length + 4) % 8)
         pos = value_pos + 16
-        if not key.startswith((b'["vllm:', b'["sglang:')):
+        if not key.startswith(_FILE_KEY_PREFIXES):
             continue
         parts = key.split(b'"', 4)
         if len(parts) < 5 or parts[3].decode() not in _FILE_WANTED:

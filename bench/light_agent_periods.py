@@ -155,26 +155,151 @@ class AgentState:
         self.on = on
 
 
-def timed(step: Any, seconds: float, stamps: Stamps | None = None) -> dict[str, float]:
-    """Step for `seconds`; return the steps, the mean step time in us and, stamped, the GPU's view."""
+class StepClasses:
+    """What the light agent's switch did around each step of a period (`--per-step`), and the steps' wall time.
+
+    Each step is put in one class from the switch's state read just before and just after it: `gc` (a
+    collection ran in it), `swap_in` / `swap_out` (the hooks went in or out in it), `phase` (a tick's phase
+    was pending: the launch site's runner or the driver ran one), `in` (its hooks in: counted), `out` (its
+    hooks out: the driver's thin check only). With the agent stopped every step is `out` (or `gc`), so each
+    class's mean against the off period's `out` splits the cost. The reads cost both states the same.
+    """
+
+    NAMES = ("out", "in", "swap_in", "swap_out", "phase", "gc")
+
+    def __init__(self, switch: Any) -> None:
+        self.sw, self.gcs = switch, [0]
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self.gcs[0] += 1
+
+    def state(self) -> tuple[bool, bool, int, int]:
+        sw = self.sw
+        return (sw.hooks_in, sw._pending is not None, sw.after_launch, self.gcs[0])
+
+    @staticmethod
+    def name(a: tuple[bool, bool, int, int], b: tuple[bool, bool, int, int]) -> str:
+        if a[3] != b[3]:
+            return "gc"
+        if a[0] != b[0]:
+            return "swap_in" if b[0] else "swap_out"
+        if a[1] or b[1] or a[2] != b[2]:
+            return "phase"
+        return "in" if a[0] else "out"
+
+
+class SwapParts:
+    """Time the switch's own parts on the engine's thread (`--swap-parts`): each call's CPU-free wall time.
+
+    Wraps the methods of the process's Switch before the agent starts (the driver's closures take its
+    `drive` then), and the tick and rearm callables the agent hands to drive_inline. `drive` is split by
+    what the call did: swapped the hooks in or out, or neither. The wrappers' own frames add to what they time.
+    """
+
+    PARTS = ("_swap", "_set", "_classify", "_wake_at", "_place_runner", "_remove_runner", "_run_phases")
+
+    def __init__(self, switch: Any) -> None:
+        self.sw, self.t = switch, {}
+        for name in self.PARTS:
+            setattr(switch, name, self.timer(name, getattr(switch, name)))
+        drive = switch.drive
+
+        def timed_drive(by_thread: bool = False) -> bool:
+            was = switch.hooks_in
+            t0 = time.perf_counter_ns()
+            r = drive(by_thread)
+            self.add(
+                "drive_" + ("swap_in" if r and not was else "swap_out" if was and not r else "other"), t0
+            )
+            return r
+
+        switch.drive = timed_drive
+        inline = switch.drive_inline
+
+        def timed_inline(out_ns: int, in_ns: int, margin_ns: int, on_out: Any, rearm: Any, **kw: Any) -> bool:
+            return inline(
+                out_ns, in_ns, margin_ns, self.timer("on_out", on_out), self.timer("rearm", rearm), **kw
+            )
+
+        switch.drive_inline = timed_inline
+
+    def add(self, name: str, t0: int) -> None:
+        d = time.perf_counter_ns() - t0
+        got = self.t.setdefault(name, [0, 0, 0])
+        got[0] += 1
+        got[1] += d
+        got[2] = max(got[2], d)
+
+    def timer(self, name: str, fn: Any) -> Any:
+        def timed_part(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter_ns()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.add(name, t0)
+
+        return timed_part
+
+    def result(self) -> dict[str, list[float]]:
+        """Each part: [calls, mean us, max us]."""
+        return {
+            k: [v[0], round(v[1] / v[0] / 1e3, 2), round(v[2] / 1e3, 1)] for k, v in sorted(self.t.items())
+        }
+
+
+def timed(
+    step: Any, seconds: float, stamps: Stamps | None = None, classes: StepClasses | None = None
+) -> dict[str, Any]:
+    """Step for `seconds`; return the steps, the mean step time in us and, stamped, the GPU's view.
+
+    classes: time each step and sort it by what the agent did around it (`per_class`: count, mean us).
+    """
     if stamps is not None:
         stamps.reset()
     n, t0 = 0, time.perf_counter_ns()
     t_end = t0 + int(seconds * 1e9)
     t = t0
     cap = Stamps.CAP if stamps is not None else 1 << 62
-    while t < t_end and n < cap:
-        step()
-        n += 1
-        t = time.perf_counter_ns()
-    out = {"steps": n, "wall_us": (t - t0) / n / 1e3}
+    sums: dict[str, list[int]] = {}
+    if classes is None:
+        while t < t_end and n < cap:
+            step()
+            n += 1
+            t = time.perf_counter_ns()
+    else:
+        state, name = classes.state, classes.name
+        while t < t_end and n < cap:
+            a = state()
+            ta = time.perf_counter_ns()
+            step()
+            t = time.perf_counter_ns()
+            c = name(a, state())
+            got = sums.get(c)
+            if got is None:
+                sums[c] = [1, t - ta]
+            else:
+                got[0] += 1
+                got[1] += t - ta
+            n += 1
+    out: dict[str, Any] = {"steps": n, "wall_us": (t - t0) / n / 1e3}
     if stamps is not None and n > 2:
         out.update(stamps.read(n))
+    if classes is not None:
+        out["per_class"] = {c: [v[0], round(v[1] / v[0] / 1e3, 3)] for c, v in sorted(sums.items())}
     return out
 
 
 def pairs(
-    step: Any, state: AgentState, n: int, period: float, settle: float, aa: bool, stamps: Stamps | None
+    step: Any,
+    state: AgentState,
+    n: int,
+    period: float,
+    settle: float,
+    aa: bool,
+    stamps: Stamps | None,
+    classes: StepClasses | None = None,
 ) -> list[dict[str, Any]]:
     """Run n pairs (ABBA; both sides off for the A/A); return each pair's figures, on and off."""
     out = []
@@ -184,7 +309,10 @@ def pairs(
         for on in order:
             state.set(on and not aa)
             timed(step, settle, stamps)
-            got["on" if on else "off"] = {k: round(v, 4) for k, v in timed(step, period, stamps).items()}
+            got["on" if on else "off"] = {
+                k: round(v, 4) if isinstance(v, float) else v
+                for k, v in timed(step, period, stamps, classes).items()
+            }
         out.append(got)
     return out
 
@@ -219,11 +347,61 @@ def cost(ps: list[dict[str, Any]]) -> dict[str, Any]:
         )
         out["idle_us_off"] = round(statistics.fmean(p["off"]["idle_us"] for p in ps), 2)
         out["gpu_us_off"] = round(statistics.fmean(p["off"]["gpu_us"] for p in ps), 2)
+    if all("per_class" in p["on"] and "out" in p["off"].get("per_class", {}) for p in ps):
+        out["per_class"] = by_class(ps)
+    return out
+
+
+def by_class(ps: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Split on - off by the classes of `--per-step` (us a step, mean and se over the pairs).
+
+    For each class c of the on period: `steps` (mean a period), `vs_on_out` (its mean step against the
+    same period's `out` steps: no drift between periods in it), `vs_off` (against the off period's `out`
+    steps) and `added` (its share of the on period's steps times vs_off: what it adds to the mean step;
+    gc's is net of the off period's own collections). The `added` figures sum to on - off.
+    """
+
+    def ms(xs: list[float]) -> dict[str, float]:
+        se = statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else float("nan")
+        return {"mean": round(statistics.fmean(xs), 3), "se": round(se, 3)}
+
+    names = sorted({c for p in ps for c in p["on"]["per_class"]})
+    out: dict[str, dict[str, Any]] = {}
+    for c in names:
+        steps, on_out, off_, added = [], [], [], []
+        for p in ps:
+            on, off = p["on"]["per_class"], p["off"]["per_class"]
+            n_on, n_off = sum(v[0] for v in on.values()), sum(v[0] for v in off.values())
+            base = off["out"][1]
+            k, m = on.get(c, (0, 0.0))
+            steps.append(k)
+            add = k / n_on * (m - base) if k else 0.0
+            if c == "gc" and "gc" in off:
+                add -= off["gc"][0] / n_off * (off["gc"][1] - base)
+            added.append(add)
+            if k:
+                off_.append(m - base)
+                if "out" in on:
+                    on_out.append(m - on["out"][1])
+        out[c] = {
+            "steps": round(statistics.fmean(steps), 1),
+            "vs_on_out": ms(on_out) if on_out else {},
+            "vs_off": ms(off_) if off_ else {},
+            "added": ms(added),
+        }
     return out
 
 
 def child(
-    name: str, n: int, n_aa: int, period: float, settle: float, tree: str, pause_s: float
+    name: str,
+    n: int,
+    n_aa: int,
+    period: float,
+    settle: float,
+    tree: str,
+    pause_s: float,
+    per_step: bool = False,
+    swap_parts: bool = False,
 ) -> dict[str, Any]:
     sys.path.insert(0, ROOT)
     if tree:  # another tree's exporter (the code before a change), this tree's bench
@@ -233,13 +411,19 @@ def child(
 
     spans = Spans()
     gc.callbacks.append(spans.on_gc)
+    parts = None
+    if swap_parts:
+        from exporter.agent.switch import SWITCH
+
+        parts = SwapParts(SWITCH)
     state = AgentState(spans)
     state.set(True)  # before torch: the hooks see every capture, as shipped
     step, what, stamps = make_step(name)
     timed(step, 1.0, stamps)  # warm, the agent on
     res: dict[str, Any] = {"workload": name, "what": what, "pid": os.getpid(), "exporter": exporter.__file__}
     t0 = time.perf_counter()
-    res["pairs"] = pairs(step, state, n, period, settle, aa=False, stamps=stamps)
+    classes = StepClasses(state.switch) if per_step else None
+    res["pairs"] = pairs(step, state, n, period, settle, aa=False, stamps=stamps, classes=classes)
     # the engine's thread stops stepping and spins in Python: the agent's thread then swaps and ticks for
     # it until it goes quiet; each of its wake-ups can take the GIL from the spinning thread
     state.set(True)
@@ -247,13 +431,17 @@ def child(
     spans.spans.clear()
     res["pause_after_steps"] = pause_attributed(pause_s, spans) if pause_s > 0 else {}
     res["agent"] = state.agent.current().describe() if state.agent.current() is not None else None
-    res["aa_pairs"] = pairs(step, state, n_aa, period, settle, aa=True, stamps=stamps) if n_aa else []
+    res["aa_pairs"] = (
+        pairs(step, state, n_aa, period, settle, aa=True, stamps=stamps, classes=classes) if n_aa else []
+    )
     if pause_s > 0:  # the same with no agent: what the process and the machine do alone
         state.set(False)
         timed(step, settle + period, stamps)
         spans.spans.clear()
         res["pause_after_steps_none"] = pause_attributed(pause_s, spans)
     res["seconds"] = round(time.perf_counter() - t0, 1)
+    if parts is not None:
+        res["swap_parts"] = parts.result()
     res["cost"] = cost(res["pairs"])
     if len(res["aa_pairs"]) > 1:
         res["aa"] = cost(res["aa_pairs"])
@@ -278,12 +466,30 @@ def main() -> int:
     ap.add_argument(
         "--pause", type=float, default=4.0, help="seconds of the pause probe after the steps stop"
     )
+    ap.add_argument(
+        "--per-step",
+        action="store_true",
+        help="time each step and split the cost by what the agent did around it (both states pay the reads)",
+    )
+    ap.add_argument(
+        "--swap-parts", action="store_true", help="time the switch's own parts (their frames add to the cost)"
+    )
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     opts = ["--pairs", str(args.pairs), "--aa", str(args.aa), "--period", str(args.period), "--settle",
-            str(args.settle), "--tree", args.tree, "--pause", str(args.pause)]  # fmt: skip
+            str(args.settle), "--tree", args.tree, "--pause", str(args.pause)] + (["--per-step"] if args.per_step else []) + (["--swap-parts"] if args.swap_parts else [])  # fmt: skip
     if args.child:
-        r = child(args.child, args.pairs, args.aa, args.period, args.settle, args.tree, args.pause)
+        r = child(
+            args.child,
+            args.pairs,
+            args.aa,
+            args.period,
+            args.settle,
+            args.tree,
+            args.pause,
+            args.per_step,
+            args.swap_parts,
+        )
         print("RESULT " + json.dumps(r), flush=True)
         return 0
     names = [w for w in args.workloads.split(",") if w]
@@ -305,6 +511,10 @@ def main() -> int:
             if "cost" in r:
                 print(f"{name:10s} {r['what']}: on-off {json.dumps(r['cost'])}; A/A {json.dumps(r.get('aa'))}",
                       flush=True)  # fmt: skip
+                for c, v in (r["cost"].get("per_class") or {}).items():
+                    print(f"  class {c:8s} {json.dumps(v)}", flush=True)
+                for c, v in (r.get("swap_parts") or {}).items():
+                    print(f"  part {c:16s} calls, mean us, max us {v}", flush=True)
                 for k in ("pause_after_steps", "pause_after_steps_none"):
                     p = r.get(k) or {}
                     print(f"  {k}: max {p.get('max_us')} us, agent's {p.get('agent_max_us')} us, over 100 us by "

@@ -134,9 +134,10 @@ class LightAgent:
         and go quiet: the hooks stay in, nothing is swapped or sent, and this thread sleeps until a
         driving call (an engine step, a replay) resumes the cycle on the engine's own thread.
 
-        With idle_wake_s (the default), each drive of an engine that steps fast (switch.FAST_STEP_NS)
-        sets this thread's timer that far ahead: it wakes only once the engine has not stepped for
-        that long, then ticks once (what was counted before the engine stopped) and goes quiet at
+        With idle_wake_s (the default), the drives of an engine that steps fast (switch.FAST_STEP_NS)
+        keep this thread's timer at least half that far ahead (set again only once it comes nearer:
+        each set is a syscall): it wakes only once the engine has not stepped for between half that
+        and that long, then ticks once (what was counted before the engine stopped) and goes quiet at
         once. An engine that stops and spins in Python loses no GIL to this thread in that time;
         one that steps again before it catches up on its own call (exporter.agent.switch). A slow
         engine keeps the timer a margin past each due (one step may outlast a slice). The sidecar

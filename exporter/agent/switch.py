@@ -100,6 +100,9 @@ class Switch:
         self._calls_since = 0  # when they began to be counted
         self.fast = False  # the engine's steps come faster than FAST_STEP_NS (the idle wake applies)
         self.idle_armed = False  # the agent's timer stands at the idle wake, not a margin past a due
+        # what the switch last set the agent's timer to, and whether as an idle wake: one far enough
+        # ahead is left standing (each set is a syscall through ctypes, ~32 us on the H200's VM)
+        self._armed = (0, False)
         self._pending: Any = None  # a tick the engine's thread runs in phases, one a call (an iterator)
         self._resume_due = 0  # the due to restore once the pending tick is done
         self._phase_lock = threading.Lock()  # one phase at a time (never held across calls)
@@ -116,6 +119,7 @@ class Switch:
         self._missed = 0  # the agent's thread swapped or ticked for the engine since it last drove (max 2)
         self._launch = -1  # index in _sites of the site whose original queues GPU work (a replay), -1: none
         self._runner: Any = None  # what the launch site holds while a tick is pending (launch, then a phase)
+        self._runner_made: tuple[Any, Any] | None = None  # (the launch site's out function, its runner)
         self._runner_ran = False  # the runner ran a phase since the driver's last call
         self._step_open = [False]  # the runner may run a phase (once per driver call: one a step)
         self.after_launch = 0  # the tick's phases run right after a launch so far (for describe())
@@ -298,6 +302,7 @@ class Switch:
         """The engine's thread stops driving: every site holds its plain hook or original again."""
         self.quiet = False
         self._missed = 0
+        self._armed = (0, False)
         if self.driving:
             self.driving = False
             self.due[0] = 0
@@ -317,14 +322,16 @@ class Switch:
         """Let the driver site swap the hooks (and call on_out() at each slice's end); False if none can.
 
         rearm(wake_ns) is called after each swap: the agent's thread sleeps to the next due plus
-        margin_ns, so the engine, while it steps, always swaps first. Where the hooks do not cycle
+        margin_ns, so the engine, while it steps, always swaps first (an idle wake still at least half
+        an idle wake ahead is left standing: `_rearm_for`). Where the hooks do not cycle
         (held, or in all the time) the driver only runs on_out() every out_ns + in_ns. quiet: the
         process does nothing the hooks see; keep them in with no cycle (nothing is swapped or
         ticked, the agent's thread sleeps) until a driving call resumes it (then even without a
         driver site yet: one added later, or a hook that polls, resumes it). beat_ns: while quiet,
         the agent's timer is set this far ahead (its quiet beat; 0: disarmed). idle_wake_ns: each
         drive on the engine's thread sets the agent's timer this far ahead rather than a margin past
-        the next due, so the agent's thread takes no GIL for that long after the engine stops
+        the next due (or leaves it where it stands at least half that far ahead), so the agent's
+        thread takes no GIL for at least half that long after the engine stops
         stepping; a driving call that comes after a whole slice went by unseen catches up itself
         (`_catch_up`). 0: a margin past the due, the thread swapping for an engine that is late.
         """
@@ -347,6 +354,7 @@ class Switch:
             else:
                 self.due[0] = self._clock() + self._first_slice()
                 wake = self.due[0] + self._margin
+            self._armed = (wake, False)
             self._place_all()
         rearm(wake)
         return True
@@ -387,7 +395,8 @@ class Switch:
                 self.quiet = False
                 self._missed = 0
                 self.due[0] = now + self._first_slice()
-                wake, rearm = self._wake_at(now, by_thread), self._rearm
+                wake = self._wake_at(now, by_thread)
+                rearm = self._rearm_for(wake, now)
             elif self._pending is not None:  # a phase of the tick begun: the timer already stands
                 if by_thread or not self._phase_after_launch():
                     pending = self._pending
@@ -412,7 +421,7 @@ class Switch:
                     pending = self._pending if by_thread else None
                     if not by_thread:
                         self._place_runner()  # or the launch this step makes: its phase hides behind the GPU
-                rearm = self._rearm
+                rearm = self._rearm_for(wake, now)
             if bool(self._missed) != bool(missed) and self.hooks_in == was_in:
                 self._place_all()  # (a swap placed them already, from the plan of the new state)
             hooks_in = self.hooks_in
@@ -426,6 +435,19 @@ class Switch:
             except Exception:
                 pass
         return hooks_in
+
+    def _rearm_for(self, wake: int, now: int) -> Any:
+        """Return the agent's rearm to call with `wake`, None where its timer may stand (under the lock).
+
+        An idle wake set earlier and still at least half an idle wake ahead stands: the agent's thread
+        then wakes between half an idle wake and a whole one after the engine's last step, and a fast
+        engine's drives set the timer about once every half idle wake instead of at every swap.
+        """
+        armed, idle = self._armed
+        if self.idle_armed and idle and armed - now >= self._idle_wake // 2:
+            return None
+        self._armed = (wake, self.idle_armed)
+        return self._rearm
 
     def _wake_at(self, now: int, by_thread: bool) -> int:
         """Return when the agent's thread should wake after this drive, and set `idle_armed` (under the lock)."""
@@ -539,7 +561,10 @@ class Switch:
         out_fn = self._value(i, False)
         if getattr(owner, "__dict__", {}).get(name) is not out_fn:
             return  # the site holds something else (a bound copy, a hand-made hook): leave it
-        self._runner = _launch_runner(out_fn, self._step_open, self._after_launch)
+        made = self._runner_made
+        if made is None or made[0] is not out_fn:  # made once per launch function (~20 us on the H200)
+            made = self._runner_made = (out_fn, _launch_runner(out_fn, self._step_open, self._after_launch))
+        self._runner = made[1]
         self._runner_ran = False
         self._step_open[0] = True  # this step's launch runs the first phase
         setattr(owner, name, self._runner)

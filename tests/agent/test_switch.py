@@ -674,6 +674,23 @@ def test_a_pending_ticks_phases_run_after_the_graph_launch_one_a_step_and_the_la
     )  # the due restored; 3 phases and the end after launches
 
 
+def test_each_ticks_phases_run_after_the_launch_through_one_runner_made_once() -> None:
+    mod, clock, sw, log = launch_and_step_sites()
+    assert sw.drive_inline(40 * MS, 10 * MS, 5 * MS, lambda: three_phases(log), lambda w: None)
+    runners, phases = [], []
+    for _ in range(40):  # four cycles of 50 ms, steps 5 ms apart
+        clock.t += 5 * MS
+        log.clear()
+        mod.step()
+        if not sw.hooks_in and mod.replay is not mod.own_replay:  # a tick pending: the site holds the runner
+            runners.append(mod.replay)
+        mod.replay()
+        phases += [x for x in log if x.startswith("phase")]
+    assert phases == ["phase0", "phase1", "phase2"] * 4, phases  # every tick's phases, after launches
+    # the runner is made once and placed again at each tick (making it cost ~20 us on the H200)
+    assert len(runners) >= 4 and len({id(r) for r in runners}) == 1, runners
+
+
 def test_an_engine_that_launches_no_graph_gets_the_ticks_phases_from_its_step() -> None:
     mod, clock, sw, log = launch_and_step_sites()
     assert sw.drive_inline(40 * MS, 10 * MS, 5 * MS, lambda: three_phases(log), lambda w: None)
@@ -743,6 +760,28 @@ def test_with_an_idle_wake_an_engine_that_stops_and_resumes_is_counted_right_wit
     # what the slices before each stop did not see (sampling: up to a cycle's steps a stop)
     assert abs(sum(estimates) - true) <= 0.1 * true, (sum(estimates), true)
     assert max(estimates) <= 12 * 5, max(estimates)  # no tick stood for more than its ~50 ms of steps
+
+
+def test_a_fast_engines_drives_set_the_agents_timer_once_per_half_idle_wake_not_at_each_swap() -> None:
+    """Each set of the timer is a syscall through ctypes (~32 us on the H200): one standing at least
+    half an idle wake ahead is left, so a minute of 1 ms steps sets it a few times, not at ~2,400 swaps."""
+    e = CountedSteps()
+    clock, sw, mod = e.clock, e.sw, e.mod
+    idle_wake = 30_000 * MS
+    sets: list[int] = []
+    assert sw.drive_inline(40 * MS, 10 * MS, 5 * MS, e.tick, sets.append, idle_wake_ns=idle_wake)
+    start, swaps, was = clock(), 0, sw.hooks_in
+    for _ in range(60_000):  # a minute of 1 ms steps
+        clock.t += 1 * MS
+        mod.step()
+        swaps, was = swaps + (sw.hooks_in != was), sw.hooks_in
+    assert swaps > 2_000 and sw.fast and sw.idle_armed
+    # a rescue a margin past each due until the first slice shows the engine fast, then one about every 15 s
+    assert 4 <= len(sets) <= 8, sets
+    # where it stands, the timer is always at least half an idle wake ahead, at most a whole one
+    assert clock() + idle_wake // 2 <= sets[-1] <= clock() + idle_wake
+    # stopped, the engine's thread no longer drives: the agent's thread wakes 15-30 s after its last step
+    assert idle_wake // 2 <= sets[-1] - clock() and sets[-1] - start > 60_000 * MS
 
 
 def test_a_slow_engine_keeps_the_threads_rescue_and_its_steps_are_counted_right() -> None:

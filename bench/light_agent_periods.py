@@ -474,6 +474,13 @@ def main() -> int:
     ap.add_argument(
         "--swap-parts", action="store_true", help="time the switch's own parts (their frames add to the cost)"
     )
+    ap.add_argument(
+        "--agent-env",
+        action="append",
+        default=[],
+        metavar="BOUNDWATCH_AGENT_<NAME>=<value>",
+        help="a setting for the agent in each workload's process (repeatable), e.g. BOUNDWATCH_AGENT_INLINE=off",
+    )
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     opts = ["--pairs", str(args.pairs), "--aa", str(args.aa), "--period", str(args.period), "--settle",
@@ -492,6 +499,9 @@ def main() -> int:
         )
         print("RESULT " + json.dumps(r), flush=True)
         return 0
+    agent_env = dict(kv.split("=", 1) for kv in args.agent_env if "=" in kv)
+    if any(not k.startswith("BOUNDWATCH_AGENT_") for k in agent_env) or len(agent_env) != len(args.agent_env):
+        ap.error("--agent-env takes BOUNDWATCH_AGENT_<NAME>=<value>")
     names = [w for w in args.workloads.split(",") if w]
     bad = [w for w in names if w not in WORKLOADS]
     if bad or not names:
@@ -506,7 +516,7 @@ def main() -> int:
     runs = []
     try:
         for name in names:
-            r = run_fresh(__file__, "workload", name, opts, None, listener.path, timeout=child_s)
+            r = run_fresh(__file__, "workload", name, opts, agent_env, listener.path, timeout=child_s)
             runs.append(r)
             if "cost" in r:
                 print(f"{name:10s} {r['what']}: on-off {json.dumps(r['cost'])}; A/A {json.dumps(r.get('aa'))}",
@@ -521,7 +531,7 @@ def main() -> int:
                           f"cause {p.get('over_100us_by_cause')}, top {p.get('top', [])[:4]}", flush=True)  # fmt: skip
     finally:
         listener.close()
-    result = {"argv": sys.argv[1:], "runs": runs, "messages_received": listener.count}
+    result = {"argv": sys.argv[1:], "agent_env": agent_env, "runs": runs, "messages_received": listener.count}
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(result, fh, indent=2)

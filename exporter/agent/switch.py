@@ -52,6 +52,7 @@ Hooks start in: until an agent drives the cycle, and again after it stops or the
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 import types
@@ -66,6 +67,15 @@ MAX_BOUND = 64  # instances whose attributes hold a bound hook (an engine core's
 # rescue a margin past each due, since one step may outlast a whole slice
 FAST_STEP_NS = 20_000_000
 SWITCHED = "__boundwatch_switched__"  # set on a hook this module swaps
+# Python 3.13 gives each class at most 1,000 type versions (CPython's MAX_VERSIONS_PER_CLASS), and every
+# change of a class attribute uses one (of the class and of each subclass) when it is next used: past
+# that, every attribute read and method call on the class's instances runs unspecialised for the life
+# of the process (4.8x slower on bench/class_versions.py). A hook site swapped twice a tick spends it in
+# minutes, so on 3.13+ the switch changes a class's attributes at most this many times, then holds the
+# hooks in for good (the cost of hooks always in, about that of the sampled ones on a 1.4 ms decode
+# step: bench/README.md); before 3.13 versions are not capped (0: no budget).
+CLASS_CHANGES_MAX = 900 if sys.version_info >= (3, 13) else 0
+HELD_FOR_VERSIONS = "each class's type versions are capped (Python 3.13+): hooks held in, not swapped again"
 
 
 class Switch:
@@ -120,6 +130,9 @@ class Switch:
         self._launch = -1  # index in _sites of the site whose original queues GPU work (a replay), -1: none
         self._runner: Any = None  # what the launch site holds while a tick is pending (launch, then a phase)
         self._runner_made: tuple[Any, Any] | None = None  # (the launch site's out function, its runner)
+        # class attributes this switch set, by class (CLASS_CHANGES_MAX), and whether one reached it
+        self.class_changes: dict[type, int] = {}
+        self._versions_spent = False
         self._runner_ran = False  # the runner ran a phase since the driver's last call
         self._step_open = [False]  # the runner may run a phase (once per driver call: one a step)
         self.after_launch = 0  # the tick's phases run right after a launch so far (for describe())
@@ -238,10 +251,11 @@ class Switch:
         for i in range(len(self._sites)):
             self._place(i)
         self._rebind()
+        self._hold_if_spent()
 
     def _place(self, i: int) -> None:
         owner, name, _, _ = self._sites[i]
-        setattr(owner, name, self._value(i, self.hooks_in))
+        self._put(owner, name, self._value(i, self.hooks_in))
 
     def _bound_value(self, original: Any, hook: Any, hooks_in: bool) -> Any:
         if self.driving:
@@ -567,7 +581,8 @@ class Switch:
         self._runner = made[1]
         self._runner_ran = False
         self._step_open[0] = True  # this step's launch runs the first phase
-        setattr(owner, name, self._runner)
+        self._put(owner, name, self._runner)
+        self._hold_if_spent()
 
     def _phase_after_launch(self) -> bool:
         """A driver's call while a tick is pending: True if the launch site runs the phase (under the lock)."""
@@ -601,7 +616,8 @@ class Switch:
             return
         owner, name, _, _ = self._sites[self._launch]
         if getattr(owner, "__dict__", {}).get(name) is runner:
-            setattr(owner, name, self._value(self._launch, self.hooks_in))
+            self._put(owner, name, self._value(self._launch, self.hooks_in))
+            self._hold_if_spent()
 
     def finish_pending(self) -> None:
         """Run what is left of a tick the engine's thread had begun (the agent stops or takes over)."""
@@ -649,9 +665,32 @@ class Switch:
                 ],
             )
         for owner, name, value_in, value_out in plan[1]:
-            setattr(owner, name, value_in if hooks_in else value_out)
+            self._put(owner, name, value_in if hooks_in else value_out)
         if self._bound:
             self._rebind()
+        self._hold_if_spent()
+
+    def _put(self, owner: Any, name: str, value: Any) -> None:
+        """Set owner.name to value (under the lock); a class's attribute only where it changes, and counted.
+
+        Setting a class attribute, even to the value it holds, changes the class's type version
+        (CLASS_CHANGES_MAX). Where a class reaches the budget, the change under way ends as it began
+        and then the hooks go in and stay (`_hold_if_spent`).
+        """
+        if not isinstance(owner, type):
+            setattr(owner, name, value)
+            return
+        if owner.__dict__.get(name) is value:
+            return
+        setattr(owner, name, value)
+        if CLASS_CHANGES_MAX:
+            n = self.class_changes[owner] = self.class_changes.get(owner, 0) + 1
+            self._versions_spent = self._versions_spent or n >= CLASS_CHANGES_MAX
+
+    def _hold_if_spent(self) -> None:
+        """Hold the hooks in once a class reached CLASS_CHANGES_MAX (under the lock; after a whole change)."""
+        if self._versions_spent and not self.held:
+            self._hold(HELD_FOR_VERSIONS)
 
     def _rebind(self) -> None:
         live = []

@@ -857,3 +857,72 @@ def test_an_engine_that_stops_and_spins_loses_no_gil_to_the_agent_until_the_idle
     assert out["silent_ms"] == [350], out
     # before the stop, across it and after it, the replays counted in slices add up to the true count
     assert abs(out["sent"] - out["replays"]) <= 0.2 * out["replays"], out
+
+
+class CountedSets(type):
+    """A metaclass that counts every set of its classes' attributes (each one a new type version)."""
+
+    sets = 0
+
+    def __setattr__(cls, name: str, value: object) -> None:
+        CountedSets.sets += 1
+        super().__setattr__(name, value)
+
+
+def test_on_a_python_that_caps_type_versions_a_class_is_changed_a_bounded_number_of_times_then_held(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Python 3.13+ gives a class 1,000 type versions, each class attribute set using one: past the cap
+    its instances run unspecialised for good (bench/class_versions.py: 81 -> 308 ns a round). The switch
+    stops at CLASS_CHANGES_MAX changes of a class and holds the hooks in, still ticking."""
+    from exporter.agent import switch as switch_mod
+
+    monkeypatch.setattr(switch_mod, "CLASS_CHANGES_MAX", 20)
+    CountedSets.sets = 0
+    engine_core = CountedSets("EngineCore", (), {"step": lambda self: "own step"})
+    own, counted = engine_core.__dict__["step"], [0]
+
+    def hook(self: object) -> str:
+        counted[0] += 1
+        return "hooked step"
+
+    clock = Clock(1_000 * MS)
+    sw = Switch(clock)
+    sw.add(engine_core, "step", own, hook, rank=2)
+    assert sw.start_cycle()
+    ticks: list[int] = []
+
+    def tick() -> object:
+        ticks.append(clock())
+        yield
+
+    assert sw.drive_inline(40 * MS, 10 * MS, 5 * MS, tick, lambda w: None)
+    engine = engine_core()
+    for _ in range(2_000):  # 2 s of 1 ms steps: 40 cycles, 80 swaps asked for
+        clock.t += 1 * MS
+        engine.step()
+    assert sw.held == switch_mod.HELD_FOR_VERSIONS and sw.hooks_in and not sw.cycling
+    # every set counted (the add's placing too), none past the one that reached the cap and the hold's own
+    assert 20 <= CountedSets.sets == sw.class_changes[engine_core] <= 21
+    sets, held_at, counted_before = CountedSets.sets, clock(), counted[0]
+    for _ in range(3_000):  # 3 s more: the class is never changed again; every step counted, still ticking
+        clock.t += 1 * MS
+        assert engine.step() == "hooked step"
+    assert CountedSets.sets == sets
+    assert counted[0] - counted_before == 3_000
+    assert len([t for t in ticks if t > held_at]) >= 50, ticks[-5:]  # a tick every 50 ms, held in
+
+
+def test_setting_a_class_attribute_to_what_it_holds_is_skipped() -> None:
+    """A set, even of the same value, changes the class's type version: where nothing changes, none."""
+    CountedSets.sets = 0
+    sched = CountedSets("Scheduler", (), {"schedule": lambda self: None})
+    sw = Switch(Clock(1_000 * MS))
+    sw.add(sched, "schedule", sched.__dict__["schedule"], lambda self: None)  # rank 0: never drives
+    mod = types.SimpleNamespace(step=lambda: "own step")
+    sw.add(mod, "step", mod.step, lambda: "hooked step", rank=2)  # re-places every site (a new driver)
+    assert sw.start_cycle()
+    for _ in range(3):  # each drive_inline and undrive re-places every site too
+        assert sw.drive_inline(40 * MS, 10 * MS, 5 * MS, lambda: iter(()), lambda w: None)
+        sw.undrive()
+    assert CountedSets.sets == 1  # the add's own placing; the scheduler's hook never moved after it

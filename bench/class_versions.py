@@ -16,7 +16,6 @@ no cap before) and with no cap at all. Pure Python, no GPU; run it with each int
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -26,6 +25,7 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from bench.ab import write_results  # noqa: E402
 from exporter.agent import switch as switch_mod  # noqa: E402
 
 MS = 1_000_000
@@ -108,8 +108,7 @@ def main() -> int:
             f"python {result['python']} {name} (cap {r['cap']}): {rounds}{'; held: ' + held if held else ''}"
         )
     if args.out:
-        with open(args.out, "w") as fh:
-            json.dump(result, fh, indent=2)
+        write_results(args.out, result)
     return 0
 
 

@@ -409,7 +409,7 @@ class Switch:
                 self.quiet = False
                 self._missed = 0
                 self.due[0] = now + self._first_slice()
-                wake = self._wake_at(now, by_thread)
+                wake, self.idle_armed = self._wake_at(now, by_thread)
                 rearm = self._rearm_for(wake, now)
             elif self._pending is not None:  # a phase of the tick begun: the timer already stands
                 if by_thread or not self._phase_after_launch():
@@ -428,7 +428,7 @@ class Switch:
                     # a swap costs the engine's thread its type caches) until a driver's call swaps again
                     self._next_period(now, due, by_thread)
                     ticks = True
-                wake = self._wake_at(now, by_thread)
+                wake, self.idle_armed = self._wake_at(now, by_thread)
                 if ticks and self._on_out is not None:
                     self._pending, self._resume_due = self._on_out(), self.due[0]
                     self.due[0] = 1  # the next call runs the first phase
@@ -463,12 +463,11 @@ class Switch:
         self._armed = (wake, self.idle_armed)
         return self._rearm
 
-    def _wake_at(self, now: int, by_thread: bool) -> int:
-        """Return when the agent's thread should wake after this drive, and set `idle_armed` (under the lock)."""
-        self.idle_armed = bool(self._idle_wake) and not by_thread and self.fast
-        if self.idle_armed:
-            return now + self._idle_wake  # the engine steps fast: its next call drives, however late
-        return self.due[0] + self._margin
+    def _wake_at(self, now: int, by_thread: bool) -> tuple[int, bool]:
+        """Return when the agent's thread should wake after this drive, and whether that is the idle wake."""
+        if self._idle_wake and not by_thread and self.fast:
+            return now + self._idle_wake, True  # the engine steps fast: its next call drives, however late
+        return self.due[0] + self._margin, False
 
     def _unseen(self, now: int, due: int) -> bool:
         """Say whether the slice after `due` went by whole with no driving call (under the lock)."""

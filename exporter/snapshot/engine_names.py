@@ -83,6 +83,7 @@ PREFIXES: tuple[str, ...] = tuple(p for _, p in KIND_PREFIXES)
 def detect_kind(samples: Iterable[Named]) -> str | None:
     """Return "vllm" or "sglang" from the sample names, or None."""
     for s in samples:
-        if s.name.startswith(PREFIXES):
-            return next(kind for kind, p in KIND_PREFIXES if s.name.startswith(p))
+        for kind, prefix in KIND_PREFIXES:
+            if s.name.startswith(prefix):
+                return kind
     return None

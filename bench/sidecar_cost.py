@@ -5,7 +5,15 @@ so discovery sees only the bench's processes:
 - an engine: a process started as `vllm serve --port P` serving a real-size vLLM page (815 lines,
   bench/results/engine_sample_page.prom) whose counters move every 0.5 s, with 4 children titled
   `VLLM::APIServer_<i>`, 8 threads each, one of them using ~30% of a core;
-- an agent stand-in sending each GPU's 0.5 s windows over the real wire to the daemon's socket;
+- the agents, by `--agent` (what a GPU's agent sends each 0.5 s over the real wire to the daemon's socket):
+  `windows` (the default, as since session 3): one stand-in process sends every GPU's CUPTI windows
+  (100 intervals each) under made-up pids that are no engine's, and no engine core reports steps, so
+  the engine's page is read every tick and the engine is placed on no GPU; `light` (the agent's
+  default mode, as where vLLM loads the plugin with tensor parallelism over the N GPUs): a
+  `VLLM::EngineCore` child of the engine reports its steps and scheduler counts (so the page is
+  read every `engine.slow_read_seconds`), and per GPU a `VLLM::Worker_TP<i>` child sends its steps'
+  CUDA graph mode and replays (the engine is placed on its workers' GPUs); `cupti`: the same, each
+  worker's messages with its GPU's CUPTI windows too; `none`: no agent at all;
 - the daemon itself (`serve()` with every source; NVML is the tests' driver stand-in with N GPUs,
   since this machine has none).
 The daemon's utime+stime and VmRSS are read from /proc over `--seconds`, one GPU count at a time.
@@ -23,7 +31,8 @@ on a shared machine do not. `--pairs N` repeats each GPU count N times.
 Switches for the daemon part (environment): `BW_COST_STATS=PATH` (per-thread and per-part CPU, see
 bench/cost_stats.py), `BW_COST_CAPTURE=PATH` (40 ticks' pipeline inputs), `BW_COST_PROFILE=PATH`
 (yappi, or cProfile of the event loop with a `.cprof` suffix), `BW_COST_TRACEMALLOC=PATH` (every 30 s
-the source lines holding most memory, to PATH.<gpus>).
+the source lines holding most memory, to PATH.<gpus>), `BW_COST_DUMP=PATH` (the daemon's last /metrics
+page, to PATH.<agent>.<gpus>).
 """
 
 from __future__ import annotations
@@ -137,6 +146,30 @@ def part_engine(port: int) -> None:
         subprocess.Popen([f"VLLM::APIServer_{i}", "-c", API_SERVER, str(i)], executable=os.environ["BW_PY"])
         for i in range(4)
     ]
+    socks = [p for p in os.environ.get("BW_AGENT_SOCKS", "").split(",") if p]
+    mode = os.environ.get("BW_AGENT_MODE", "windows")
+    if socks and mode in ("cupti", "light"):  # the agents inside vLLM's engine core and its workers
+        me = os.path.abspath(__file__)
+        core = subprocess.Popen(
+            ["VLLM::EngineCore", me, "--part", "core", "--sock", ",".join(socks)],
+            executable=os.environ["BW_PY"],
+        )
+        kids.append(core)
+        worker = [
+            me,
+            "--part",
+            "worker",
+            "--sock",
+            ",".join(socks),
+            "--port",
+            str(core.pid),
+        ]  # owner: the core
+        kids += [
+            subprocess.Popen(
+                [f"VLLM::Worker_TP{g}", *worker, "--gpus", str(g)], executable=os.environ["BW_PY"]
+            )
+            for g in range(int(os.environ["BW_AGENT_GPUS"]))
+        ]
     # SIGTERM (stop_parts) must stop the children too: orphans would stay in the namespace under
     # pid 1 and the next GPU count's daemon would find them as engines of their own
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -145,6 +178,16 @@ def part_engine(port: int) -> None:
     finally:
         for k in kids:
             k.kill()
+
+
+AGENT_MODES = ("windows", "cupti", "light", "none")
+
+
+def _title(title: str) -> None:
+    """Name this process as vLLM's setproctitle does (its comm; argv[0] is the title already)."""
+    import ctypes
+
+    ctypes.CDLL(None).prctl(15, title.encode()[:15], 0, 0, 0)
 
 
 def uuid_of(i: int) -> str:
@@ -217,6 +260,115 @@ def part_agent(sock_path: str, gpus: int, count_path: str = "") -> None:
         time.sleep(TICK)
 
 
+def _sender(socks: str) -> Any:
+    """Return a function that sends one datagram to each of the daemons' sockets (missing ones skipped)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    paths = socks.split(",")
+
+    def send(data: bytes) -> None:
+        for path in paths:
+            try:
+                s.sendto(data, path)
+            except OSError:
+                pass  # that daemon not listening yet (or gone): the agent drops, never blocks
+
+    return send
+
+
+def part_core(socks: str) -> None:
+    """Report an engine core's steps every 0.5 s, as the agent in vLLM's EngineCore does (light or CUPTI mode).
+
+    A decode engine at 20 ms a step with 8 requests running and 22 waiting: 25 steps a tick, the
+    scheduler's counts after the newest step, sent from this process (its own pid, a descendant of
+    the engine's main process, which joins the steps to the engine). The steps' CUDA graph mode is
+    counted where the model runs: in the workers (`part_worker`).
+    """
+    from exporter import wire
+
+    send = _sender(socks)
+    seq, start = 0, time.time_ns()
+    hist = [0] * wire.STEP_BUCKET_COUNT
+    hist[2] = 25  # 20 ms steps: the (10, 20] ms bucket
+    last = start
+    while True:
+        time.sleep(TICK)
+        now = time.time_ns()
+        seq += 1
+        steps = wire.Steps(
+            engine="vllm",
+            n=25,
+            wall=25 * 20_000_000,
+            tokens=25 * 8,
+            seqs=25 * 8,
+            hist=tuple(hist),
+            t0=last,
+            t1=now,
+            run_ns=8 * (now - last),
+            wait_ns=22 * (now - last),
+            running=8,
+            waiting=22,
+            max_seqs=256,
+        )
+        last = now
+        msg = wire.Message(
+            pid=os.getpid(),
+            state="running",
+            seq=seq,
+            role="vllm_engine",
+            mode="light",
+            steps=(steps,),
+            silent_ms=1250,
+        )
+        send(wire.encode(msg))
+
+
+def part_worker(socks: str, gpu: int, mode: str, owner: int) -> None:
+    """Report one GPU every 0.5 s as the agent in a vLLM worker does (tensor parallel: one GPU each).
+
+    Both modes: the steps' CUDA graph mode (the model runner's, counted in the worker; `owner` is
+    the engine core's pid) and the CUDA graph replays. `cupti` adds the GPU's closed windows
+    (100 busy intervals each, as `part_agent`'s), the device windows of the CUPTI agent.
+    """
+    from exporter import wire
+
+    send = _sender(socks)
+    uuid = uuid_of(gpu)
+    seq, last = 0, time.time_ns()
+    start = last - LAG_NS
+    next_t0 = start - start % WINDOW_NS
+    while True:
+        time.sleep(TICK)
+        now = time.time_ns()
+        windows: list[wire.Window] = []
+        if mode == "cupti":
+            due, next_t0 = agent_windows(next_t0, now)
+            for t0, t1 in due:
+                iv = wire.pack_intervals(
+                    [(t0 + k * 5_000_000, t0 + k * 5_000_000 + 4_000_000) for k in range(100)], t0
+                )
+                windows.append(
+                    wire.Window(dev=0, t0=t0, t1=t1, busy=400_000_000, kernels=8000, graphs=100, iv=iv[0])
+                )
+        graphs = wire.GraphCounts(t0=last, t1=now, replays=25, captures=67, dev=0, uuid=uuid)
+        modes = wire.Steps(engine="vllm", n=0, wall=0, graph=25, owner=owner)
+        last = now
+        for i in range(0, max(1, len(windows)), 2):  # at most two windows a datagram, as the agent
+            seq += 1
+            msg = wire.Message(
+                pid=os.getpid(),
+                state="running",
+                seq=seq,
+                role="vllm_worker",
+                mode="light" if mode == "light" else "cupti:records",
+                devices=((0, uuid),),
+                windows=tuple(windows[i : i + 2]),
+                steps=(modes,) if i == 0 else (),
+                graphs=graphs if i == 0 else None,
+                silent_ms=1250 if mode == "light" else 0,
+            )
+            send(wire.encode(msg))
+
+
 def mappingproxy_of(d: dict[Any, Any]) -> Any:
     """Return a read-only view of d (how captured Snapshots' mapping fields are unpickled)."""
     import types
@@ -275,9 +427,10 @@ def time_parts() -> dict[str, float]:
     wrap(sampling, "advance", "main:advance")
     wrap(sampling, "compact", "main:compact")
     wrap(AgentFeed, "_readable", "main:agent_readable")
-    wrap(unixsock, "receive", "main:agent_readable:receive")  # inside _readable, as the next two
-    wrap(wire, "decode", "main:agent_readable:decode")
-    wrap(AgentFeed, "_take", "main:agent_readable:take")
+    wrap(unixsock, "receive", "main:agent_readable:receive")  # inside _readable
+    # decoded and taken when the tick collects (the inbox), or in _readable when the inbox is full
+    wrap(wire, "decode", "main:agent_decode")
+    wrap(AgentFeed, "_take", "main:agent_take")
     wrap(AgentFeed, "collect", "main:agent_collect")
     wrap(EngineSource, "_build", "engine:build")
     wrap(EngineSource, "_fetch", "engine:build:fetch")  # inside _build, as the next five
@@ -501,6 +654,19 @@ def metric(port: int, name: str) -> float | None:
     return None
 
 
+def metric_sum(port: int, name: str, having: str) -> float:
+    """Return the sum of a metric's series whose line contains `having` (a label pair), 0 without any."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    c.request("GET", "/metrics")
+    text = c.getresponse().read().decode()
+    c.close()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") and having in line
+    )
+
+
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
@@ -621,7 +787,13 @@ def start_daemon(
 
 
 def run_one(
-    gpus: int, seconds: float, scrapes: int, scrape_every: float, other: str = "", other_first: bool = False
+    gpus: int,
+    seconds: float,
+    scrapes: int,
+    scrape_every: float,
+    other: str = "",
+    other_first: bool = False,
+    agent: str = "windows",
 ) -> dict[str, Any]:
     """Measure the daemon at one GPU count (and the daemon of the tree `other` beside it, if given)."""
     me = os.path.abspath(__file__)
@@ -631,6 +803,11 @@ def run_one(
     env = {k: v for k, v in os.environ.items() if not k.startswith("BOUNDWATCH")}
     env["PYTHONPATH"] = ROOT
     env["BW_PY"] = sys.executable
+    # the agents inside the engine's processes (--agent cupti, light) send to both daemons' sockets
+    env["BW_AGENT_MODE"], env["BW_AGENT_GPUS"] = agent, str(gpus)
+    env["BW_AGENT_SOCKS"] = ",".join(
+        os.path.join(sock_dir, n) for n in ("agent.sock", "agent-a.sock")[: 2 if other else 1]
+    )
     procs: list[subprocess.Popen[bytes]] = []
     # the engine main process is started as `vllm serve`, so discovery finds it as it finds a real one
     engine = start_engine(sock_dir, eng_port, env)
@@ -652,11 +829,12 @@ def run_one(
     try:
         if not wait_port(bw_port) or (other and not wait_port(port_a)):
             return {"gpus": gpus, "error": "daemon did not listen"}
-        for path in [sock_path] + ([sock_a] if other else []):
-            agent = subprocess.Popen(
-                [sys.executable, me, "--part", "agent", "--sock", path, "--gpus", str(gpus)], env=env
+        for path in [sock_path] + ([sock_a] if other else []) if agent == "windows" else []:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, me, "--part", "agent", "--sock", path, "--gpus", str(gpus)], env=env
+                )
             )
-            procs.append(agent)
         time.sleep(8)  # discovery, the first agent windows, history warming
         t0, c0, ticks0 = time.time(), cpu_seconds(daemon.pid), metric(bw_port, "boundwatch_ticks_total")
         c0_other = cpu_seconds(daemons[-1].pid)
@@ -674,9 +852,17 @@ def run_one(
         c1_other = cpu_seconds(daemons[-1].pid)
         ticks1 = metric(bw_port, "boundwatch_ticks_total")
         _dt, nbytes, series = scrape(bw_port)
+        dump = os.environ.get("BW_COST_DUMP")  # a path: the daemon's last /metrics page, to see what it read
+        if dump:
+            c = http.client.HTTPConnection("127.0.0.1", bw_port, timeout=10)
+            c.request("GET", "/metrics")
+            with open(f"{dump}.{agent}.{gpus}", "wb") as f:
+                f.write(c.getresponse().read())
+            c.close()
         api_servers = metric(bw_port, "boundwatch_engine_api_servers")
         res: dict[str, Any] = {
             "gpus": gpus,
+            "agent": agent,
             "seconds": round(t1 - t0, 1),
             "cpu_share_of_core": round((c1 - c0) / (t1 - t0), 5),
             "ticks_per_second": round(((ticks1 or 0) - (ticks0 or 0)) / (t1 - t0), 3),
@@ -685,6 +871,11 @@ def run_one(
             "rss_mib_max": round(max(rss) / 2**20, 1) if rss else None,
             "rss_mib_each_minute": [round(r / 2**20, 1) for r in rss[::60]],  # ~1 s apart
             "engine_api_servers_seen": api_servers,
+            # what the daemon made of the agents: each GPU's running agents, the engine's counts' source
+            "agents_running": metric_sum(bw_port, "boundwatch_agents", 'state="running"'),
+            "engine_counts_from_agent": metric_sum(
+                bw_port, "boundwatch_engine_counts_source", 'source="agent"'
+            ),
             "metrics_series": series,
             "metrics_gzip_bytes": nbytes,
             "scrape_every_seconds": scrape_every,
@@ -717,6 +908,12 @@ def main() -> int:
     )
     ap.add_argument("--ab", default="", help="run the daemon of the tree at this path beside this one's")
     ap.add_argument("--pairs", type=int, default=1, help="runs per GPU count")
+    ap.add_argument(
+        "--agent",
+        default="windows",
+        choices=AGENT_MODES,
+        help="what the GPUs' agents send (see the module's doc; default: windows)",
+    )
     ap.add_argument("--out", default="")
     ap.add_argument("--part", default="", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
@@ -724,6 +921,14 @@ def main() -> int:
     args, _rest = ap.parse_known_args()
     if args.part == "engine":
         part_engine(args.port)
+        return 0
+    if args.part == "core":
+        _title("VLLM::EngineCore")
+        part_core(args.sock)
+        return 0
+    if args.part == "worker":
+        _title(f"VLLM::Worker_TP{args.gpus}")
+        part_worker(args.sock, int(args.gpus), os.environ.get("BW_AGENT_MODE", "light"), args.port)
         return 0
     if args.part == "agent":
         part_agent(args.sock, int(args.gpus))
@@ -743,7 +948,12 @@ def main() -> int:
     for _ in range(args.pairs):
         for g in [int(x) for x in args.gpus.split(",")]:
             r = run_one(
-                g, args.seconds, args.scrapes, args.scrape_every, os.path.abspath(args.ab) if args.ab else ""
+                g,
+                args.seconds,
+                args.scrapes,
+                args.scrape_every,
+                os.path.abspath(args.ab) if args.ab else "",
+                agent=args.agent,
             )
             print(json.dumps(r), flush=True)
             rows.append(r)

@@ -362,26 +362,40 @@ class _Drivers:
     """One tick's live engines with the GPUs each drives, and its agent steps: what every GPU's views read.
 
     Built once per Snapshot and tick (not once per GPU): the placements, the steps joined to their
-    engines (only once a GPU has an engine) and the steps that join none (`_gpu_steps`).
+    engines (only once a GPU has an engine) and the steps that join none (`_gpu_steps`). GPUs that
+    the same engines drive with the same steps (an engine's tensor-parallel GPUs) share one list of
+    views, so what is worked out from the views alone is worked out once (`_Tick.engine_facts`).
     """
 
-    __slots__ = ("_owned", "_unowned", "placed", "snap")
+    __slots__ = ("_owned", "_unowned", "_views", "placed", "snap")
 
     def __init__(self, snap: Snapshot) -> None:
         self.snap = snap
         self.placed = [(e, placed(e, snap)) for e in snap.engines if not e.error]
         self._owned: dict[str, list[EngineSteps]] | None = None
         self._unowned: list[tuple[EngineSteps, int | None]] | None = None
+        self._views: dict[tuple[tuple[int, ...], ...], list[View]] = {}
 
     def views(self, gpu: int) -> list[View]:
-        """Return the engines driving a GPU (see `views`)."""
-        out = []
+        """Return the engines driving a GPU (see `views`); the list is shared with GPUs of the same views: read only."""
+        drive: list[tuple[EngineReading, tuple[EngineSteps, ...]]] = []
         for e, gpus in self.placed:
             if gpu not in gpus:
                 continue
             if self._owned is None:  # joined once an engine drives a GPU (most GPUs have none)
                 self._owned = owned_steps(self.snap)
-            steps = _on_gpu(e, self._owned.get(e.name, ()), gpu)
+            drive.append((e, _on_gpu(e, self._owned.get(e.name, ()), gpu)))
+        # the engines and steps by identity: every one lives in this Snapshot as long as this does
+        key = tuple((id(e), *map(id, steps)) for e, steps in drive)
+        out = self._views.get(key)
+        if out is None:
+            out = self._views[key] = self._build(drive)
+        return out
+
+    @staticmethod
+    def _build(drive: Sequence[tuple[EngineReading, tuple[EngineSteps, ...]]]) -> list[View]:
+        out = []
+        for e, steps in drive:
             a_run, a_wait, a_limit = _agent_counts(steps)
             running = a_run if a_run is not None else e.running
             waiting = a_wait if a_wait is not None else e.waiting
@@ -416,13 +430,33 @@ class _Drivers:
 class _Tick:
     """What the verdict of every GPU reads alike in one window: computed once per tick, not once per GPU."""
 
-    __slots__ = ("_lost", "activity", "busy_inside", "drivers")
+    __slots__ = ("_facts", "_lost", "activity", "busy_inside", "drivers")
 
     def __init__(self, win: Sequence[Snapshot], cfg: VerdictConfig) -> None:
         self.drivers = [_Drivers(s) for s in win]
         self.busy_inside = _inside(window(win, cfg.busy_window_seconds))
         self.activity = [_activity_of(s.agent) for s in _inside(win) if s.agent is not None]
         self._lost: tuple[str, ...] | None = None
+        self._facts: dict[tuple[object, ...], dict[str, object]] = {}
+
+    def engine_facts(
+        self,
+        win: Sequence[Snapshot],
+        vs: Sequence[Sequence[View]],
+        good: Sequence[tuple[Snapshot, Sequence[View]]],
+        cfg: VerdictConfig,
+        whole: bool,
+    ) -> dict[str, object]:
+        """Return `_engine_facts` and `_offered` of a GPU's views, once for GPUs whose views are the same lists.
+
+        The views of each tick come from `drivers` (shared between GPUs of the same engines and
+        steps, held there for this tick), so the lists' identities name what the facts are read from.
+        """
+        key = (whole, *map(id, vs))
+        facts = self._facts.get(key)
+        if facts is None:
+            facts = self._facts[key] = {**_engine_facts(win, vs, good, cfg, whole), **_offered(win, vs, cfg)}
+        return facts
 
     def lost(self, last: Snapshot) -> tuple[str, ...]:
         """Return the newest tick's engines placed on no GPU (`unplaced`)."""
@@ -501,8 +535,7 @@ def gather(
     f.update(_busy(win, gpu, cfg, tick.busy_inside))
     good = [(s, v) for s, v in zip(_inside(win), _inside(vs), strict=True) if v]
     if good:
-        f.update(_engine_facts(win, vs, good, cfg, whole))
-        f.update(_offered(win, vs, cfg))
+        f.update(tick.engine_facts(win, vs, good, cfg, whole))
     elif lost := tick.lost(last):
         f["unplaced"] = "+".join(lost)
     f.update(_agent_activity(tick.activity, gpu, whole))

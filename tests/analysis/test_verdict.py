@@ -533,3 +533,79 @@ def test_classify_holds_each_verdict_as_with_the_band_side_and_host_reasons_alwa
             want = v.hold(raw, prev, cfg, host_now, v.decide(f, cfg, None)[0])
             got = v.classify((), 0, cfg, prev)
             assert got == want and repr(got) == repr(want)
+
+
+def _spread(
+    snaps: list[Snapshot], gpus: int, core_gpus: tuple[tuple[int, tuple[int, ...]], ...] = ()
+) -> list[Snapshot]:
+    """Return a one-GPU series as an engine driving `gpus` GPUs (tensor parallel), each GPU alike."""
+    out = []
+    for s in snaps:
+        readings = tuple(dataclasses.replace(s.gpus[0], index=i, uuid=f"GPU-{i}") for i in range(gpus))
+        engines = tuple(
+            dataclasses.replace(e, gpus=tuple(range(gpus)), core_gpus=core_gpus) for e in s.engines
+        )
+        busy = {i: s.busy[0] for i in range(gpus)} if 0 in s.busy else {}
+        out.append(dataclasses.replace(s, gpus=readings, engines=engines, busy=busy))
+    return out
+
+
+def test_the_engine_facts_of_gpus_with_the_same_views_are_worked_out_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each of an engine's GPUs reads the engine's facts from the same views: worked out once a tick, read alike."""
+    scene = Scene(
+        busy=0.4,
+        light=True,
+        graph_steps=20,
+        agent_running=8,
+        agent_waiting=0,
+        agent_pid=77,
+        engine_pids=(70, 77),
+        api_cpu=0.99,
+    )
+    snaps = _spread(series(scene, 6.0), 4)
+    cfg = Config()
+    win = v.window(snaps, v._reach(cfg.verdict))
+    # each GPU on its own (a tick of its own, nothing shared): what the shared tick must give
+    alone = [v.gather(win, g, cfg.verdict, cfg.roofline) for g in range(4)]
+    calls: list[int] = []
+    real = v._engine_facts
+    monkeypatch.setattr(v, "_engine_facts", lambda *a, **k: calls.append(1) or real(*a, **k))
+    tick = v._Tick(win, cfg.verdict)
+    shared = [v.gather(win, g, cfg.verdict, cfg.roofline, tick=tick) for g in range(4)]
+    assert shared == alone and shared[0].engine and shared[0].api_server_thread_cpu == pytest.approx(0.99)
+    assert [f.gpu for f in shared] == [0, 1, 2, 3]
+    assert len(calls) == 1  # once for the four GPUs (four times when each GPU worked it out)
+    calls.clear()
+    assert v.classify_all(snaps, cfg) == tuple(
+        v.classify(
+            win,
+            g,
+            cfg.verdict,
+            next(p for p in snaps[-2].verdicts if p.gpu == g) if snaps[-2].verdicts else None,
+            cfg.roofline,
+        )
+        for g in range(4)
+    )
+
+
+def test_gpus_of_different_engine_cores_read_their_own_cores_facts() -> None:
+    """Under data parallelism each GPU takes its own core's steps: the facts differ and are not shared."""
+    scene = Scene(
+        busy=0.4,
+        light=True,
+        graph_steps=20,
+        agent_running=8,
+        agent_waiting=0,
+        agent_pid=77,
+        engine_pids=(70, 77, 78),
+    )
+    snaps = _spread(series(scene, 6.0), 2, core_gpus=((77, (0,)), (78, (1,))))
+    cfg = Config()
+    win = v.window(snaps, v._reach(cfg.verdict))
+    tick = v._Tick(win, cfg.verdict)
+    got = [v.gather(win, g, cfg.verdict, cfg.roofline, tick=tick) for g in range(2)]
+    assert got == [v.gather(win, g, cfg.verdict, cfg.roofline) for g in range(2)]
+    # GPU 0 has core 77's counts; GPU 1's core (78) sent none, so it reads the page's
+    assert got[0].counts_source == "agent" and got[1].counts_source == "page"

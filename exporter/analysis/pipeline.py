@@ -142,9 +142,13 @@ def _process_gpus(e: EngineReading, snap: Snapshot) -> tuple[str, dict[int, set[
     if placed:
         return "placement", placed
     agents: dict[int, set[int]] = {}
+    indices: dict[str, int] | None = None  # every UUID's index, made once (not once per agent)
     for s in snap.agent.agents if snap.agent is not None else ():
-        if s.pid in own and s.uuid and (index := gpu_index(snap, s.uuid)) is not None:
-            agents.setdefault(s.pid, set()).add(index)
+        if s.pid in own and s.uuid:
+            if indices is None:
+                indices = gpu_indices(snap)
+            if (index := indices.get(s.uuid)) is not None:
+                agents.setdefault(s.pid, set()).add(index)
     return ("agent", agents) if agents else ("", {})
 
 

@@ -15,6 +15,13 @@ one GPU line up: a window is handed out once every running agent on that GPU has
 exporter.analysis.agent_union merges them (two processes' kernels that overlap count once).
 GPUs are keyed by the UUID the agent reports (the CUDA ordinal only when it reports none) and get
 a stable index, so two processes that each call their GPU ordinal 0 stay two GPUs without NVML.
+
+The socket is drained as soon as it is readable (the kernel queues only a few datagrams per
+socket: net.unix.max_dgram_qlen, 10 by default, past which agents drop), but what is received
+waits in an inbox, with its arrival time and sender, to be decoded and taken together at the
+next `collect()`: one agent per GPU sends one datagram each tick, and decoding them one wake-up
+at a time ran every datagram's Python cold (bench/sidecar_cost.py, session 19). The inbox is
+bounded (INBOX_MAX datagrams, INBOX_MAX_BYTES): past it, it is opened at once.
 """
 
 from __future__ import annotations
@@ -57,6 +64,8 @@ MAX_ENGINE_CORES = 64  # (engine-core pid, engine, DP rank) entries per tick in 
 MAX_GRAPH_PROCESSES = 256  # processes with graph counts per tick
 MAX_REQUESTS = 1_000_000  # running / waiting / batch limit above this are not plausible
 MAX_COUNT = 10_000_000  # steps, replays or captures per message above this are not plausible
+INBOX_MAX = 512  # datagrams received but not yet decoded (see the module's doc)
+INBOX_MAX_BYTES = 1 << 20
 REFUSED_REASONS = ("peer", "agents", "devices", "gpus", "engines", "clock", "overlap", "limits", "backlog")
 
 
@@ -142,6 +151,9 @@ class AgentFeed:
         self._collected_at = clock()  # the last collect(): a quiet agent's zero replays cover the time since
         # pid -> (its AgentState's fields, the AgentState): handed out again while they stay the same
         self._kept_states: dict[int, tuple[tuple[object, ...], AgentState]] = {}
+        # received, not yet decoded: (datagram, sender, arrival clock(), arrival wall_ns())
+        self._inbox: list[tuple[bytes, unixsock.Peer | None, float, int]] = []
+        self._inbox_bytes = 0
         self._messages = 0
         self._bad = 0
         self._refused = dict.fromkeys(REFUSED_REASONS, 0)
@@ -189,26 +201,47 @@ class AgentFeed:
         except OSError as exc:
             self._bad_message(f"receive failed: {exc}")
             return
+        if not batch:
+            return
+        now, wall = self.clock(), self.wall_ns()
+        self._messages += len(batch)  # received (each is decoded later, or refused now)
         for data, peer, truncated in batch:
             if truncated:
-                self._messages += 1
                 self._bad_message("datagram too large")
+            elif peer is not None and self._allow is not None and not self._allow.allows(peer):
+                self._refuse_peer(peer)
             else:
-                self.receive(data, peer)
+                self._inbox.append((data, peer, now, wall))
+                self._inbox_bytes += len(data)
+        if len(self._inbox) >= INBOX_MAX or self._inbox_bytes >= INBOX_MAX_BYTES:
+            self._open_inbox()
+
+    def _open_inbox(self) -> None:
+        """Decode and take every datagram received since the last time, as of its arrival."""
+        inbox, self._inbox, self._inbox_bytes = self._inbox, [], 0
+        for data, peer, now, wall in inbox:
+            self._decode_and_take(data, peer.pid if peer is not None else 0, now, wall)
 
     def receive(self, data: bytes, peer: unixsock.Peer | None = None) -> None:
-        """Take one datagram from a sender (called on socket reads; public for tests and replay)."""
+        """Take one datagram from a sender now (what the socket's inbox does at collect; public for tests and replay)."""
+        self._open_inbox()  # in arrival order
         self._messages += 1
         if peer is not None and self._allow is not None and not self._allow.allows(peer):
-            self._refuse("peer", f"uid {peer.uid} gid {peer.gid} (pid {peer.pid}) is not allowed to send")
+            self._refuse_peer(peer)
             return
+        self._decode_and_take(data, peer.pid if peer is not None else 0, self.clock(), self.wall_ns())
+
+    def _refuse_peer(self, peer: unixsock.Peer) -> None:
+        self._refuse("peer", f"uid {peer.uid} gid {peer.gid} (pid {peer.pid}) is not allowed to send")
+
+    def _decode_and_take(self, data: bytes, peer: int, now: float, wall: int) -> None:
         try:
             msg = wire.decode(data)
         except wire.WireError as exc:
             self._bad_message(str(exc))
             return
         try:
-            self._take(msg, peer.pid if peer is not None else 0)
+            self._take(msg, peer, now, wall)
         except Exception as exc:  # a bug here must cost one datagram, not the feed or the log
             self._bad_message(f"{type(exc).__name__}: {exc}")
 
@@ -222,8 +255,14 @@ class AgentFeed:
         self.last_error = why
         self._log_refused(reason=reason, error=why)
 
-    def _take(self, msg: wire.Message, peer: int = 0) -> None:
-        now, wall = self.clock(), self.wall_ns()
+    def _take(
+        self, msg: wire.Message, peer: int = 0, now: float | None = None, wall: int | None = None
+    ) -> None:
+        """Take one decoded message, received at `now` (clock()) and `wall` (wall_ns()), else now."""
+        if now is None:
+            now = self.clock()
+        if wall is None:
+            wall = self.wall_ns()
         agent = self._agents.get(msg.pid)
         if agent is None:
             if len(self._agents) >= MAX_AGENTS:
@@ -383,6 +422,7 @@ class AgentFeed:
         its first copy arrived; each GPU's ready windows go out as received, with the number of
         agents running on it (exporter.analysis.agent_union merges them).
         """
+        self._open_inbox()
         now = self.clock()
         agents = self._agent_states(now)
         self._quiet_graphs(now)

@@ -225,7 +225,8 @@ async def test_light_agent_round_trip_fills_engine_steps_and_graph_use(feed: Age
             agent.steps.record(
                 "vllm", T0 + (end - 10) * MS, T0 + end * MS, 5, running, running, waiting, 8, 0
             )
-        await wait_until_async(lambda: feed._steps, what="the light agent's steps")
+        # the steps' datagram received and decoded (the read decodes what the socket received)
+        await wait_until_async(lambda: feed._open_inbox() or feed._steps, what="the light agent's steps")
         reading = await feed.read()
     finally:
         agent.stop()
@@ -410,3 +411,39 @@ def test_a_light_agent_silent_past_its_silent_ms_reads_quiet_while_its_process_r
     alive[7] = False  # its process ended without a word: silent for over the forget time, gone
     clock.t += 6
     assert f.collect().agents == ()
+
+
+async def test_datagrams_wait_in_the_inbox_and_are_taken_as_of_their_arrival(feed: AgentFeed) -> None:
+    """The socket is drained when readable; what came is decoded at the read, each as of when it came."""
+    clock = feed.test_clock  # type: ignore[attr-defined]
+    await send(feed, message(7), message(8))  # two agents on the GPU
+    await feed.read()
+    await send(feed, message(7, (window(T0, [(T0, T0 + 100 * MS)]),)))
+    assert len(feed._inbox) == 1  # received, not yet decoded
+    came = clock.t
+    clock.t += 0.9  # the read comes later; agent 8 never sends this window
+    assert raw(await feed.read()) == []  # waiting for agent 8, merge_wait_s (1 s) from its arrival
+    assert feed._agents[7].last_seen == came  # seen when it came, not when it was decoded
+    clock.t += 0.2  # 1.1 s after the window came (0.2 s after it was decoded)
+    (got,) = raw(await feed.read())
+    assert (got.pid, got.t0) == (7, T0)
+
+
+async def test_the_inbox_is_bounded(feed: AgentFeed, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past INBOX_MAX datagrams (or INBOX_MAX_BYTES) the inbox is decoded at once: it never holds more."""
+    monkeypatch.setattr(agent_feed, "INBOX_MAX", 3)
+    await send(feed, *(message(100 + i) for i in range(7)))
+    assert len(feed._inbox) < 3 and len(feed._agents) >= 5
+    assert {a.pid for a in (await feed.read()).agents} == set(range(100, 107))
+    monkeypatch.setattr(agent_feed, "INBOX_MAX_BYTES", 1)
+    await send(feed, message(200))
+    assert feed._inbox == [] and 200 in feed._agents
+
+
+async def test_a_sender_not_allowed_is_refused_on_arrival_and_never_held(feed: AgentFeed) -> None:
+    assert feed._allow is not None
+    feed._allow = dataclasses.replace(feed._allow, uids=frozenset(), gids=frozenset(), _cache={})
+    await send(feed, message(9))
+    assert feed._inbox == []
+    reading = await feed.read()
+    assert dict(reading.refused)["peer"] == 1 and reading.messages == 1 and not reading.agents

@@ -350,6 +350,22 @@ KEYS = [
     "slack",
     "n",
     "hist",
+    # a steps object's other keys (the light agent's among them)
+    "engine",
+    "wall",
+    "gpu",
+    "tokens",
+    "seqs",
+    "measured",
+    "graph",
+    "eager",
+    "run_ns",
+    "wait_ns",
+    "running",
+    "waiting",
+    "max_seqs",
+    "dp",
+    "owner",
 ]
 
 
@@ -412,3 +428,45 @@ def test_the_plain_path_takes_the_agents_datagram() -> None:
     got = wire._message_plain(body)
     assert got == msg and repr(got) == repr(msg)
     assert list(vars(got)) == list(vars(msg)) and list(vars(got.windows[0])) == list(vars(msg.windows[0]))
+
+
+def test_the_plain_path_takes_the_light_agents_datagrams() -> None:
+    """An engine core's steps and a worker's step modes and replays, as the light agent sends them each tick."""
+    hist = (0, 0, 25) + (0,) * (wire.STEP_BUCKET_COUNT - 3)
+    core = wire.Steps(
+        engine="vllm",
+        n=25,
+        wall=500 * MS,
+        tokens=200,
+        seqs=200,
+        hist=hist,
+        t0=WALL,
+        t1=WALL + 500 * MS,
+        run_ns=4 * 10**9,
+        wait_ns=11 * 10**9,
+        running=8,
+        waiting=22,
+        max_seqs=256,
+        dp=0,
+    )
+    modes = wire.Steps(engine="vllm", n=0, wall=0, graph=25, owner=1234)
+    graphs = wire.GraphCounts(t0=WALL, t1=WALL + 500 * MS, replays=25, captures=67, dev=0, uuid="GPU-x")
+    for msg in (
+        wire.Message(
+            pid=1234, state="running", seq=9, role="vllm_engine", mode="light", steps=(core,), silent_ms=1250
+        ),
+        wire.Message(
+            pid=1240,
+            state="running",
+            seq=9,
+            role="vllm_worker",
+            mode="light",
+            devices=((0, "GPU-x"),),
+            steps=(modes,),
+            graphs=graphs,
+            silent_ms=1250,
+        ),
+    ):
+        got = wire._message_plain(json.loads(wire.encode(msg)))
+        assert got == msg and repr(got) == repr(msg)
+        assert got is not None and list(vars(got.steps[0])) == list(vars(msg.steps[0]))

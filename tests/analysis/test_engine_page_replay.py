@@ -270,3 +270,36 @@ def test_one_page_that_fails_to_normalise_is_counted_and_never_hides_the_others(
     assert (one.error, one.running) == ("", 3.0)
     assert two.error.startswith("page not normalised: ValueError") and two.running is None
     assert dict(two.page_refused) == {"unparsable": 1} and two.raw is None
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_carried_page_is_normalised_once_and_reads_as_a_fresh_one(seed, monkeypatch):
+    """A page carried between slow reads (its samples, other process figures each tick) is normalised once."""
+    rng = random.Random(seed)
+    calls = Counter[str]()
+    real = engine_page.normalise
+    monkeypatch.setattr(engine_page, "normalise", lambda *a, **k: calls.update([k["name"]]) or real(*a, **k))
+    compared = 0
+    for _ in range(30):
+        try:
+            raw = raw_from_page(random_page(rng), name="e:1")
+        except PageError:
+            continue
+        assert raw.raw is not None
+        calls.clear()
+        ticks = [new_processes(raw, *_processes(rng)) for _ in range(4)]  # a RawPage a tick, as the source
+        got = [engine_page.read_raw(r) for r in ticks]
+        assert calls["e:1"] == 1  # the first tick's only
+        fresh = []
+        for r in ticks:
+            engine_page._NORMALISED.clear()
+            fresh.append(engine_page.read_raw(r))
+        assert got == fresh
+        compared += 1
+        # another engine's name, or the same values in other samples: normalised again
+        calls.clear()
+        engine_page.read_raw(replace(ticks[0], name="e:2"))
+        copy = dataclasses.replace(ticks[0].raw, samples=tuple(list(raw.raw.samples)))
+        assert engine_page.read_raw(replace(ticks[0], raw=copy)) == got[0]
+        assert calls == Counter({"e:2": 1, "e:1": 1})
+    assert compared >= 10

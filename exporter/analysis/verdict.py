@@ -46,7 +46,7 @@ Engines without an agent, agents without an engine: see `decide`. The integrated
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -364,7 +364,7 @@ class _Drivers:
     Built once per Snapshot and tick (not once per GPU): the placements, the steps joined to their
     engines (only once a GPU has an engine) and the steps that join none (`_gpu_steps`). GPUs that
     the same engines drive with the same steps (an engine's tensor-parallel GPUs) share one list of
-    views, so what is worked out from the views alone is worked out once (`_Tick.engine_facts`).
+    views, so what is worked out from the views alone is worked out once (`_Tick.shared`).
     """
 
     __slots__ = ("_owned", "_unowned", "_views", "placed", "snap")
@@ -439,23 +439,15 @@ class _Tick:
         self._lost: tuple[str, ...] | None = None
         self._facts: dict[tuple[object, ...], dict[str, object]] = {}
 
-    def engine_facts(
-        self,
-        win: Sequence[Snapshot],
-        vs: Sequence[Sequence[View]],
-        good: Sequence[tuple[Snapshot, Sequence[View]]],
-        cfg: VerdictConfig,
-        whole: bool,
-    ) -> dict[str, object]:
-        """Return `_engine_facts` and `_offered` of a GPU's views, once for GPUs whose views are the same lists.
+    def shared(self, key: tuple[object, ...], make: Callable[[], dict[str, object]]) -> dict[str, object]:
+        """Return what `make` gives, once per key this tick (facts that GPUs with the same views read alike).
 
         The views of each tick come from `drivers` (shared between GPUs of the same engines and
-        steps, held there for this tick), so the lists' identities name what the facts are read from.
+        steps, held there for this tick), so the lists' identities name what such facts are read from.
         """
-        key = (whole, *map(id, vs))
         facts = self._facts.get(key)
         if facts is None:
-            facts = self._facts[key] = {**_engine_facts(win, vs, good, cfg, whole), **_offered(win, vs, cfg)}
+            facts = self._facts[key] = make()
         return facts
 
     def lost(self, last: Snapshot) -> tuple[str, ...]:
@@ -534,8 +526,13 @@ def gather(
     f: dict[str, object] = {"gpu": gpu, "span_seconds": span}
     f.update(_busy(win, gpu, cfg, tick.busy_inside))
     good = [(s, v) for s, v in zip(_inside(win), _inside(vs), strict=True) if v]
-    if good:
-        f.update(tick.engine_facts(win, vs, good, cfg, whole))
+    if good:  # the engine's facts: once a tick for GPUs with the same views (an engine's TP GPUs)
+        f.update(
+            tick.shared(
+                (whole, *map(id, vs)),
+                lambda: {**_engine_facts(win, vs, good, cfg, whole), **_offered(win, vs, cfg)},
+            )
+        )
     elif lost := tick.lost(last):
         f["unplaced"] = "+".join(lost)
     f.update(_agent_activity(tick.activity, gpu, whole))

@@ -535,6 +535,12 @@ def test_classify_holds_each_verdict_as_with_the_band_side_and_host_reasons_alwa
             assert got == want and repr(got) == repr(want)
 
 
+# an engine whose light agent (pid 77) counts its steps in CUDA graphs and its scheduler's counts
+LIGHT_ENGINE = Scene(
+    busy=0.4, light=True, graph_steps=20, agent_running=8, agent_waiting=0, agent_pid=77, engine_pids=(70, 77)
+)
+
+
 def _spread(
     snaps: list[Snapshot], gpus: int, core_gpus: tuple[tuple[int, tuple[int, ...]], ...] = ()
 ) -> list[Snapshot]:
@@ -554,17 +560,7 @@ def test_the_engine_facts_of_gpus_with_the_same_views_are_worked_out_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Each of an engine's GPUs reads the engine's facts from the same views: worked out once a tick, read alike."""
-    scene = Scene(
-        busy=0.4,
-        light=True,
-        graph_steps=20,
-        agent_running=8,
-        agent_waiting=0,
-        agent_pid=77,
-        engine_pids=(70, 77),
-        api_cpu=0.99,
-    )
-    snaps = _spread(series(scene, 6.0), 4)
+    snaps = _spread(series(dataclasses.replace(LIGHT_ENGINE, api_cpu=0.99), 6.0), 4)
     cfg = Config()
     win = v.window(snaps, v._reach(cfg.verdict))
     # each GPU on its own (a tick of its own, nothing shared): what the shared tick must give
@@ -592,15 +588,7 @@ def test_the_engine_facts_of_gpus_with_the_same_views_are_worked_out_once(
 
 def test_gpus_of_different_engine_cores_read_their_own_cores_facts() -> None:
     """Under data parallelism each GPU takes its own core's steps: the facts differ and are not shared."""
-    scene = Scene(
-        busy=0.4,
-        light=True,
-        graph_steps=20,
-        agent_running=8,
-        agent_waiting=0,
-        agent_pid=77,
-        engine_pids=(70, 77, 78),
-    )
+    scene = dataclasses.replace(LIGHT_ENGINE, engine_pids=(70, 77, 78))
     snaps = _spread(series(scene, 6.0), 2, core_gpus=((77, (0,)), (78, (1,))))
     cfg = Config()
     win = v.window(snaps, v._reach(cfg.verdict))

@@ -209,6 +209,14 @@ def agent_windows(next_t0: int, now: int) -> tuple[list[tuple[int, int]], int]:
     return out, next_t0 + max(0, due) * WINDOW_NS
 
 
+def cupti_window(t0: int, t1: int) -> Any:
+    """Return one GPU's closed CUPTI window as the agent sends it: 100 busy intervals, 80% busy."""
+    from exporter import wire
+
+    iv = wire.pack_intervals([(t0 + k * 5_000_000, t0 + k * 5_000_000 + 4_000_000) for k in range(100)], t0)
+    return wire.Window(dev=0, t0=t0, t1=t1, busy=400_000_000, kernels=8000, graphs=100, iv=iv[0])
+
+
 def part_agent(sock_path: str, gpus: int, count_path: str = "") -> None:
     """Send every GPU's windows over the real wire as N worker processes' agents would, one GPU each.
 
@@ -228,14 +236,7 @@ def part_agent(sock_path: str, gpus: int, count_path: str = "") -> None:
         now = time.time_ns()
         for g in range(gpus):
             due, next_t0[g] = agent_windows(next_t0[g], now)
-            windows = []
-            for t0, t1 in due:
-                iv = wire.pack_intervals(
-                    [(t0 + k * 5_000_000, t0 + k * 5_000_000 + 4_000_000) for k in range(100)], t0
-                )
-                windows.append(
-                    wire.Window(dev=0, t0=t0, t1=t1, busy=400_000_000, kernels=8000, graphs=100, iv=iv[0])
-                )
+            windows = [cupti_window(t0, t1) for t0, t1 in due]
             for i in range(0, len(windows), 2):
                 seq[g] += 1
                 msg = wire.Message(
@@ -332,7 +333,7 @@ def part_worker(socks: str, gpu: int, mode: str, owner: int) -> None:
 
     Both modes: the steps' CUDA graph mode (the model runner's, counted in the worker; `owner` is
     the engine core's pid) and the CUDA graph replays. `cupti` adds the GPU's closed windows
-    (100 busy intervals each, as `part_agent`'s), the device windows of the CUPTI agent.
+    (`cupti_window`), the device windows of the CUPTI agent.
     """
     from exporter import wire
 
@@ -347,13 +348,7 @@ def part_worker(socks: str, gpu: int, mode: str, owner: int) -> None:
         windows: list[wire.Window] = []
         if mode == "cupti":
             due, next_t0 = agent_windows(next_t0, now)
-            for t0, t1 in due:
-                iv = wire.pack_intervals(
-                    [(t0 + k * 5_000_000, t0 + k * 5_000_000 + 4_000_000) for k in range(100)], t0
-                )
-                windows.append(
-                    wire.Window(dev=0, t0=t0, t1=t1, busy=400_000_000, kernels=8000, graphs=100, iv=iv[0])
-                )
+            windows = [cupti_window(t0, t1) for t0, t1 in due]
         graphs = wire.GraphCounts(t0=last, t1=now, replays=25, captures=67, dev=0, uuid=uuid)
         modes = wire.Steps(engine="vllm", n=0, wall=0, graph=25, owner=owner)
         last = now

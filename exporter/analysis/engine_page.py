@@ -8,8 +8,9 @@ The names read are in `exporter/snapshot/engine_names.py` (their history in
 The engine source reads and bounds each page and hands it on raw (`EngineReading.raw`, a
 `RawPage`); the pipeline turns it into the reading's figures every tick (`normalise_engines`:
 `read_raw`, then the step count of `dedup.step_count`), so `replay` normalises a recorded page
-again; a page carried unchanged between slow reads (the same samples) is normalised once. One engine whose page fails to normalise becomes an error reading, counted as unparsable,
-and never hides the others.
+again; a page carried unchanged between slow reads (the same samples) is normalised once. One
+engine whose page fails to normalise becomes an error reading, counted as unparsable, and never
+hides the others.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from exporter.analysis.dedup import collapse_pid_series, step_count
+from exporter.analysis.memo import ByIdentity
 from exporter.snapshot import Snapshot
 from exporter.snapshot.engine import PAGE_REFUSED_REASONS, EngineReading, PageSample, RawPage, StepCount, cut
 from exporter.snapshot.engine_names import (
@@ -311,23 +313,19 @@ def _server_count(raw: RawPage, reading: EngineReading) -> tuple[int | None, str
 
 # A page's samples -> its normalised page, for a page carried between slow reads (while an agent
 # serves the engine's counts, the same samples every tick for `engine.slow_read_seconds`, in a
-# RawPage the source makes anew each tick with that tick's process figures). The samples are kept
-# with it, so their id is not reused while they are here.
-_NORMALISED: dict[int, tuple[tuple[PageSample, ...], tuple[object, ...], EngineReading]] = {}
-_NORMALISED_SIZE = 16
+# RawPage the source makes anew each tick with that tick's process figures).
+_NORMALISED: ByIdentity[tuple[PageSample, ...], EngineReading] = ByIdentity(16)
 
 
 def _normalised(raw: RawPage, name: str, url: str, source: str) -> EngineReading:
     """Return `normalise` of a raw page (once per samples, name, URL, source, kind: the result is frozen)."""
-    samples, key = raw.samples, (name, url, source, raw.multiprocess, raw.kind)
-    hit = _NORMALISED.get(id(samples))
-    if hit is not None and hit[0] is samples and hit[1] == key:
-        return hit[2]
-    page = normalise(samples, name=name, url=url, source=source, multiprocess=raw.multiprocess, kind=raw.kind)
-    while len(_NORMALISED) >= _NORMALISED_SIZE:
-        _NORMALISED.pop(next(iter(_NORMALISED)))
-    _NORMALISED[id(samples)] = (samples, key, page)
-    return page
+    return _NORMALISED.get(
+        raw.samples,
+        lambda: normalise(
+            raw.samples, name=name, url=url, source=source, multiprocess=raw.multiprocess, kind=raw.kind
+        ),
+        (name, url, source, raw.multiprocess, raw.kind),
+    )
 
 
 def read_raw(reading: EngineReading, max_label_chars: int = 128) -> EngineReading:

@@ -52,6 +52,7 @@ from typing import TypeVar
 
 from exporter.analysis import busy
 from exporter.analysis.activity import lossy
+from exporter.analysis.memo import ByIdentity
 from exporter.config import Config, RooflineConfig, VerdictConfig
 from exporter.snapshot import Snapshot
 from exporter.snapshot.agent import AgentReading, EngineSteps, GpuActivity
@@ -716,24 +717,20 @@ def _offered(win: Sequence[Snapshot], vs: Sequence[Sequence[View]], cfg: Verdict
 
 
 # AgentReading -> its activity by GPU, for the readings of the last few ticks (each GPU's verdict
-# reads every tick of its window: indexing once per reading keeps that linear in GPUs). The
-# reading is kept with its index, so its id is not reused while it is here.
-_ACTIVITY_INDEX: dict[int, tuple[AgentReading, dict[int, list[GpuActivity]]]] = {}
-_ACTIVITY_INDEX_SIZE = 16
+# reads every tick of its window: indexing once per reading keeps that linear in GPUs).
+_ACTIVITY_INDEX: ByIdentity[AgentReading, dict[int, list[GpuActivity]]] = ByIdentity(16)
 
 
 def _activity_of(agent: AgentReading) -> dict[int, list[GpuActivity]]:
     """Return an agent reading's activity records by GPU, in their order."""
-    hit = _ACTIVITY_INDEX.get(id(agent))
-    if hit is not None and hit[0] is agent:
-        return hit[1]
-    index: dict[int, list[GpuActivity]] = {}
-    for a in agent.activity:
-        index.setdefault(a.gpu, []).append(a)
-    while len(_ACTIVITY_INDEX) >= _ACTIVITY_INDEX_SIZE:
-        _ACTIVITY_INDEX.pop(next(iter(_ACTIVITY_INDEX)))
-    _ACTIVITY_INDEX[id(agent)] = (agent, index)
-    return index
+
+    def index() -> dict[int, list[GpuActivity]]:
+        out: dict[int, list[GpuActivity]] = {}
+        for a in agent.activity:
+            out.setdefault(a.gpu, []).append(a)
+        return out
+
+    return _ACTIVITY_INDEX.get(agent, index)
 
 
 def _agent_activity(

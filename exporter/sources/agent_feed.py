@@ -255,14 +255,8 @@ class AgentFeed:
         self.last_error = why
         self._log_refused(reason=reason, error=why)
 
-    def _take(
-        self, msg: wire.Message, peer: int = 0, now: float | None = None, wall: int | None = None
-    ) -> None:
-        """Take one decoded message, received at `now` (clock()) and `wall` (wall_ns()), else now."""
-        if now is None:
-            now = self.clock()
-        if wall is None:
-            wall = self.wall_ns()
+    def _take(self, msg: wire.Message, peer: int, now: float, wall: int) -> None:
+        """Take one decoded message from sender pid `peer` (0: unknown), received at `now` (clock()) and `wall` (wall_ns())."""
         agent = self._agents.get(msg.pid)
         if agent is None:
             if len(self._agents) >= MAX_AGENTS:

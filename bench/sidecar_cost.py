@@ -413,7 +413,9 @@ def time_parts() -> dict[str, float]:
     out: dict[str, float] = {}
 
     def wrap(owner: Any, attr: str, label: str) -> None:
-        real = getattr(owner, attr)
+        real = getattr(owner, attr, None)
+        if real is None:  # not in this tree (the other side of --ab may be older or newer)
+            return
 
         def timed(*a: Any, **k: Any) -> Any:
             t = time.thread_time()
@@ -426,8 +428,9 @@ def time_parts() -> dict[str, float]:
 
     wrap(sampling, "advance", "main:advance")
     wrap(sampling, "compact", "main:compact")
-    wrap(AgentFeed, "_readable", "main:agent_readable")
+    wrap(AgentFeed, "_readable", "main:agent_readable")  # trees before the feed's reader thread
     wrap(unixsock, "receive", "main:agent_readable:receive")  # inside _readable
+    wrap(unixsock, "receive_one", "agent:receive")  # the feed's reader thread (its whole CPU: bw-agent_0)
     # decoded and taken when the tick collects (the inbox), or in _readable when the inbox is full
     wrap(wire, "decode", "main:agent_decode")
     wrap(AgentFeed, "_take", "main:agent_take")

@@ -250,7 +250,8 @@ AGENT_REFUSED_TOTAL = _m(
     "counter",
     "Agent datagrams, windows or step records refused, by reason: peer (sender not allowed), agents, "
     "devices, gpus or engines (over a bound), clock (end far from now), overlap (replayed or "
-    "overlapping), limits (over a physical limit), backlog (too many windows waiting).",
+    "overlapping), limits (over a physical limit), backlog (too many windows waiting), inbox "
+    "(datagrams dropped while the event loop did not read them).",
     ["reason"],
     "busy",
 )

@@ -16,20 +16,26 @@ exporter.analysis.agent_union merges them (two processes' kernels that overlap c
 GPUs are keyed by the UUID the agent reports (the CUDA ordinal only when it reports none) and get
 a stable index, so two processes that each call their GPU ordinal 0 stay two GPUs without NVML.
 
-The socket is drained as soon as it is readable (the kernel queues only a few datagrams per
-socket: net.unix.max_dgram_qlen, 10 by default, past which agents drop), but what is received
-waits in an inbox, with its arrival time and sender, to be decoded and taken together at the
-next `collect()`: one agent per GPU sends one datagram each tick, and decoding them one wake-up
-at a time ran every datagram's Python cold (bench/sidecar_cost.py, session 19). The inbox is
-bounded (INBOX_MAX datagrams, INBOX_MAX_BYTES): past it, it is opened at once.
+A thread of its own (`bw-agent_0`, I/O only) waits on the socket and puts each datagram in an
+inbox as it comes, with its arrival time and sender (the kernel queues only a few datagrams per
+socket: net.unix.max_dgram_qlen, 10 by default, past which agents drop); the event loop decodes
+and takes them together at the next `collect()`. One agent per GPU process sends each tick, on
+its own clock: read on the event loop, each datagram woke the loop and ran its Python cold
+(bench/sidecar_cost.py, sessions 19 and 20). The inbox is bounded (INBOX_MAX datagrams,
+INBOX_MAX_BYTES): past it the reader asks the loop to open it at once, and while the loop does not
+come (INBOX_HOLD times the bounds) it drops what comes and counts it (refused, "inbox"). Only the
+reader writes its counts and only the loop writes its own; the inbox is a deque (both ends atomic).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
+import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -66,7 +72,22 @@ MAX_REQUESTS = 1_000_000  # running / waiting / batch limit above this are not p
 MAX_COUNT = 10_000_000  # steps, replays or captures per message above this are not plausible
 INBOX_MAX = 512  # datagrams received but not yet decoded (see the module's doc)
 INBOX_MAX_BYTES = 1 << 20
-REFUSED_REASONS = ("peer", "agents", "devices", "gpus", "engines", "clock", "overlap", "limits", "backlog")
+INBOX_HOLD = 4  # the reader holds up to this many times the bounds while the event loop is late, then drops
+RECEIVE_RETRY_S = 0.1  # the reader's pause after a failed receive (a broken socket must not spin)
+REFUSED_REASONS = (
+    "peer",
+    "agents",
+    "devices",
+    "gpus",
+    "engines",
+    "clock",
+    "overlap",
+    "limits",
+    "backlog",
+    "inbox",
+)
+# what the socket's reader thread puts in the inbox
+_DATAGRAM, _TRUNCATED, _REFUSED, _FAILED = range(4)
 
 
 @dataclass
@@ -151,9 +172,16 @@ class AgentFeed:
         self._collected_at = clock()  # the last collect(): a quiet agent's zero replays cover the time since
         # pid -> (its AgentState's fields, the AgentState): handed out again while they stay the same
         self._kept_states: dict[int, tuple[tuple[object, ...], AgentState]] = {}
-        # received, not yet decoded: (datagram, sender, arrival clock(), arrival wall_ns())
-        self._inbox: list[tuple[bytes, unixsock.Peer | None, float, int]] = []
-        self._inbox_bytes = 0
+        # received, not yet decoded: (what, datagram, sender, arrival clock(), arrival wall_ns()); the
+        # reader thread appends, the event loop pops (a deque: both atomic)
+        self._inbox: deque[tuple[int, bytes, unixsock.Peer | None, float, int]] = deque()
+        self._reader: threading.Thread | None = None
+        self._closing = False
+        # counts that only the reader thread writes (arrived, their bytes, dropped while the inbox was full)
+        # and those only the event loop writes (opened, their bytes, drops counted): no count has two writers
+        self._arrived = self._arrived_bytes = self._dropped = 0
+        self._opened = self._opened_bytes = self._dropped_seen = 0
+        self._asked = -1  # `_opened` when the reader last asked the loop to open a full inbox
         self._messages = 0
         self._bad = 0
         self._refused = dict.fromkeys(REFUSED_REASONS, 0)
@@ -172,7 +200,11 @@ class AgentFeed:
             raise SourceUnavailable(self.start_error) from exc
         assert self._sock is not None
         self._loop = asyncio.get_running_loop()
-        self._loop.add_reader(self._sock.fileno(), self._readable)
+        self._sock.setblocking(True)
+        self._reader = threading.Thread(
+            target=self._receive_forever, args=(self._sock, self._loop), name="bw-agent_0", daemon=True
+        )
+        self._reader.start()
 
     def _bind(self, path: str) -> None:
         cfg = self.cfg
@@ -193,34 +225,66 @@ class AgentFeed:
             raise
         self._sock, self._sock_stat, self._lock_fd = sock, st, lock
 
-    def _readable(self) -> None:
-        if self._sock is None:
-            return
-        try:
-            batch = unixsock.receive(self._sock, wire.MAX_DATAGRAM_BYTES)
-        except OSError as exc:
-            self._bad_message(f"receive failed: {exc}")
-            return
-        if not batch:
-            return
-        now, wall = self.clock(), self.wall_ns()
-        self._messages += len(batch)  # received (each is decoded later, or refused now)
-        for data, peer, truncated in batch:
+    def _receive_forever(self, sock: socket.socket, loop: asyncio.AbstractEventLoop) -> None:
+        """The reader thread: wait on the socket, put each datagram in the inbox with its arrival (I/O only)."""
+        while not self._closing:
+            try:
+                data, peer, truncated = unixsock.receive_one(sock, wire.MAX_DATAGRAM_BYTES)
+            except OSError as exc:
+                if self._closing:
+                    return
+                self._arrive(loop, _FAILED, f"receive failed: {exc}".encode(), None)
+                time.sleep(RECEIVE_RETRY_S)
+                continue
+            if self._closing:
+                return
             if truncated:
-                self._bad_message("datagram too large")
+                self._arrive(loop, _TRUNCATED, b"", peer)
             elif peer is not None and self._allow is not None and not self._allow.allows(peer):
-                self._refuse_peer(peer)
+                self._arrive(loop, _REFUSED, b"", peer)  # refused on arrival: its data is never held
             else:
-                self._inbox.append((data, peer, now, wall))
-                self._inbox_bytes += len(data)
-        if len(self._inbox) >= INBOX_MAX or self._inbox_bytes >= INBOX_MAX_BYTES:
-            self._open_inbox()
+                self._arrive(loop, _DATAGRAM, data, peer)
+
+    def _arrive(
+        self, loop: asyncio.AbstractEventLoop, what: int, data: bytes, peer: unixsock.Peer | None
+    ) -> None:
+        """Put one arrival in the inbox (the reader thread); past the bounds ask the loop to open it, far past drop."""
+        held, held_bytes = self._arrived - self._opened, self._arrived_bytes - self._opened_bytes
+        if held >= INBOX_HOLD * INBOX_MAX or held_bytes >= INBOX_HOLD * INBOX_MAX_BYTES:
+            self._dropped += 1  # the event loop has not come for a long while: counted at its next read
+            return
+        self._inbox.append((what, data, peer, self.clock(), self.wall_ns()))
+        self._arrived += 1
+        self._arrived_bytes += len(data)
+        if (
+            held + 1 >= INBOX_MAX or held_bytes + len(data) >= INBOX_MAX_BYTES
+        ) and self._asked != self._opened:
+            self._asked = self._opened
+            with contextlib.suppress(RuntimeError):  # the loop closed: nothing will read it
+                loop.call_soon_threadsafe(self._open_inbox)
 
     def _open_inbox(self) -> None:
-        """Decode and take every datagram received since the last time, as of its arrival."""
-        inbox, self._inbox, self._inbox_bytes = self._inbox, [], 0
-        for data, peer, now, wall in inbox:
-            self._decode_and_take(data, peer.pid if peer is not None else 0, now, wall)
+        """Decode and take every datagram received since the last time, as of its arrival (the event loop)."""
+        inbox = self._inbox
+        for _ in range(len(inbox)):
+            what, data, peer, now, wall = inbox.popleft()
+            self._opened += 1
+            self._opened_bytes += len(data)
+            if what == _DATAGRAM:
+                self._messages += 1
+                self._decode_and_take(data, peer.pid if peer is not None else 0, now, wall)
+            elif what == _TRUNCATED:
+                self._messages += 1
+                self._bad_message("datagram too large")
+            elif what == _REFUSED and peer is not None:
+                self._messages += 1
+                self._refuse_peer(peer)
+            else:
+                self._bad_message(data.decode(errors="replace"))
+        dropped = self._dropped
+        if dropped != self._dropped_seen:
+            n, self._dropped_seen = dropped - self._dropped_seen, dropped
+            self._refuse("inbox", f"{n} datagrams dropped: the event loop did not read them in time", n)
 
     def receive(self, data: bytes, peer: unixsock.Peer | None = None) -> None:
         """Take one datagram from a sender now (what the socket's inbox does at collect; public for tests and replay)."""
@@ -607,8 +671,12 @@ class AgentFeed:
     def close(self) -> None:
         """Stop reading, and remove the socket file only while it is still the one this feed bound."""
         if self._sock is not None:
-            if self._loop is not None and not self._loop.is_closed():
-                self._loop.remove_reader(self._sock.fileno())
+            self._closing = True
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)  # wakes the reader thread's receive
+            if self._reader is not None:
+                self._reader.join(timeout=2.0)
+                self._reader = None
             self._sock.close()
             self._sock = None
             if self._sock_stat is not None:

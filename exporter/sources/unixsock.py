@@ -24,7 +24,6 @@ SOCKET_MODE = 0o660  # owner and group may send
 DIR_MODE = 0o750  # a directory this module creates: group members may reach the socket
 DEFAULT_GROUP = "boundwatch"  # the group engine users join (the systemd unit's Group=)
 _UCRED = struct.Struct("iII")  # struct ucred: pid, uid, gid
-RECV_BATCH = 256  # datagrams read per wake-up, so a flood cannot hold the event loop
 
 
 class SocketInUse(OSError):
@@ -164,23 +163,14 @@ def bind(path: str, group: int | None, rcvbuf: int = 4 * 1024 * 1024) -> tuple[s
         raise
 
 
-def receive(
-    sock: socket.socket, limit: int, batch: int = RECV_BATCH
-) -> list[tuple[bytes, Peer | None, bool]]:
-    """Read up to `batch` waiting datagrams as (data, sender, truncated); never blocks."""
-    out: list[tuple[bytes, Peer | None, bool]] = []
-    anc = socket.CMSG_SPACE(_UCRED.size)
-    for _ in range(batch):
-        try:
-            data, ancdata, flags, _ = sock.recvmsg(limit + 1, anc)
-        except (BlockingIOError, InterruptedError):
-            break
-        peer = None
-        for level, kind, payload in ancdata:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(payload) >= _UCRED.size:
-                peer = Peer(*_UCRED.unpack(payload[: _UCRED.size]))
-        out.append((data, peer, bool(flags & socket.MSG_TRUNC) or len(data) > limit))
-    return out
+def receive_one(sock: socket.socket, limit: int) -> tuple[bytes, Peer | None, bool]:
+    """Wait for the next datagram and return it as (data, sender, truncated) (a blocking socket's reader thread)."""
+    data, ancdata, flags, _ = sock.recvmsg(limit + 1, socket.CMSG_SPACE(_UCRED.size))
+    peer = None
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(payload) >= _UCRED.size:
+            peer = Peer(*_UCRED.unpack(payload[: _UCRED.size]))
+    return data, peer, bool(flags & socket.MSG_TRUNC) or len(data) > limit
 
 
 def remove_if_ours(path: str, st: os.stat_result) -> None:

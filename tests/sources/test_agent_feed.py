@@ -14,7 +14,7 @@ from exporter.snapshot.agent import AgentReading, AgentState, AgentWindow
 from exporter.sources import agent_feed
 from exporter.sources.agent_feed import AgentFeed
 from tests.fakes.clock import Clock
-from tests.fakes.wait import wait_until_async
+from tests.fakes.wait import wait_until, wait_until_async
 
 MS = 1_000_000
 T0 = 1_764_400_000_000_000_000  # aligned to 0.5 s
@@ -54,12 +54,12 @@ async def feed(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 async def send(feed: AgentFeed, *datagrams: bytes) -> None:
     """Send datagrams to the feed's socket and return once the feed has taken them all."""
-    before = feed._messages
+    before = feed._arrived
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
         for d in datagrams:
             s.sendto(d, feed.cfg.socket)
     await wait_until_async(
-        lambda: feed._messages >= before + len(datagrams), what=f"{len(datagrams)} datagrams"
+        lambda: feed._arrived >= before + len(datagrams), what=f"{len(datagrams)} datagrams"
     )
 
 
@@ -429,21 +429,70 @@ async def test_datagrams_wait_in_the_inbox_and_are_taken_as_of_their_arrival(fee
     assert (got.pid, got.t0) == (7, T0)
 
 
-async def test_the_inbox_is_bounded(feed: AgentFeed, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Past INBOX_MAX datagrams (or INBOX_MAX_BYTES) the inbox is decoded at once: it never holds more."""
+async def test_a_full_inbox_is_opened_without_waiting_for_the_read(
+    feed: AgentFeed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past INBOX_MAX datagrams (or INBOX_MAX_BYTES) the reader asks the event loop to open the inbox at once."""
     monkeypatch.setattr(agent_feed, "INBOX_MAX", 3)
     await send(feed, *(message(100 + i) for i in range(7)))
-    assert len(feed._inbox) < 3 and len(feed._agents) >= 5
+    await wait_until_async(lambda: len(feed._agents) >= 6, what="the inbox opened before any read")
     assert {a.pid for a in (await feed.read()).agents} == set(range(100, 107))
     monkeypatch.setattr(agent_feed, "INBOX_MAX_BYTES", 1)
     await send(feed, message(200))
-    assert feed._inbox == [] and 200 in feed._agents
+    await wait_until_async(lambda: 200 in feed._agents, what="one datagram past the byte bound opened")
+    assert not feed._inbox
+
+
+async def test_while_the_event_loop_is_held_the_reader_keeps_a_bounded_inbox_and_counts_the_rest(
+    feed: AgentFeed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The event loop busy elsewhere: the reader holds INBOX_HOLD x INBOX_MAX, drops the rest and says so."""
+    monkeypatch.setattr(agent_feed, "INBOX_MAX", 2)
+    held = agent_feed.INBOX_HOLD * 2
+    with socket.socket(
+        socket.AF_UNIX, socket.SOCK_DGRAM
+    ) as s:  # blocking: waits while the kernel's queue is full
+        for i in range(held + 5):
+            s.sendto(message(300 + i), feed.cfg.socket)
+    wait_until(lambda: feed._dropped >= 5, what="5 dropped")  # sleeps: the event loop never runs meanwhile
+    assert (len(feed._inbox), feed._dropped) == (held, 5)
+    reading = await feed.read()
+    assert reading.messages == held and dict(reading.refused)["inbox"] == 5
+    assert {a.pid for a in reading.agents} == set(range(300, 300 + held))  # the first ones, in order
+    await send(feed, message(400))  # the reader goes on
+    assert 400 in {a.pid for a in (await feed.read()).agents}
+
+
+async def test_a_failed_receive_is_counted_and_the_reader_goes_on(
+    feed: AgentFeed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real, calls = agent_feed.unixsock.receive_one, []
+
+    def failing_once(sock: socket.socket, limit: int) -> tuple[bytes, object, bool]:
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError(5, "Input/output error")
+        return real(sock, limit)
+
+    monkeypatch.setattr(agent_feed.unixsock, "receive_one", failing_once)  # from the reader's next receive
+    await send(feed, message(1), message(2))
+    await wait_until_async(lambda: feed._arrived >= 3, what="two datagrams and the failure")
+    reading = await feed.read()
+    assert reading.bad_messages == 1 and "receive failed" in feed.last_error
+    assert {a.pid for a in reading.agents} == {1, 2} and reading.messages == 2
+
+
+async def test_closing_stops_the_reader_thread(feed: AgentFeed) -> None:
+    reader = feed._reader
+    assert reader is not None and reader.is_alive() and reader.name == "bw-agent_0"
+    feed.close()
+    assert not reader.is_alive() and not os.path.exists(feed.cfg.socket)
 
 
 async def test_a_sender_not_allowed_is_refused_on_arrival_and_never_held(feed: AgentFeed) -> None:
     assert feed._allow is not None
     feed._allow = dataclasses.replace(feed._allow, uids=frozenset(), gids=frozenset(), _cache={})
     await send(feed, message(9))
-    assert feed._inbox == []
+    assert [(what, data) for what, data, *_ in feed._inbox] == [(agent_feed._REFUSED, b"")]  # not its data
     reading = await feed.read()
     assert dict(reading.refused)["peer"] == 1 and reading.messages == 1 and not reading.agents

@@ -29,7 +29,7 @@ OTHER_UUID = "GPU-0a1b2c3d-0000-4000-8000-0123456789ab"
 async def send(feed: AgentFeed, *datagrams: bytes) -> None:
     """Send datagrams without blocking the loop the feed reads on (the receive queue holds only a few);
     return once the feed has taken them all."""
-    before = feed._messages
+    before = feed._arrived
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
         s.setblocking(False)
         for d in datagrams:
@@ -40,7 +40,7 @@ async def send(feed: AgentFeed, *datagrams: bytes) -> None:
                 except BlockingIOError:
                     await asyncio.sleep(0.001)
     await wait_until_async(
-        lambda: feed._messages >= before + len(datagrams), what=f"{len(datagrams)} datagrams"
+        lambda: feed._arrived >= before + len(datagrams), what=f"{len(datagrams)} datagrams"
     )
 
 
@@ -321,7 +321,7 @@ async def test_a_sender_outside_the_allow_list_is_dropped_and_counted(shared_dir
     try:
         fake = message(666, (window(T0, [(T0, T0 + 500 * MS)]),))
         assert _send_as(NOBODY, NOBODY, f.cfg.socket, fake) == ""  # the kernel let it through
-        await wait_until_async(lambda: f._messages >= 1, what="the datagram sent as nobody")
+        await wait_until_async(lambda: f._arrived >= 1, what="the datagram sent as nobody")
         reading = await f.read()
         assert reading.agents == () and reading.windows == ()
         assert refused(reading)["peer"] == 1 and reading.messages == 1
@@ -341,7 +341,7 @@ async def test_an_allowed_uid_may_send(shared_dir: Path) -> None:
     await f.start()
     try:
         assert _send_as(NOBODY, NOBODY, f.cfg.socket, message(42)) == ""
-        await wait_until_async(lambda: f._messages >= 1, what="the datagram sent as nobody")
+        await wait_until_async(lambda: f._arrived >= 1, what="the datagram sent as nobody")
         assert [a.pid for a in (await f.read()).agents] == [42]
     finally:
         f.close()
@@ -413,7 +413,7 @@ def test_peer_credentials_arrive_with_every_datagram(tmp_path: Path) -> None:
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
             s.sendto(b"x", str(tmp_path / "s.sock"))
-        ((data, peer, truncated),) = unixsock.receive(sock, 16)
+        data, peer, truncated = unixsock.receive_one(sock, 16)
         assert data == b"x" and not truncated
         assert peer == unixsock.Peer(os.getpid(), os.getuid(), os.getgid())
     finally:

@@ -356,7 +356,7 @@ def owned_steps(snap: Snapshot) -> dict[str, list[EngineSteps]]:
 
 def views(snap: Snapshot, gpu: int) -> list[View]:
     """Return the engines driving a GPU at one tick, with the agent's counts joined (by pid first)."""
-    return _Drivers(snap).views(gpu)
+    return _drivers_of(snap).views(gpu)
 
 
 class _Drivers:
@@ -365,10 +365,12 @@ class _Drivers:
     Built once per Snapshot and tick (not once per GPU): the placements, the steps joined to their
     engines (only once a GPU has an engine) and the steps that join none (`_gpu_steps`). GPUs that
     the same engines drive with the same steps (an engine's tensor-parallel GPUs) share one list of
-    views, so what is worked out from the views alone is worked out once (`_Tick.shared`).
+    views, so what is worked out from the views alone is worked out once (`_Tick.shared`). A Snapshot
+    stays in the verdict's window for several ticks, and its drivers with it (`_drivers_of`): each
+    GPU's views of it are made once.
     """
 
-    __slots__ = ("_owned", "_unowned", "_views", "placed", "snap")
+    __slots__ = ("_by_gpu", "_owned", "_unowned", "_views", "placed", "snap")
 
     def __init__(self, snap: Snapshot) -> None:
         self.snap = snap
@@ -376,9 +378,16 @@ class _Drivers:
         self._owned: dict[str, list[EngineSteps]] | None = None
         self._unowned: list[tuple[EngineSteps, int | None]] | None = None
         self._views: dict[tuple[tuple[int, ...], ...], list[View]] = {}
+        self._by_gpu: dict[int, list[View]] = {}
 
     def views(self, gpu: int) -> list[View]:
         """Return the engines driving a GPU (see `views`); the list is shared with GPUs of the same views: read only."""
+        out = self._by_gpu.get(gpu)
+        if out is None:
+            out = self._by_gpu[gpu] = self._views_of(gpu)
+        return out
+
+    def _views_of(self, gpu: int) -> list[View]:
         drive: list[tuple[EngineReading, tuple[EngineSteps, ...]]] = []
         for e, gpus in self.placed:
             if gpu not in gpus:
@@ -428,13 +437,23 @@ class _Drivers:
         return self._unowned
 
 
+# Snapshot -> its drivers, for the Snapshots of the last few ticks (each is in the verdict's window
+# for window_seconds: its drivers, and every GPU's views of it, made once)
+_DRIVERS: ByIdentity[Snapshot, _Drivers] = ByIdentity(16)
+
+
+def _drivers_of(snap: Snapshot) -> _Drivers:
+    """Return a Snapshot's drivers (`_Drivers`), made once while it stays in the window."""
+    return _DRIVERS.get(snap, lambda: _Drivers(snap))
+
+
 class _Tick:
     """What the verdict of every GPU reads alike in one window: computed once per tick, not once per GPU."""
 
     __slots__ = ("_facts", "_lost", "activity", "busy_inside", "drivers")
 
     def __init__(self, win: Sequence[Snapshot], cfg: VerdictConfig) -> None:
-        self.drivers = [_Drivers(s) for s in win]
+        self.drivers = [_drivers_of(s) for s in win]
         self.busy_inside = _inside(window(win, cfg.busy_window_seconds))
         self.activity = [_activity_of(s.agent) for s in _inside(win) if s.agent is not None]
         self._lost: tuple[str, ...] | None = None

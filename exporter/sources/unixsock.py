@@ -24,6 +24,13 @@ SOCKET_MODE = 0o660  # owner and group may send
 DIR_MODE = 0o750  # a directory this module creates: group members may reach the socket
 DEFAULT_GROUP = "boundwatch"  # the group engine users join (the systemd unit's Group=)
 _UCRED = struct.Struct("iII")  # struct ucred: pid, uid, gid
+_ANC_SPACE = socket.CMSG_SPACE(_UCRED.size)
+# plain ints: the socket module's are enum members, whose `&` runs in Python (each datagram's flags)
+_MSG_TRUNC, _SOL_SOCKET, _SCM_CREDENTIALS = (
+    int(socket.MSG_TRUNC),
+    int(socket.SOL_SOCKET),
+    int(socket.SCM_CREDENTIALS),
+)
 
 
 class SocketInUse(OSError):
@@ -165,12 +172,12 @@ def bind(path: str, group: int | None, rcvbuf: int = 4 * 1024 * 1024) -> tuple[s
 
 def receive_one(sock: socket.socket, limit: int) -> tuple[bytes, Peer | None, bool]:
     """Wait for the next datagram and return it as (data, sender, truncated) (a blocking socket's reader thread)."""
-    data, ancdata, flags, _ = sock.recvmsg(limit + 1, socket.CMSG_SPACE(_UCRED.size))
+    data, ancdata, flags, _ = sock.recvmsg(limit + 1, _ANC_SPACE)
     peer = None
     for level, kind, payload in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(payload) >= _UCRED.size:
+        if level == _SOL_SOCKET and kind == _SCM_CREDENTIALS and len(payload) >= _UCRED.size:
             peer = Peer(*_UCRED.unpack(payload[: _UCRED.size]))
-    return data, peer, bool(flags & socket.MSG_TRUNC) or len(data) > limit
+    return data, peer, bool(flags & _MSG_TRUNC) or len(data) > limit
 
 
 def remove_if_ours(path: str, st: os.stat_result) -> None:

@@ -586,6 +586,23 @@ def test_the_engine_facts_of_gpus_with_the_same_views_are_worked_out_once(
     )
 
 
+def test_a_snapshots_views_are_made_once_while_it_stays_in_the_window(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Tick after tick the window holds the same Snapshots: each GPU's views of each are made once."""
+    snaps = _spread(series(LIGHT_ENGINE, 6.0), 4)
+    cfg = Config()
+    made: list[tuple[int, int]] = []
+    real = v._Drivers._views_of
+    monkeypatch.setattr(v._Drivers, "_views_of", lambda d, g: made.append((id(d.snap), g)) or real(d, g))
+    v._DRIVERS.clear()
+    first = len(v.window(snaps[:-3], v._reach(cfg.verdict)))
+    got = [v.classify_all(snaps[:n], cfg) for n in range(len(snaps) - 3, len(snaps) + 1)]
+    assert len(made) == len(set(made)) == 4 * (first + 3)  # the window's Snapshots, then one new one a tick
+    v._DRIVERS.clear()  # worked out afresh, tick by tick, the verdicts are the same
+    assert got == [v.classify_all(snaps[:n], cfg) for n in range(len(snaps) - 3, len(snaps) + 1)]
+
+
 def test_gpus_of_different_engine_cores_read_their_own_cores_facts() -> None:
     """Under data parallelism each GPU takes its own core's steps: the facts differ and are not shared."""
     scene = dataclasses.replace(LIGHT_ENGINE, engine_pids=(70, 77, 78))

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from exporter.analysis.dedup import collapse_pid_series, step_count
 from exporter.analysis.memo import ByIdentity
 from exporter.snapshot import Snapshot
-from exporter.snapshot.engine import PAGE_REFUSED_REASONS, EngineReading, PageSample, RawPage, StepCount, cut
+from exporter.snapshot.engine import PAGE_REFUSED_REASONS, EngineReading, RawPage, StepCount, cut
 from exporter.snapshot.engine_names import (
     SGLANG_DP_ATTENTION_STEPS,
     SGLANG_GENERATION,
@@ -314,13 +314,13 @@ def _server_count(raw: RawPage, reading: EngineReading) -> tuple[int | None, str
 # A page's samples -> its normalised page, for a page carried between slow reads (while an agent
 # serves the engine's counts, the same samples every tick for `engine.slow_read_seconds`, in a
 # RawPage the source makes anew each tick with that tick's process figures).
-_NORMALISED: ByIdentity[tuple[PageSample, ...], EngineReading] = ByIdentity(16)
+_NORMALISED: ByIdentity[EngineReading] = ByIdentity(16)
 
 
 def _normalised(raw: RawPage, name: str, url: str, source: str) -> EngineReading:
     """Return `normalise` of a raw page (once per samples, name, URL, source, kind: the result is frozen)."""
     return _NORMALISED.get(
-        raw.samples,
+        (raw.samples,),
         lambda: normalise(
             raw.samples, name=name, url=url, source=source, multiprocess=raw.multiprocess, kind=raw.kind
         ),

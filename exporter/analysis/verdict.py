@@ -437,14 +437,16 @@ class _Drivers:
         return self._unowned
 
 
-# Snapshot -> its drivers, for the Snapshots of the last few ticks (each is in the verdict's window
-# for window_seconds: its drivers, and every GPU's views of it, made once)
-_DRIVERS: ByIdentity[Snapshot, _Drivers] = ByIdentity(16)
+# A Snapshot's engines, agent reading, GPUs and busy figures -> its drivers, for the Snapshots of the
+# last few ticks: each is in the verdict's window for window_seconds, as the copies the pipeline and
+# the history make of it (verdicts, totals and pages set or dropped), which share those four parts
+# (all that _Drivers reads): its drivers, and every GPU's views of it, made once
+_DRIVERS: ByIdentity[_Drivers] = ByIdentity(32)
 
 
 def _drivers_of(snap: Snapshot) -> _Drivers:
-    """Return a Snapshot's drivers (`_Drivers`), made once while it stays in the window."""
-    return _DRIVERS.get(snap, lambda: _Drivers(snap))
+    """Return a Snapshot's drivers (`_Drivers`), made once while it (or a copy that shares what they read) stays in the window."""
+    return _DRIVERS.get((snap.engines, snap.agent, snap.gpus, snap.busy), lambda: _Drivers(snap))
 
 
 class _Tick:
@@ -737,7 +739,7 @@ def _offered(win: Sequence[Snapshot], vs: Sequence[Sequence[View]], cfg: Verdict
 
 # AgentReading -> its activity by GPU, for the readings of the last few ticks (each GPU's verdict
 # reads every tick of its window: indexing once per reading keeps that linear in GPUs).
-_ACTIVITY_INDEX: ByIdentity[AgentReading, dict[int, list[GpuActivity]]] = ByIdentity(16)
+_ACTIVITY_INDEX: ByIdentity[dict[int, list[GpuActivity]]] = ByIdentity(16)
 
 
 def _activity_of(agent: AgentReading) -> dict[int, list[GpuActivity]]:
@@ -749,7 +751,7 @@ def _activity_of(agent: AgentReading) -> dict[int, list[GpuActivity]]:
             out.setdefault(a.gpu, []).append(a)
         return out
 
-    return _ACTIVITY_INDEX.get(agent, index)
+    return _ACTIVITY_INDEX.get((agent,), index)
 
 
 def _agent_activity(

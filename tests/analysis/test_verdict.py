@@ -12,7 +12,7 @@ from exporter.analysis import verdict as v
 from exporter.config import Config, RooflineConfig, VerdictConfig
 from exporter.snapshot import ProbeSummary, Snapshot
 from exporter.snapshot.engine import GraphConfig
-from exporter.snapshot.totals import GpuVerdict
+from exporter.snapshot.totals import EMPTY, GpuVerdict
 from tests.fakes.verdict_scenes import SEED, Recorder, Scene, series
 
 CFG = VerdictConfig()
@@ -586,21 +586,25 @@ def test_the_engine_facts_of_gpus_with_the_same_views_are_worked_out_once(
     )
 
 
-def test_a_snapshots_views_are_made_once_while_it_stays_in_the_window(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Tick after tick the window holds the same Snapshots: each GPU's views of each are made once."""
+def test_a_snapshots_views_are_made_once_while_it_stays_in_the_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tick after tick the window holds the same Snapshots, or copies that share their parts: views made once."""
     snaps = _spread(series(LIGHT_ENGINE, 6.0), 4)
     cfg = Config()
     made: list[tuple[int, int]] = []
     real = v._Drivers._views_of
     monkeypatch.setattr(v._Drivers, "_views_of", lambda d, g: made.append((id(d.snap), g)) or real(d, g))
     v._DRIVERS.clear()
-    first = len(v.window(snaps[:-3], v._reach(cfg.verdict)))
-    got = [v.classify_all(snaps[:n], cfg) for n in range(len(snaps) - 3, len(snaps) + 1)]
+    start = len(snaps) - 3
+    history = list(snaps[:start])
+    got = []
+    for n in range(start, len(snaps) + 1):
+        got.append(v.classify_all(history, cfg))
+        # as the pipeline and the history do: the Snapshot copied with its verdicts and totals, then retired
+        history = [dataclasses.replace(s, totals=EMPTY) for s in history] + snaps[n : n + 1]
+    first = len(v.window(snaps[:start], v._reach(cfg.verdict)))
     assert len(made) == len(set(made)) == 4 * (first + 3)  # the window's Snapshots, then one new one a tick
     v._DRIVERS.clear()  # worked out afresh, tick by tick, the verdicts are the same
-    assert got == [v.classify_all(snaps[:n], cfg) for n in range(len(snaps) - 3, len(snaps) + 1)]
+    assert got == [v.classify_all(snaps[:n], cfg) for n in range(start, len(snaps) + 1)]
 
 
 def test_gpus_of_different_engine_cores_read_their_own_cores_facts() -> None:

@@ -37,7 +37,7 @@ import structlog
 
 from exporter.config import Config
 from exporter.snapshot import Snapshot
-from exporter.snapshot.engine import EngineReading
+from exporter.snapshot.engine import EngineReading, Placement
 from exporter.snapshot.frozen import replace
 from exporter.snapshot.host import CgroupCpu, ProcessCpu
 from exporter.sources import placement, procs
@@ -70,6 +70,7 @@ from exporter.sources.pseudofiles import KeptFiles
 log = structlog.get_logger("boundwatch.engine")
 
 DISCOVER_EVERY_SECONDS = 5.0
+MAX_PLACED = 64  # engines whose placements are kept (one per engine found; cleared past this)
 # All the HTTP pages of one tick are read in at most this many engine timeouts: the engine
 # source's thread gives up after 4 (BlockingReader), so hung engines cannot fail the others' build.
 READ_BUDGET_TIMEOUTS = 3
@@ -117,6 +118,9 @@ class EngineSource:
         self._table = procs.ProcessTable(self.proc_root)
         self._found_targets: list[EngineTarget] | None = None  # what discovery found last
         self._cgroup_paths: dict[int, str] = {}  # pid -> cgroup path, until the table changes
+        # engine pids -> their placements, made from one process table (the table's rows, held: a new
+        # dict at each refresh): worked out once a discovery period, not each tick
+        self._placed: dict[tuple[int, ...], tuple[object, tuple[Placement, ...]]] = {}
         self._cgroup_version: tuple[float, int] | None = None  # (looked at, v1 or v2), once a period
         self._blocking = BlockingReader(
             "engine", max(1.0, cfg.engine.timeout_seconds * 4), on_exit=self._files.close
@@ -426,8 +430,25 @@ class EngineSource:
             cuda_visible_devices=target.cuda_visible_devices,
             max_num_seqs=target.max_num_seqs if target.max_num_seqs is not None else reading.max_num_seqs,
             graph_config=target.graph_config,
-            placements=placement.placements(self.proc_root, target.engine_pids, self._table.rows),
+            placements=self._placements(target.engine_pids),
         )
+
+    def _placements(self, pids: tuple[int, ...]) -> tuple[Placement, ...]:
+        """Return where an engine's processes run, worked out again only when the process table changed.
+
+        Placements read the table's rows alone (titles, parents, the environment at exec) while every
+        pid is in it; a pid not yet in it is read now, each tick, until the table has it.
+        """
+        rows = self._table.rows
+        hit = self._placed.get(pids)
+        if hit is not None and hit[0] is rows:
+            return hit[1]
+        got = placement.placements(self.proc_root, pids, rows)
+        if all(pid in rows for pid in pids[: placement.MAX_PLACEMENTS]):
+            if len(self._placed) >= MAX_PLACED:
+                self._placed.clear()
+            self._placed[pids] = (rows, got)
+        return got
 
     def _cgroup_version_at(self, now: float) -> int:
         """Return whether the cgroup tree is v1 or v2, looked at once per discovery period."""

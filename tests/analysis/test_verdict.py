@@ -586,7 +586,9 @@ def test_the_engine_facts_of_gpus_with_the_same_views_are_worked_out_once(
     )
 
 
-def test_a_snapshots_views_are_made_once_while_it_stays_in_the_window(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_snapshots_views_are_made_once_while_it_stays_in_the_window(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Tick after tick the window holds the same Snapshots, or copies that share their parts: views made once."""
     snaps = _spread(series(LIGHT_ENGINE, 6.0), 4)
     cfg = Config()

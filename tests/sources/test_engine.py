@@ -28,6 +28,7 @@ from exporter.snapshot.engine import demand
 from exporter.snapshot.totals import EngineServer
 from exporter.sources.engine import EngineSource
 from exporter.sources.engine_discovery import EngineTarget, discover
+from tests.fakes.clock import Clock
 from tests.fakes.wait import wait_until_async
 
 RUNNING = catalogue.ENGINE_RUNNING_REQUEST_SECONDS_TOTAL.name
@@ -67,6 +68,37 @@ async def test_discovery_runs_again_only_when_the_process_table_changed(tmp_path
         await source.read()
         assert len(walks) == 2 and "vllm:8002" not in {t.name for t in source.targets}
         assert {t.name for t in source.targets} == {t.name for t in discover(str(root))}
+    finally:
+        await source.aclose()
+
+
+async def test_placements_are_worked_out_once_a_process_table(tmp_path, monkeypatch):
+    """Between two discoveries the table is the same: each engine's placements are made once, read alike."""
+    from exporter.sources import placement
+
+    root = tmp_path / "proc"
+    shutil.copytree(PROC, root, symlinks=True)
+    (root / "uptime").write_text("100000.00 1.00\n")
+    made: list[tuple[int, ...]] = []
+    real = placement.placements
+    monkeypatch.setattr(
+        placement, "placements", lambda r, pids, t=None: made.append(tuple(pids)) or real(r, pids, t)
+    )
+    clock = Clock()
+    cfg = dataclasses.replace(config(discover=True), host=HostConfig(proc_root=str(root)))
+    source = EngineSource(cfg, proc_root=str(root), discover_every=5.0, clock=clock)
+    try:
+        first = {r.name: r.placements for r in await source.read()}
+        once = len(made)
+        assert once == len(set(made)) >= 2  # each engine's once
+        for _ in range(3):
+            clock.t += 1.0
+            assert {r.name: r.placements for r in await source.read()} == first
+        assert len(made) == once
+        clock.t += 5.0  # the next discovery reads the table again: made again, the same
+        assert {r.name: r.placements for r in await source.read()} == first
+        assert len(made) == 2 * once
+        assert all(first[t.name] == real(str(root), t.engine_pids) for t in source.targets)
     finally:
         await source.aclose()
 

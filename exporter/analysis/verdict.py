@@ -441,12 +441,32 @@ class _Drivers:
 # last few ticks: each is in the verdict's window for window_seconds, as the copies the pipeline and
 # the history make of it (verdicts, totals and pages set or dropped), which share those four parts
 # (all that _Drivers reads): its drivers, and every GPU's views of it, made once
-_DRIVERS: ByIdentity[_Drivers] = ByIdentity(32)
+# (at most two a tick: its engines are copied where the history drops a page; the size grows with the
+# window). The drivers hold those parts only, not the Snapshot with its totals (large at 64 GPUs, and
+# dropped by the history).
+_DRIVERS: ByIdentity[_Drivers] = ByIdentity(8)
 
 
 def _drivers_of(snap: Snapshot) -> _Drivers:
     """Return a Snapshot's drivers (`_Drivers`), made once while it (or a copy that shares what they read) stays in the window."""
-    return _DRIVERS.get((snap.engines, snap.agent, snap.gpus, snap.busy), lambda: _Drivers(snap))
+    parts = (snap.engines, snap.agent, snap.gpus, snap.busy)
+
+    def make() -> _Drivers:
+        return _Drivers(
+            Snapshot(
+                seq=snap.seq,
+                at=snap.at,
+                mono=snap.mono,
+                interval=snap.interval,
+                dt=snap.dt,
+                gpus=snap.gpus,
+                engines=snap.engines,
+                agent=snap.agent,
+                busy=snap.busy,
+            )
+        )
+
+    return _DRIVERS.get(parts, make)
 
 
 class _Tick:
@@ -455,6 +475,7 @@ class _Tick:
     __slots__ = ("_facts", "_lost", "activity", "busy_inside", "drivers")
 
     def __init__(self, win: Sequence[Snapshot], cfg: VerdictConfig) -> None:
+        _DRIVERS.size = max(_DRIVERS.size, 2 * len(win) + 2)  # a longer window (verdict.*_seconds) keeps more
         self.drivers = [_drivers_of(s) for s in win]
         self.busy_inside = _inside(window(win, cfg.busy_window_seconds))
         self.activity = [_activity_of(s.agent) for s in _inside(win) if s.agent is not None]

@@ -605,6 +605,14 @@ def test_a_snapshots_views_are_made_once_while_it_stays_in_the_window(
         history = [dataclasses.replace(s, totals=EMPTY) for s in history] + snaps[n : n + 1]
     first = len(v.window(snaps[:start], v._reach(cfg.verdict)))
     assert len(made) == len(set(made)) == 4 * (first + 3)  # the window's Snapshots, then one new one a tick
+    kept = v._drivers_of(history[-1]).snap  # the parts the drivers read, not the Snapshot with its totals
+    assert kept is not history[-1] and kept.totals is not history[-1].totals and kept.verdicts == ()
+    assert (kept.engines, kept.agent, kept.gpus, kept.busy) == (
+        history[-1].engines,
+        history[-1].agent,
+        history[-1].gpus,
+        history[-1].busy,
+    )
     v._DRIVERS.clear()  # worked out afresh, tick by tick, the verdicts are the same
     assert got == [v.classify_all(snaps[:n], cfg) for n in range(start, len(snaps) + 1)]
 

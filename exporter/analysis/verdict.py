@@ -362,12 +362,12 @@ def views(snap: Snapshot, gpu: int) -> list[View]:
 class _Drivers:
     """One tick's live engines with the GPUs each drives, and its agent steps: what every GPU's views read.
 
-    Built once per Snapshot and tick (not once per GPU): the placements, the steps joined to their
-    engines (only once a GPU has an engine) and the steps that join none (`_gpu_steps`). GPUs that
-    the same engines drive with the same steps (an engine's tensor-parallel GPUs) share one list of
-    views, so what is worked out from the views alone is worked out once (`_Tick.shared`). A Snapshot
-    stays in the verdict's window for several ticks, and its drivers with it (`_drivers_of`): each
-    GPU's views of it are made once.
+    Built once per Snapshot, not once per GPU: the placements, the steps joined to their engines
+    (only once a GPU has an engine) and the steps that join none (`_gpu_steps`). GPUs that the same
+    engines drive with the same steps (an engine's tensor-parallel GPUs) share one list of views, so
+    what is worked out from the views alone is worked out once (`_Tick.shared`). A Snapshot stays in
+    the verdict's window for several ticks, and its drivers with it (`_drivers_of`): each GPU's views
+    of it are made once.
     """
 
     __slots__ = ("_by_gpu", "_owned", "_unowned", "_views", "placed", "snap")

@@ -70,7 +70,7 @@ from exporter.sources.pseudofiles import KeptFiles
 log = structlog.get_logger("boundwatch.engine")
 
 DISCOVER_EVERY_SECONDS = 5.0
-MAX_PLACED = 64  # engines whose placements are kept (one per engine found; cleared past this)
+MAX_PLACED = 64  # engines whose placements are kept for one process table (more are worked out each tick)
 # All the HTTP pages of one tick are read in at most this many engine timeouts: the engine
 # source's thread gives up after 4 (BlockingReader), so hung engines cannot fail the others' build.
 READ_BUDGET_TIMEOUTS = 3
@@ -118,9 +118,10 @@ class EngineSource:
         self._table = procs.ProcessTable(self.proc_root)
         self._found_targets: list[EngineTarget] | None = None  # what discovery found last
         self._cgroup_paths: dict[int, str] = {}  # pid -> cgroup path, until the table changes
-        # engine pids -> their placements, made from one process table (the table's rows, held: a new
-        # dict at each refresh): worked out once a discovery period, not each tick
-        self._placed: dict[tuple[int, ...], tuple[object, tuple[Placement, ...]]] = {}
+        # engine pids -> their placements, made from the process table's rows `_placed_from` (a new dict
+        # at each refresh, which empties this): worked out once a discovery period, not each tick
+        self._placed: dict[tuple[int, ...], tuple[Placement, ...]] = {}
+        self._placed_from: object = None
         self._cgroup_version: tuple[float, int] | None = None  # (looked at, v1 or v2), once a period
         self._blocking = BlockingReader(
             "engine", max(1.0, cfg.engine.timeout_seconds * 4), on_exit=self._files.close
@@ -440,14 +441,15 @@ class EngineSource:
         pid is in it; a pid not yet in it is read now, each tick, until the table has it.
         """
         rows = self._table.rows
-        hit = self._placed.get(pids)
-        if hit is not None and hit[0] is rows:
-            return hit[1]
-        got = placement.placements(self.proc_root, pids, rows)
-        if all(pid in rows for pid in pids[: placement.MAX_PLACEMENTS]):
-            if len(self._placed) >= MAX_PLACED:
-                self._placed.clear()
-            self._placed[pids] = (rows, got)
+        if rows is not self._placed_from:  # a new table: what was made from the last one goes
+            self._placed, self._placed_from = {}, rows
+        got = self._placed.get(pids)
+        if got is None:
+            got = placement.placements(self.proc_root, pids, rows)
+            if len(self._placed) < MAX_PLACED and all(
+                pid in rows for pid in pids[: placement.MAX_PLACEMENTS]
+            ):
+                self._placed[pids] = got
         return got
 
     def _cgroup_version_at(self, now: float) -> int:

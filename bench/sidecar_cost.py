@@ -32,7 +32,10 @@ Switches for the daemon part (environment): `BW_COST_STATS=PATH` (per-thread and
 bench/cost_stats.py), `BW_COST_CAPTURE=PATH` (40 ticks' pipeline inputs), `BW_COST_PROFILE=PATH`
 (yappi, or cProfile of the event loop with a `.cprof` suffix), `BW_COST_TRACEMALLOC=PATH` (every 30 s
 the source lines holding most memory, to PATH.<gpus>), `BW_COST_DUMP=PATH` (the daemon's last /metrics
-page, to PATH.<agent>.<gpus>).
+page, to PATH.<agent>.<gpus>). For the agents (`--agent light`, `cupti`): `BW_AGENT_ALIGN=1` has every
+stand-in agent send at the same instant of each tick (a burst, the socket queue's worst case); each
+result says what the agents sent each daemon and how much of it a real agent would have dropped
+(`agent_sends`, `agent_sends_would_drop`).
 """
 
 from __future__ import annotations
@@ -261,24 +264,74 @@ def part_agent(sock_path: str, gpus: int, count_path: str = "") -> None:
         time.sleep(TICK)
 
 
+def _agent_sleep() -> None:
+    """Wait one tick: each stand-in agent on its own clock, or with BW_AGENT_ALIGN=1 all at once.
+
+    Aligned (every agent sends at the same instant of each 0.5 s, as tensor-parallel workers that step
+    in lockstep and started together could): the daemon's socket queue then takes every GPU's
+    datagram in one burst, the case where agents drop first.
+    """
+    if os.environ.get("BW_AGENT_ALIGN") == "1":
+        time.sleep(TICK - time.time() % TICK)
+    else:
+        time.sleep(TICK)
+
+
 def _sender(socks: str) -> Any:
     """Return a function that sends one datagram to each of the daemons' sockets (missing ones skipped).
 
-    A blocking socket: where a daemon's queue is full the stand-in waits, where the real agent
-    drops. So every message reaches the daemon and its measured work is an upper bound; drops
-    are not measured here.
+    First without blocking, as the real agent sends; where a daemon's queue is full (the agent would
+    have dropped the message) that is counted and the stand-in then waits and sends it anyway. So
+    every message reaches the daemon (its measured work is an upper bound) and the drops a real
+    agent would have had are counted: every 5 s, per socket, in `sends.<pid>.json` beside the
+    sockets (`sent_counts`).
     """
     s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.setblocking(False)
     paths = socks.split(",")
+    counts = {path: [0, 0] for path in paths}  # sent, of which the agent would have dropped
+    out = os.path.join(os.path.dirname(paths[0]), f"sends.{os.getpid()}.json")
+    written = [time.monotonic()]
 
     def send(data: bytes) -> None:
         for path in paths:
             try:
                 s.sendto(data, path)
+            except BlockingIOError:  # the daemon's queue is full: a real agent drops here
+                counts[path][1] += 1
+                s.setblocking(True)
+                try:
+                    s.sendto(data, path)
+                except OSError:
+                    continue
+                finally:
+                    s.setblocking(False)
             except OSError:
-                pass  # that daemon not listening yet (or gone)
+                continue  # that daemon not listening yet (or gone)
+            counts[path][0] += 1
+        if time.monotonic() - written[0] >= 5.0:
+            written[0] = time.monotonic()
+            with open(out + ".tmp", "w") as f:
+                json.dump(counts, f)
+            os.replace(out + ".tmp", out)
 
     return send
+
+
+def sent_counts(sock_dir: str) -> dict[str, list[int]]:
+    """Return, per socket name, what the stand-in agents sent and how much of it a real agent would have dropped."""
+    total: dict[str, list[int]] = {}
+    for name in os.listdir(sock_dir):
+        if name.startswith("sends.") and name.endswith(".json"):
+            try:
+                with open(os.path.join(sock_dir, name)) as f:
+                    counts = json.load(f)
+            except (OSError, ValueError):
+                continue
+            for path, (n, dropped) in counts.items():
+                t = total.setdefault(os.path.basename(path), [0, 0])
+                t[0], t[1] = t[0] + n, t[1] + dropped
+    return total
 
 
 def part_core(socks: str) -> None:
@@ -297,7 +350,7 @@ def part_core(socks: str) -> None:
     hist[2] = 25  # 20 ms steps: the (10, 20] ms bucket
     last = start
     while True:
-        time.sleep(TICK)
+        _agent_sleep()
         now = time.time_ns()
         seq += 1
         steps = wire.Steps(
@@ -343,7 +396,7 @@ def part_worker(socks: str, gpu: int, mode: str, owner: int) -> None:
     start = last - LAG_NS
     next_t0 = start - start % WINDOW_NS
     while True:
-        time.sleep(TICK)
+        _agent_sleep()
         now = time.time_ns()
         windows: list[wire.Window] = []
         if mode == "cupti":
@@ -863,6 +916,7 @@ def run_one(
                 f.write(c.getresponse().read())
             c.close()
         api_servers = metric(bw_port, "boundwatch_engine_api_servers")
+        sends = sent_counts(sock_dir)  # the light and CUPTI stand-ins' (every 5 s: the last few s not in)
         res: dict[str, Any] = {
             "gpus": gpus,
             "agent": agent,
@@ -879,6 +933,10 @@ def run_one(
             "engine_counts_from_agent": metric_sum(
                 bw_port, "boundwatch_engine_counts_source", 'source="agent"'
             ),
+            # what the agents sent this daemon since they started, and what a real agent would have
+            # dropped of it (the daemon's socket queue full: net.unix.max_dgram_qlen)
+            "agent_sends": sends.get("agent.sock", [0, 0])[0],
+            "agent_sends_would_drop": sends.get("agent.sock", [0, 0])[1],
             "metrics_series": series,
             "metrics_gzip_bytes": nbytes,
             "scrape_every_seconds": scrape_every,
@@ -891,6 +949,8 @@ def run_one(
                 "cpu_share_of_core_a": round(share_a, 5),
                 "engine_api_servers_seen_a": metric(port_a, "boundwatch_engine_api_servers"),
                 "ratio_b_over_a": round(res["cpu_share_of_core"] / share_a, 3) if share_a else None,
+                "agent_sends_a": sends.get("agent-a.sock", [0, 0])[0],
+                "agent_sends_would_drop_a": sends.get("agent-a.sock", [0, 0])[1],
             }
         if scrapes:
             res["scrapes"] = compare_scrapes(daemon.pid, bw_port, scrapes, res["cpu_share_of_core"])

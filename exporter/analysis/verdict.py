@@ -437,19 +437,18 @@ class _Drivers:
         return self._unowned
 
 
-# A Snapshot's engines, agent reading, GPUs and busy figures -> its drivers, for the Snapshots of the
-# last few ticks: each is in the verdict's window for window_seconds, as the copies the pipeline and
-# the history make of it (verdicts, totals and pages set or dropped), which share those four parts
-# (all that _Drivers reads): its drivers, and every GPU's views of it, made once
-# (at most two a tick: its engines are copied where the history drops a page; the size grows with the
-# window). The drivers hold those parts only, not the Snapshot with its totals (large at 64 GPUs, and
+# A Snapshot's tick (its seq, agent reading, GPUs and busy figures) -> its drivers, for the Snapshots of
+# the last few ticks: each is in the verdict's window for window_seconds, as the copies the pipeline
+# and the history make of it (verdicts and totals set, then its totals and engines' pages dropped),
+# which share those parts and whose engines differ at most by their pages (`raw`, which no verdict
+# reads): its drivers, and every GPU's views of it, made once. The size grows with the window. The
+# drivers hold only the parts they read, not the Snapshot with its totals (large at 64 GPUs, and
 # dropped by the history).
 _DRIVERS: ByIdentity[_Drivers] = ByIdentity(8)
 
 
 def _drivers_of(snap: Snapshot) -> _Drivers:
-    """Return a Snapshot's drivers (`_Drivers`), made once while it (or a copy that shares what they read) stays in the window."""
-    parts = (snap.engines, snap.agent, snap.gpus, snap.busy)
+    """Return a Snapshot's drivers (`_Drivers`), made once while it (or a copy of it) stays in the window."""
 
     def make() -> _Drivers:
         return _Drivers(
@@ -466,7 +465,18 @@ def _drivers_of(snap: Snapshot) -> _Drivers:
             )
         )
 
-    return _DRIVERS.get(parts, make)
+    drivers = _DRIVERS.get((snap.agent, snap.gpus, snap.busy), make, (snap.seq, len(snap.engines)))
+    if not _pages_apart(drivers.snap.engines, snap.engines):  # another Snapshot that shares those parts
+        return make()
+    return drivers
+
+
+def _pages_apart(kept: Sequence[EngineReading], now: Sequence[EngineReading]) -> bool:
+    """Say whether two ticks' engines are the same readings but for pages dropped since (`sampling.retire`)."""
+    return kept is now or all(
+        a is b or (a.raw is not None and b.raw is None and replace(a, raw=None) == b)
+        for a, b in zip(kept, now, strict=True)
+    )
 
 
 class _Tick:

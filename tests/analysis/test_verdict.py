@@ -10,8 +10,9 @@ import pytest
 
 from exporter.analysis import verdict as v
 from exporter.config import Config, RooflineConfig, VerdictConfig
+from exporter.sampling import retire
 from exporter.snapshot import ProbeSummary, Snapshot
-from exporter.snapshot.engine import GraphConfig
+from exporter.snapshot.engine import GraphConfig, RawPage
 from exporter.snapshot.totals import EMPTY, GpuVerdict
 from tests.fakes.verdict_scenes import SEED, Recorder, Scene, series
 
@@ -589,30 +590,40 @@ def test_the_engine_facts_of_gpus_with_the_same_views_are_worked_out_once(
 def test_a_snapshots_views_are_made_once_while_it_stays_in_the_window(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Tick after tick the window holds the same Snapshots, or copies that share their parts: views made once."""
-    snaps = _spread(series(LIGHT_ENGINE, 6.0), 4)
+    """Tick after tick the window holds the same Snapshots, or copies of them: each GPU's views made once."""
+    page = RawPage(samples=())
+    snaps = [
+        dataclasses.replace(s, engines=tuple(dataclasses.replace(e, raw=page) for e in s.engines))
+        for s in _spread(series(LIGHT_ENGINE, 6.0), 4)
+    ]
     cfg = Config()
     made: list[tuple[int, int]] = []
     real = v._Drivers._views_of
-    monkeypatch.setattr(v._Drivers, "_views_of", lambda d, g: made.append((id(d.snap), g)) or real(d, g))
+    monkeypatch.setattr(v._Drivers, "_views_of", lambda d, g: made.append((d.snap.seq, g)) or real(d, g))
     v._DRIVERS.clear()
     start = len(snaps) - 3
     history = list(snaps[:start])
     got = []
     for n in range(start, len(snaps) + 1):
         got.append(v.classify_all(history, cfg))
-        # as the pipeline and the history do: the Snapshot copied with its verdicts and totals, then retired
-        history = [dataclasses.replace(s, totals=EMPTY) for s in history] + snaps[n : n + 1]
+        # as the pipeline and the history do: the newest kept as a copy (its verdicts and totals set), the
+        # one before it retired (its totals and its engines' pages dropped: new engine readings)
+        history = [
+            *history[:-2],
+            *map(retire, history[-2:-1]),
+            *(dataclasses.replace(s, totals=EMPTY) for s in history[-1:]),
+            *snaps[n : n + 1],
+        ]
+    assert any(e.raw is None for e in history[-2].engines) and snaps[-1].engines[0].raw is page
     first = len(v.window(snaps[:start], v._reach(cfg.verdict)))
     assert len(made) == len(set(made)) == 4 * (first + 3)  # the window's Snapshots, then one new one a tick
     kept = v._drivers_of(history[-1]).snap  # the parts the drivers read, not the Snapshot with its totals
     assert kept is not history[-1] and kept.totals is not history[-1].totals and kept.verdicts == ()
-    assert (kept.engines, kept.agent, kept.gpus, kept.busy) == (
-        history[-1].engines,
-        history[-1].agent,
-        history[-1].gpus,
-        history[-1].busy,
+    # another Snapshot of the same tick whose engines differ by more than their pages is not taken for it
+    other = dataclasses.replace(
+        history[-1], engines=tuple(dataclasses.replace(e, running=99.0) for e in history[-1].engines)
     )
+    assert v._drivers_of(other).snap.engines is other.engines
     v._DRIVERS.clear()  # worked out afresh, tick by tick, the verdicts are the same
     assert got == [v.classify_all(snaps[:n], cfg) for n in range(start, len(snaps) + 1)]
 

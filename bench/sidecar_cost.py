@@ -901,6 +901,8 @@ def run_one(
         while time.time() - t0 < seconds:
             if scrape_every and time.time() >= next_scrape:
                 scrape(bw_port)
+                if other:  # the other daemon scraped alike, its event loop held up as long
+                    scrape(port_a)
                 next_scrape += scrape_every
             rss.append(rss_bytes(daemon.pid))
             time.sleep(1.0)

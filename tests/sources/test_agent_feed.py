@@ -3,6 +3,7 @@
 import dataclasses
 import os
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -461,6 +462,23 @@ async def test_while_the_event_loop_is_held_the_reader_keeps_a_bounded_inbox_and
     assert {a.pid for a in reading.agents} == set(range(300, 300 + held))  # the first ones, in order
     await send(feed, message(400))  # the reader goes on
     assert 400 in {a.pid for a in (await feed.read()).agents}
+
+
+async def test_while_the_event_loop_is_busy_agents_sending_as_they_do_lose_nothing(feed: AgentFeed) -> None:
+    """The kernel queues ~10 datagrams; the reader thread empties it while the event loop is held up (a tick's work)."""
+    sent = 0
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.setblocking(False)  # as the agent's sender: drop rather than block
+        for i in range(40):  # four times the queue, spread over ~40 ms, the event loop never let run
+            try:
+                s.sendto(message(500 + i), feed.cfg.socket)
+                sent += 1
+            except BlockingIOError:
+                pass
+            time.sleep(0.001)
+    assert sent == 40  # none would have been dropped
+    wait_until(lambda: feed._arrived >= 40, what="40 datagrams in the inbox")
+    assert {a.pid for a in (await feed.read()).agents} == set(range(500, 540))
 
 
 async def test_a_failed_receive_is_counted_and_the_reader_goes_on(

@@ -466,12 +466,12 @@ def _drivers_of(snap: Snapshot) -> _Drivers:
         )
 
     drivers = _DRIVERS.get((snap.agent, snap.gpus, snap.busy), make, (snap.seq, len(snap.engines)))
-    if not _pages_apart(drivers.snap.engines, snap.engines):  # another Snapshot that shares those parts
+    if not _same_but_pages(drivers.snap.engines, snap.engines):  # another Snapshot that shares those parts
         return make()
     return drivers
 
 
-def _pages_apart(kept: Sequence[EngineReading], now: Sequence[EngineReading]) -> bool:
+def _same_but_pages(kept: Sequence[EngineReading], now: Sequence[EngineReading]) -> bool:
     """Say whether two ticks' engines are the same readings but for pages dropped since (`sampling.retire`)."""
     return kept is now or all(
         a is b or (a.raw is not None and b.raw is None and replace(a, raw=None) == b)

@@ -36,6 +36,7 @@ for step in ${STEPS:-env}; do
         find exporter -name '*.py' -exec sha1sum {} + | LC_ALL=C sort -k2 | tee /tmp/tree.sha | wc -l; sha1sum < /tmp/tree.sha
         echo "== gpu"; nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv,noheader
         echo "== cpus"; nproc; lscpu | grep -E "Model name"
+        echo "== net.unix.max_dgram_qlen (the agents' socket queue)"; cat /proc/sys/net/unix/max_dgram_qlen
         echo "== python"; python3 -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__)'
         python3 -c 'import cupti; print("cupti-python", getattr(cupti, "__version__", "?"))' 2>&1 | tail -1
       } > "$O/env.txt" 2>&1 ;;

@@ -939,6 +939,7 @@ def run_one(
             # dropped of it (the daemon's socket queue full: net.unix.max_dgram_qlen)
             "agent_sends": sends.get("agent.sock", [0, 0])[0],
             "agent_sends_would_drop": sends.get("agent.sock", [0, 0])[1],
+            "dgram_qlen": _dgram_qlen(),
             "metrics_series": series,
             "metrics_gzip_bytes": nbytes,
             "scrape_every_seconds": scrape_every,
@@ -961,6 +962,15 @@ def run_one(
         stop_parts(procs, sock_dir)
 
 
+def _dgram_qlen() -> int | None:
+    """Return this network namespace's net.unix.max_dgram_qlen (what the daemons' sockets got)."""
+    try:
+        with open("/proc/sys/net/unix/max_dgram_qlen") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gpus", default="1,8,64", help="GPU counts to measure, comma-separated")
@@ -978,6 +988,13 @@ def main() -> int:
         default="windows",
         choices=AGENT_MODES,
         help="what the GPUs' agents send (see the module's doc; default: windows)",
+    )
+    ap.add_argument(
+        "--dgram-qlen",
+        type=int,
+        default=0,
+        help="run in a network namespace of its own whose net.unix.max_dgram_qlen is this"
+        " (512: what systemd sets on most hosts; 0: this machine's, in its own namespace)",
     )
     ap.add_argument("--out", default="")
     ap.add_argument("--part", default="", help=argparse.SUPPRESS)
@@ -1006,6 +1023,10 @@ def main() -> int:
             print("needs root and unshare(1) for a PID namespace of its own", file=sys.stderr)
             return 2
         env = dict(os.environ, BW_COST_NS="1")
+        if args.dgram_qlen > 0:  # loopback up and the queue set, inside a network namespace of its own
+            script = 'ip link set lo up && echo "$0" > /proc/sys/net/unix/max_dgram_qlen && exec "$@"'
+            cmd = ["sh", "-c", script, str(args.dgram_qlen), sys.executable, *sys.argv]
+            return subprocess.call(["unshare", "--net", "--pid", "--fork", "--mount-proc", *cmd], env=env)
         return subprocess.call(
             ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, *sys.argv], env=env
         )

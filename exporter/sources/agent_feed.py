@@ -16,15 +16,24 @@ exporter.analysis.agent_union merges them (two processes' kernels that overlap c
 GPUs are keyed by the UUID the agent reports (the CUDA ordinal only when it reports none) and get
 a stable index, so two processes that each call their GPU ordinal 0 stay two GPUs without NVML.
 
-A thread of its own (`bw-agent_0`, I/O only) waits on the socket and puts each datagram in an
-inbox as it comes, with its arrival time and sender (the kernel queues only a few datagrams per
-socket: net.unix.max_dgram_qlen, 10 by default, past which agents drop); the event loop decodes
-and takes them together at the next `collect()`. One agent per GPU process sends each tick, on
-its own clock: read on the event loop, each datagram woke the loop and ran its Python cold
-(bench/sidecar_cost.py, sessions 19 and 20). The inbox is bounded (INBOX_MAX datagrams,
-INBOX_MAX_BYTES): past it the reader asks the loop to open it at once, and while the loop does not
-come (INBOX_HOLD times the bounds) it drops what comes and counts it (refused, "inbox"). Only the
-reader writes its counts and only the loop writes its own; the inbox is a deque (both ends atomic).
+A thread of its own (`bw-agent_0`, I/O only) puts each datagram in an inbox, with its arrival time
+and sender; the event loop decodes and takes them together at the next `collect()`. One agent per
+GPU process sends each tick, on its own clock: read on the event loop, each datagram woke the loop
+and ran its Python cold (bench/sidecar_cost.py, sessions 19 and 20). How the thread waits depends
+on how much the kernel queues for the socket (`net.unix.max_dgram_qlen` + 1 datagrams, read at
+bind; Linux's default is 10, systemd sets 512 on most hosts), past which agents drop:
+- blocking (at start, and while a second's arrivals exceed half the queue): the thread waits in
+  `recvmsg` and wakes for each datagram, so a shallow queue never fills;
+- paced (once PACED_AFTER seconds' arrivals each fit in half the queue): the kernel holds them and
+  the tick's read drains the socket on the event loop just before `collect()`, so no thread wakes
+  per datagram (at 64 GPUs, 65 wake-ups a tick, ~50-77 us each: session 20); the thread wakes only
+  to drain when no read came for PACE_BACKSTOP_S (the loop held up). A second whose arrivals pass
+  half the queue puts the thread back to blocking at once.
+The inbox is bounded (INBOX_MAX datagrams, INBOX_MAX_BYTES): past it the reader asks the loop to
+open it at once, and while the loop does not come (INBOX_HOLD times the bounds) it drops what comes
+and counts it (refused, "inbox"). The reader's counts are written under `_drain_lock` (by the thread,
+or by the loop's drain while paced) and the loop's own only by the loop; the inbox is a deque (both
+ends atomic).
 """
 
 from __future__ import annotations
@@ -74,6 +83,10 @@ INBOX_MAX = 512  # datagrams received but not yet decoded (see the module's doc)
 INBOX_MAX_BYTES = 1 << 20
 INBOX_HOLD = 4  # the reader holds up to this many times the bounds while the event loop is late, then drops
 RECEIVE_RETRY_S = 0.1  # the reader's pause after a failed receive (a broken socket must not spin)
+PACE_BIN_S = 1.0  # arrivals are counted per second to choose how the reader waits (see the module's doc)
+PACE_FIT = 2  # paced while a second's arrivals fit this many times in the kernel's queue
+PACED_AFTER = 3  # ... for this many seconds in a row
+PACE_BACKSTOP_S = 1.0  # while paced, the thread drains the socket when no read did for this long
 REFUSED_REASONS = (
     "peer",
     "agents",
@@ -177,6 +190,15 @@ class AgentFeed:
         self._inbox: deque[tuple[int, bytes, unixsock.Peer | None, float, int]] = deque()
         self._reader: threading.Thread | None = None
         self._closing = False
+        # how the reader waits (the module's doc): a second's arrivals at most `_pace_limit` for
+        # PACED_AFTER seconds make it paced; `_drain_lock` serialises the receives and the counts below
+        self._drain_lock = threading.Lock()
+        self._wake = threading.Event()  # wakes a paced reader (closing, or back to blocking)
+        self._paced = False
+        self._pace_limit = 0  # set at bind from the socket's queue
+        self._bin_at, self._bin_n, self._fitting = time.monotonic(), 0, 0
+        self._drained_at = time.monotonic()
+        self.paced_switches = 0  # times the reader changed how it waits
         # counts that only the reader thread writes (arrived, their bytes, dropped while the inbox was full)
         # and those only the event loop writes (opened, their bytes, drops counted): no count has two writers
         self._arrived = self._arrived_bytes = self._dropped = 0
@@ -224,26 +246,78 @@ class AgentFeed:
             os.close(lock)
             raise
         self._sock, self._sock_stat, self._lock_fd = sock, st, lock
+        self._pace_limit = (unixsock.dgram_queue_limit() + 1) // PACE_FIT
 
     def _receive_forever(self, sock: socket.socket, loop: asyncio.AbstractEventLoop) -> None:
-        """The reader thread: wait on the socket, put each datagram in the inbox with its arrival (I/O only)."""
+        """The reader thread: put each datagram in the inbox with its arrival, as it comes or paced (I/O only)."""
         while not self._closing:
+            if self._paced:
+                self._wake.wait(max(0.0, self._drained_at + PACE_BACKSTOP_S - time.monotonic()))
+                self._wake.clear()
+                if self._paced and time.monotonic() - self._drained_at >= PACE_BACKSTOP_S:
+                    self._drain(sock, loop)  # no read came for a while: the event loop is held up
+                continue
             try:
                 data, peer, truncated = unixsock.receive_one(sock, wire.MAX_DATAGRAM_BYTES)
             except OSError as exc:
                 if self._closing:
                     return
-                self._arrive(loop, _FAILED, f"receive failed: {exc}".encode(), None)
+                with self._drain_lock:
+                    self._arrive(loop, _FAILED, f"receive failed: {exc}".encode(), None)
                 time.sleep(RECEIVE_RETRY_S)
                 continue
             if self._closing:
                 return
-            if truncated:
-                self._arrive(loop, _TRUNCATED, b"", peer)
-            elif peer is not None and self._allow is not None and not self._allow.allows(peer):
-                self._arrive(loop, _REFUSED, b"", peer)  # refused on arrival: its data is never held
-            else:
-                self._arrive(loop, _DATAGRAM, data, peer)
+            with self._drain_lock:
+                self._sort(loop, data, peer, truncated)
+                self._count(1)
+
+    def _drain(self, sock: socket.socket, loop: asyncio.AbstractEventLoop) -> None:
+        """Take every datagram the kernel holds, without waiting (a paced reader: the loop's read, or the thread's)."""
+        with self._drain_lock:
+            if not self._paced:
+                return
+            n = 0
+            while not self._closing and n <= INBOX_HOLD * INBOX_MAX:
+                try:
+                    data, peer, truncated = unixsock.receive_one(
+                        sock, wire.MAX_DATAGRAM_BYTES, unixsock.MSG_DONTWAIT
+                    )
+                except BlockingIOError:
+                    break
+                except OSError as exc:
+                    self._arrive(loop, _FAILED, f"receive failed: {exc}".encode(), None)
+                    break
+                self._sort(loop, data, peer, truncated)
+                n += 1
+            self._drained_at = time.monotonic()
+            self._count(n)
+
+    def _sort(
+        self, loop: asyncio.AbstractEventLoop, data: bytes, peer: unixsock.Peer | None, truncated: bool
+    ) -> None:
+        """Put one received datagram in the inbox as what it is (under the drain lock)."""
+        if truncated:
+            self._arrive(loop, _TRUNCATED, b"", peer)
+        elif peer is not None and self._allow is not None and not self._allow.allows(peer):
+            self._arrive(loop, _REFUSED, b"", peer)  # refused on arrival: its data is never held
+        else:
+            self._arrive(loop, _DATAGRAM, data, peer)
+
+    def _count(self, n: int) -> None:
+        """Count n arrivals in this second's bin and choose how the reader waits (under the drain lock)."""
+        now = time.monotonic()
+        if now - self._bin_at >= PACE_BIN_S:
+            self._fitting = self._fitting + 1 if self._bin_n <= self._pace_limit else 0
+            self._bin_at, self._bin_n = now, 0
+            if not self._paced and self._fitting >= PACED_AFTER:
+                self._paced, self._drained_at = True, now
+                self.paced_switches += 1
+        self._bin_n += n
+        if self._paced and self._bin_n > self._pace_limit:  # the queue could fill before the next read
+            self._paced, self._fitting = False, 0
+            self.paced_switches += 1
+            self._wake.set()
 
     def _arrive(
         self, loop: asyncio.AbstractEventLoop, what: int, data: bytes, peer: unixsock.Peer | None
@@ -463,6 +537,8 @@ class AgentFeed:
             raise SourceUnavailable(
                 f"agent socket {self.cfg.socket} was removed or replaced: agents cannot reach us"
             )
+        if self._paced and self._loop is not None:  # what the kernel holds, read here: no thread wakes
+            self._drain(self._sock, self._loop)
         return self.collect()
 
     def _still_bound(self) -> bool:
@@ -672,6 +748,7 @@ class AgentFeed:
         """Stop reading, and remove the socket file only while it is still the one this feed bound."""
         if self._sock is not None:
             self._closing = True
+            self._wake.set()  # wakes a paced reader
             with contextlib.suppress(OSError):
                 self._sock.shutdown(socket.SHUT_RDWR)  # wakes the reader thread's receive
             if self._reader is not None:

@@ -26,6 +26,7 @@ DEFAULT_GROUP = "boundwatch"  # the group engine users join (the systemd unit's 
 _UCRED = struct.Struct("iII")  # struct ucred: pid, uid, gid
 _ANC_SPACE = socket.CMSG_SPACE(_UCRED.size)
 # plain ints: the socket module's are enum members, whose `&` runs in Python (each datagram's flags)
+MSG_DONTWAIT = int(socket.MSG_DONTWAIT)
 _MSG_TRUNC, _SOL_SOCKET, _SCM_CREDENTIALS = (
     int(socket.MSG_TRUNC),
     int(socket.SOL_SOCKET),
@@ -170,14 +171,31 @@ def bind(path: str, group: int | None, rcvbuf: int = 4 * 1024 * 1024) -> tuple[s
         raise
 
 
-def receive_one(sock: socket.socket, limit: int) -> tuple[bytes, Peer | None, bool]:
-    """Wait for the next datagram and return it as (data, sender, truncated) (a blocking socket's reader thread)."""
-    data, ancdata, flags, _ = sock.recvmsg(limit + 1, _ANC_SPACE)
+def receive_one(sock: socket.socket, limit: int, flags: int = 0) -> tuple[bytes, Peer | None, bool]:
+    """Wait for the next datagram and return it as (data, sender, truncated) (a blocking socket's reader thread).
+
+    flags=MSG_DONTWAIT: take one only if one is queued, else raise BlockingIOError (a drain).
+    """
+    data, ancdata, msg_flags, _ = sock.recvmsg(limit + 1, _ANC_SPACE, flags)
     peer = None
     for level, kind, payload in ancdata:
         if level == _SOL_SOCKET and kind == _SCM_CREDENTIALS and len(payload) >= _UCRED.size:
             peer = Peer(*_UCRED.unpack(payload[: _UCRED.size]))
-    return data, peer, bool(flags & _MSG_TRUNC) or len(data) > limit
+    return data, peer, bool(msg_flags & _MSG_TRUNC) or len(data) > limit
+
+
+def dgram_queue_limit(path: str = "/proc/sys/net/unix/max_dgram_qlen") -> int:
+    """Return how many datagrams the kernel queues for a datagram socket made now (its netns's setting).
+
+    The kernel gives each new socket the namespace's `net.unix.max_dgram_qlen` and queues one past it;
+    10 (Linux's default) when the setting cannot be read. systemd raises it to 512 on most hosts.
+    """
+    try:
+        with open(path, "rb") as fh:
+            value = int(fh.read(32).strip())
+    except (OSError, ValueError):
+        return 10
+    return max(0, min(value, 1 << 20))
 
 
 def remove_if_ours(path: str, st: os.stat_result) -> None:

@@ -631,9 +631,9 @@ def _message_plain(body: Any) -> Message | None:
     windows = [_window_plain(w) for w in windows_raw]
     if None in windows:
         return None
-    try:  # rare and small: checked as `_message` checks them
-        steps = tuple([_steps(s) for s in steps_raw])
-        graphs = _graph_counts(body)
+    try:  # small: the usual steps at once, the rest checked as `_message` checks them
+        steps = tuple([_steps_plain(s) or _steps(s) for s in steps_raw])
+        graphs = _graph_counts_plain(get("graphs")) or _graph_counts(body)
     except Exception:
         return None
     return _frozen(
@@ -655,6 +655,94 @@ def _message_plain(body: Any) -> Message | None:
             "silent_ms": ints[5],
             "v": VERSION,
         },
+    )
+
+
+_STEPS_LIGHT_KEYS = tuple(_STEPS_LIGHT_DEFAULTS)
+
+
+def _steps_plain(d: Any) -> Steps | None:
+    """Return a bool-free steps object of the usual shape within every bound `_steps` checks, else None.
+
+    The Steps `_steps` returns for it (an engine name to cut or mend, or absent, is left to `_steps`).
+    """
+    if type(d) is not dict:
+        return None
+    get = d.get
+    engine, hist = get("engine"), get("hist", [])
+    ints: tuple[Any, ...] = (
+        get("n"),
+        get("wall"),
+        get("gpu", 0),
+        get("tokens", 0),
+        get("seqs", 0),
+        get("measured", 0),
+        get("t0", 0),
+        get("t1", 0),
+    )
+    if (
+        type(engine) is not str
+        or not engine
+        or len(engine) > 64
+        or not engine.isprintable()
+        or set(map(type, ints)) != _ONLY_INT
+        or min(ints) < 0
+        or max(ints) > MAX_INT
+    ):
+        return None
+    n, wall, gpu, tokens, seqs, measured, t0, t1 = ints
+    if (
+        n > MAX_STEPS_PER_MESSAGE
+        or tokens > n * MAX_TOKENS_PER_STEP
+        or seqs > n * MAX_SEQS_PER_STEP
+        or t1 < t0
+        or gpu > wall * MAX_DEVICES
+        or type(hist) is not list
+        or (hist and (len(hist) != STEP_BUCKET_COUNT or _plain_sum(hist, STEP_BUCKET_COUNT) != n))
+    ):
+        return None
+    light = [get(k) for k in _STEPS_LIGHT_KEYS]  # each absent (or null) takes its default, as `_count` does
+    given = [v for v in light if v is not None]
+    if given and (set(map(type, given)) != _ONLY_INT or min(given) < 0):
+        return None
+    values = {
+        "engine": engine,
+        "n": n,
+        "wall": wall,
+        "gpu": gpu,
+        "tokens": tokens,
+        "seqs": seqs,
+        "measured": 1 if measured else 0,
+        "hist": tuple(hist),
+        "t0": t0,
+        "t1": t1,
+    }
+    for k, v, default in zip(_STEPS_LIGHT_KEYS, light, _LIGHT_DEFAULT_VALUES, strict=True):
+        values[k] = default if v is None else v
+    return _frozen(Steps, values)
+
+
+def _graph_counts_plain(d: Any) -> GraphCounts | None:
+    """Return bool-free graph counts of the usual shape, as `_graph_counts` does, else None (absent too)."""
+    if type(d) is not dict:
+        return None
+    get = d.get
+    ints: tuple[Any, ...] = (get("t0", 0), get("t1", 0), get("replays", 0), get("captures", 0), get("dev", 0))
+    uuid = get("uuid", "")
+    if (
+        set(map(type, ints)) != _ONLY_INT
+        or min(ints) < 0
+        or ints[1] < ints[0]
+        or type(uuid) is not str
+        or len(uuid) > 96
+        or not uuid.isprintable()
+    ):
+        return None
+    t0, t1, replays, captures, dev = ints
+    if "dev" not in d:
+        dev = -1
+    return _frozen(
+        GraphCounts, {"t0": t0, "t1": t1, "replays": replays, "captures": captures, "dev": dev, "uuid": uuid}
     )
 
 

@@ -61,8 +61,11 @@ VALID = {
             "hist": [0, 0, 2] + [0] * 9,
             "t0": WALL,
             "t1": WALL + 50 * MS,
+            "graph": 2,
+            "running": 3,
         }
     ],
+    "graphs": {"t0": WALL, "t1": WALL + 500 * MS, "replays": 25, "captures": 3, "dev": 0, "uuid": "GPU-x"},
 }
 
 
@@ -319,7 +322,7 @@ EDGE_VALUES: list[object] = [
     [0, True],
 ]
 EDGES = st.sampled_from(EDGE_VALUES)
-PLACES = ["", "windows.0", "steps.0", "devices.0"]
+PLACES = ["", "windows.0", "steps.0", "devices.0", "graphs"]
 KEYS = [
     "v",
     "pid",
@@ -366,6 +369,9 @@ KEYS = [
     "max_seqs",
     "dp",
     "owner",
+    # graph counts' own
+    "replays",
+    "captures",
 ]
 
 
@@ -467,6 +473,9 @@ def test_the_plain_path_takes_the_light_agents_datagrams() -> None:
             silent_ms=1250,
         ),
     ):
-        got = wire._message_plain(json.loads(wire.encode(msg)))
+        body = json.loads(wire.encode(msg))
+        (steps,) = body["steps"]
+        assert wire._steps_plain(steps) == msg.steps[0]  # the steps too take the plain path
+        got = wire._message_plain(body)
         assert got == msg and repr(got) == repr(msg)
         assert got is not None and list(vars(got.steps[0])) == list(vars(msg.steps[0]))

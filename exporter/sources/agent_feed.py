@@ -278,6 +278,7 @@ class AgentFeed:
             if not self._paced:
                 return
             n = 0
+            at = (self.clock(), self.wall_ns())  # one receive time for what the kernel held together
             while not self._closing and n <= INBOX_HOLD * INBOX_MAX:
                 try:
                     data, peer, truncated = unixsock.receive_one(
@@ -288,21 +289,26 @@ class AgentFeed:
                 except OSError as exc:
                     self._arrive(loop, _FAILED, f"receive failed: {exc}".encode(), None)
                     break
-                self._sort(loop, data, peer, truncated)
+                self._sort(loop, data, peer, truncated, at)
                 n += 1
             self._drained_at = time.monotonic()
             self._count(n)
 
     def _sort(
-        self, loop: asyncio.AbstractEventLoop, data: bytes, peer: unixsock.Peer | None, truncated: bool
+        self,
+        loop: asyncio.AbstractEventLoop,
+        data: bytes,
+        peer: unixsock.Peer | None,
+        truncated: bool,
+        at: tuple[float, int] | None = None,
     ) -> None:
-        """Put one received datagram in the inbox as what it is (under the drain lock)."""
+        """Put one received datagram in the inbox as what it is (under the drain lock); at: its (clock, wall)."""
         if truncated:
-            self._arrive(loop, _TRUNCATED, b"", peer)
+            self._arrive(loop, _TRUNCATED, b"", peer, at)
         elif peer is not None and self._allow is not None and not self._allow.allows(peer):
-            self._arrive(loop, _REFUSED, b"", peer)  # refused on arrival: its data is never held
+            self._arrive(loop, _REFUSED, b"", peer, at)  # refused on arrival: its data is never held
         else:
-            self._arrive(loop, _DATAGRAM, data, peer)
+            self._arrive(loop, _DATAGRAM, data, peer, at)
 
     def _count(self, n: int) -> None:
         """Count n arrivals in this second's bin and choose how the reader waits (under the drain lock)."""
@@ -320,14 +326,20 @@ class AgentFeed:
             self._wake.set()
 
     def _arrive(
-        self, loop: asyncio.AbstractEventLoop, what: int, data: bytes, peer: unixsock.Peer | None
+        self,
+        loop: asyncio.AbstractEventLoop,
+        what: int,
+        data: bytes,
+        peer: unixsock.Peer | None,
+        at: tuple[float, int] | None = None,
     ) -> None:
-        """Put one arrival in the inbox (the reader thread); past the bounds ask the loop to open it, far past drop."""
+        """Put one arrival in the inbox (under the drain lock); past the bounds ask the loop to open it, far past drop."""
         held, held_bytes = self._arrived - self._opened, self._arrived_bytes - self._opened_bytes
         if held >= INBOX_HOLD * INBOX_MAX or held_bytes >= INBOX_HOLD * INBOX_MAX_BYTES:
             self._dropped += 1  # the event loop has not come for a long while: counted at its next read
             return
-        self._inbox.append((what, data, peer, self.clock(), self.wall_ns()))
+        now, wall = at if at is not None else (self.clock(), self.wall_ns())
+        self._inbox.append((what, data, peer, now, wall))
         self._arrived += 1
         self._arrived_bytes += len(data)
         if (

@@ -19,6 +19,7 @@ import stat
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 SOCKET_MODE = 0o660  # owner and group may send
 DIR_MODE = 0o750  # a directory this module creates: group members may reach the socket
@@ -42,9 +43,8 @@ class UnsafePath(OSError):
     """The socket's directory or file could be changed by another user."""
 
 
-@dataclass(frozen=True)
-class Peer:
-    """The credentials the kernel attached to one datagram."""
+class Peer(NamedTuple):
+    """The credentials the kernel attached to one datagram (a tuple: made and hashed in C, per datagram)."""
 
     pid: int
     uid: int
@@ -180,7 +180,7 @@ def receive_one(sock: socket.socket, limit: int, flags: int = 0) -> tuple[bytes,
     peer = None
     for level, kind, payload in ancdata:
         if level == _SOL_SOCKET and kind == _SCM_CREDENTIALS and len(payload) >= _UCRED.size:
-            peer = Peer(*_UCRED.unpack(payload[: _UCRED.size]))
+            peer = Peer._make(_UCRED.unpack(payload[: _UCRED.size]))
     return data, peer, bool(msg_flags & _MSG_TRUNC) or len(data) > limit
 
 

@@ -3,8 +3,8 @@
 A source that fails or times out marks itself down in that tick's Snapshot (and logs once per
 change of state); the others carry on. History is a bounded ring of Snapshots: those the
 verdict's windows still read are whole, older ones are compact records (`compact`), so memory
-per GPU stays small and flat however long the history. Only the newest Snapshot keeps its totals
-and its engines' raw pages (`retire`).
+per GPU stays small and flat however long the history. Only the newest Snapshot keeps its totals,
+its engines' raw pages and its agents' raw windows (`retire`).
 """
 
 from __future__ import annotations
@@ -104,11 +104,18 @@ def compact(snap: Snapshot, gpus: CompactGpus | None = None) -> Snapshot:
 
 
 def retire(snap: Snapshot) -> Snapshot:
-    """Return what the Snapshot before the newest keeps: no totals, and no engine's raw page (analysis read it)."""
+    """Return what the Snapshot before the newest keeps: no totals, no engine's raw page and no agent's
+    raw windows (analysis read them: the page into the engine's figures, the windows into each GPU's
+    activity and the union state the next tick carries). The agent reading's other parts are kept
+    as they are (the same objects), so what analysis found from them is found again by identity.
+    """
     engines = snap.engines
     if any(e.raw is not None for e in engines):
         engines = tuple(replace(e, raw=None) if e.raw is not None else e for e in engines)
-    return replace(snap, totals=EMPTY, engines=engines)
+    agent = snap.agent
+    if agent is not None and agent.windows:
+        agent = replace(agent, windows=())
+    return replace(snap, totals=EMPTY, engines=engines, agent=agent)
 
 
 class _SourceState:

@@ -619,3 +619,111 @@ async def test_a_hung_read_in_a_thread_holds_the_others_back_only_until_the_budg
         release.set()
         hung.close()
         fast.close()
+
+
+MS = 1_000_000
+
+
+class CuptiAgents:
+    """An agent feed stand-in: per GPU one process's 0.5 s CUPTI window a tick (two on GPU 1 every third
+    tick, unioned in analysis), its packed busy intervals moving, and its engine core's steps."""
+
+    name = "agent"
+
+    def __init__(self, uuids: list[str]) -> None:
+        from exporter.snapshot.agent import AgentState
+
+        self.uuids = uuids
+        self.n = 0
+        self.states = tuple(
+            AgentState(pid=900 + i, gpu=i, state="running", role="vllm_worker", uuid=u)
+            for i, u in enumerate(uuids)
+        )
+
+    def window(self, pid: int, t0: int, k: int):
+        from exporter import wire
+        from exporter.snapshot.agent import AgentWindow
+
+        starts = [t0 + (s * 40 + k % 9) * MS for s in range(12)]
+        spans = [(a, a + (1 + (k * 7 + j * pid) % 30) * MS) for j, a in enumerate(starts)]
+        iv, slack = wire.pack_intervals(spans, t0)
+        busy = sum(e - s for s, e in spans)
+        gaps = tuple((k + pid + j) % 3 for j in range(wire.IDLE_GAP_BUCKET_COUNT))
+        return AgentWindow(
+            pid,
+            t0,
+            t0 + 500 * MS,
+            busy,
+            kernels=12 + k,
+            gap_counts=gaps,
+            gap_sum_ns=sum(gaps) * MS,
+            iv=iv,
+            slack_ns=slack,
+        )
+
+    async def read(self):
+        from exporter.snapshot.agent import AgentReading, EngineSteps, GpuWindows
+
+        k = self.n = self.n + 1
+        t0 = 1_764_400_000_000_000_000 + k * 500 * MS
+        windows = []
+        for i, u in enumerate(self.uuids):
+            own = [self.window(900 + i, t0, k)]
+            if i == 1 and k % 3 == 0:  # a second process on GPU 1: the union counts their overlap once
+                own.append(self.window(990, t0, k + 5))
+            windows.append(GpuWindows(gpu=i, uuid=u, running=len(own), windows=tuple(own)))
+        steps = (
+            EngineSteps(
+                "vllm:8000", steps=10 + k % 5, wall_ns=400 * MS, gpu_busy_ns=0, pid=4100, running=float(k % 7)
+            ),
+        )
+        return AgentReading(agents=self.states, steps=steps, messages=len(windows), windows=tuple(windows))
+
+    def close(self) -> None:
+        pass
+
+
+async def _run_agents(keep_windows: bool, monkeypatch, ticks: int = 30):
+    import exporter.sampling as sampling
+
+    if keep_windows:  # as before: a retired Snapshot kept its agents' raw windows
+        real = sampling.retire
+        monkeypatch.setattr(
+            sampling, "retire", lambda snap: dataclasses.replace(real(snap), agent=snap.agent)
+        )
+    clock = Clock(100.0)
+    gpus = [FakeGpu(uuid=f"GPU-{i}") for i in range(4)]
+    nvml = NvmlSource(NvmlConfig(), nvml=FakeNvml(gpus))  # type: ignore[arg-type]
+    sources = [nvml, ChangingEngine(), CuptiAgents([g.uuid for g in gpus])]
+    sampler = Sampler(Config(tick_seconds=0.5, history_seconds=10.0), sources, clock=clock)
+    seen, made = [], []
+    for k in range(ticks):
+        for i, g in enumerate(gpus):
+            g.util = (k * 13 + i * 29) % 101
+            g.gpm = {1: float((k * 7 + i * 11) % 100), 2: float((k * 5 + i) % 100)}
+        snap = await sampler.tick()
+        seen.append((snap.verdicts, snap.totals, dict(snap.busy), snap.agent))
+        made.append(snap)
+        clock.t += 0.5
+    monkeypatch.undo()
+    return sampler, seen, made
+
+
+async def test_only_the_newest_snapshot_keeps_the_agents_raw_windows_and_nothing_read_changes(monkeypatch):
+    """A retired Snapshot drops its agents' raw windows (their intervals) as it drops the engines' pages:
+    every tick's verdicts with their evidence, counters, busy figures and agent reading are the same."""
+    dropping, with_drop, made = await _run_agents(False, monkeypatch)
+    keeping, without, _ = await _run_agents(True, monkeypatch)
+    assert with_drop == without  # each tick's newest Snapshot, its raw windows included
+    hist, kept = dropping.history(), keeping.history()
+    assert [bool(s.agent and s.agent.windows) for s in hist] == [False] * (len(hist) - 1) + [True]
+    assert sum(bool(s.agent and s.agent.windows) for s in kept) >= 5  # before: every whole one its windows
+    whole = [s for s in hist if s.agent is not None]  # the compact records keep no agent reading at all
+    assert 5 <= len(whole) <= 8 and whole[-1] is hist[-1]
+    by_seq = {s.seq: s for s in made}
+    for s in whole[:-1]:
+        # the reading's other parts are the very objects analysis read, so what it found is found again
+        a, b = s.agent, by_seq[s.seq].agent
+        assert a.activity is b.activity and a.agents is b.agents and a.steps is b.steps and a.union is b.union
+        assert a.activity and b.windows and a == dataclasses.replace(b, windows=())
+    assert any(a.processes == 2 for s in whole for a in s.agent.activity)  # a union among them

@@ -437,14 +437,22 @@ class _Drivers:
         return self._unowned
 
 
-# A Snapshot's tick (its seq, agent reading, GPUs and busy figures) -> its drivers, for the Snapshots of
-# the last few ticks: each is in the verdict's window for window_seconds, as the copies the pipeline
-# and the history make of it (verdicts and totals set, then its totals and engines' pages dropped),
-# which share those parts and whose engines differ at most by their pages (`raw`, which no verdict
-# reads): its drivers, and every GPU's views of it, made once. The size grows with the window. The
-# drivers hold only the parts they read, not the Snapshot with its totals (large at 64 GPUs, and
-# dropped by the history).
+# A Snapshot's tick (its seq, the parts of its agent reading the drivers read, GPUs and busy figures) ->
+# its drivers, for the Snapshots of the last few ticks: each is in the verdict's window for
+# window_seconds, as the copies the pipeline and the history make of it (verdicts and totals set, then
+# its totals, engines' pages and agents' raw windows dropped), which share those parts and whose engines
+# differ at most by their pages (`raw`, which no verdict reads): its drivers, and every GPU's views of
+# it, made once. The size grows with the window. The drivers hold only the parts they read, not the
+# Snapshot with its totals (large at 64 GPUs, and dropped by the history) nor its agents' raw windows
+# (their packed intervals, ~7 KiB a GPU a tick with CUPTI agents, dropped by the history too).
 _DRIVERS: ByIdentity[_Drivers] = ByIdentity(8)
+
+
+def _driving(agent: AgentReading | None) -> AgentReading | None:
+    """Return the parts of an agent reading the drivers read (its activity, agents and steps), the same objects."""
+    if agent is None:
+        return None
+    return AgentReading(activity=agent.activity, agents=agent.agents, steps=agent.steps)
 
 
 def _drivers_of(snap: Snapshot) -> _Drivers:
@@ -460,12 +468,14 @@ def _drivers_of(snap: Snapshot) -> _Drivers:
                 dt=snap.dt,
                 gpus=snap.gpus,
                 engines=snap.engines,
-                agent=snap.agent,
+                agent=_driving(agent),
                 busy=snap.busy,
             )
         )
 
-    drivers = _DRIVERS.get((snap.agent, snap.gpus, snap.busy), make, (snap.seq, len(snap.engines)))
+    agent = snap.agent
+    parts = (agent.activity, agent.agents, agent.steps) if agent is not None else (None, None, None)
+    drivers = _DRIVERS.get((*parts, snap.gpus, snap.busy), make, (snap.seq, len(snap.engines)))
     if not _same_but_pages(drivers.snap.engines, snap.engines):  # another Snapshot that shares those parts
         return make()
     return drivers
@@ -768,21 +778,24 @@ def _offered(win: Sequence[Snapshot], vs: Sequence[Sequence[View]], cfg: Verdict
     return {"offered": bool(found), "offered_by": "+".join(s for s in OFFERED_BY if s in found) or None}
 
 
-# AgentReading -> its activity by GPU, for the readings of the last few ticks (each GPU's verdict
-# reads every tick of its window: indexing once per reading keeps that linear in GPUs).
+# An agent reading's activity -> its records by GPU, for the readings of the last few ticks (each GPU's
+# verdict reads every tick of its window: indexing once per reading keeps that linear in GPUs). Keyed by
+# the activity alone, which the history's copies of a reading share (its raw windows dropped) and which
+# is all that is held here.
 _ACTIVITY_INDEX: ByIdentity[dict[int, list[GpuActivity]]] = ByIdentity(16)
 
 
 def _activity_of(agent: AgentReading) -> dict[int, list[GpuActivity]]:
     """Return an agent reading's activity records by GPU, in their order."""
+    activity = agent.activity
 
     def index() -> dict[int, list[GpuActivity]]:
         out: dict[int, list[GpuActivity]] = {}
-        for a in agent.activity:
+        for a in activity:
             out.setdefault(a.gpu, []).append(a)
         return out
 
-    return _ACTIVITY_INDEX.get((agent,), index)
+    return _ACTIVITY_INDEX.get((activity,), index)
 
 
 def _agent_activity(

@@ -628,6 +628,43 @@ def test_a_snapshots_views_are_made_once_while_it_stays_in_the_window(
     assert got == [v.classify_all(snaps[:n], cfg) for n in range(start, len(snaps) + 1)]
 
 
+def test_a_retired_snapshot_without_its_agents_raw_windows_finds_its_drivers_and_activity_again() -> None:
+    """The history drops a retired Snapshot's raw windows (`sampling.retire`): what the verdict worked out
+    of the reading is found again for that copy, and what it keeps holds no raw windows."""
+    from exporter import wire
+    from exporter.analysis import pipeline
+    from exporter.snapshot.agent import AgentReading, AgentWindow, GpuWindows
+
+    ms, t0 = 1_000_000, 1_764_400_000_000_000_000
+    snaps = _spread(series(LIGHT_ENGINE, 3.0), 2)
+    history: list[Snapshot] = []
+    for n, s in enumerate(snaps):
+        start = t0 + n * 500 * ms
+        iv, slack = wire.pack_intervals([(start + 10 * ms, start + (60 + n) * ms)], start)
+        raw = tuple(
+            GpuWindows(
+                g,
+                f"GPU-{g}",
+                1,
+                (AgentWindow(70, start, start + 500 * ms, (50 + n) * ms, iv=iv, slack_ns=slack),),
+            )
+            for g in range(2)
+        )
+        agent = AgentReading(agents=s.agent.agents, steps=s.agent.steps, windows=raw) if s.agent else None
+        history.append(pipeline.advance(history, dataclasses.replace(s, agent=agent, verdicts=()), Config()))
+    newest = history[-1]
+    assert newest.agent is not None and newest.agent.windows and newest.agent.activity
+    drivers, index = v._drivers_of(newest), v._activity_of(newest.agent)
+    old = retire(newest)
+    assert old.agent is not None and old.agent.windows == () and old.agent.activity is newest.agent.activity
+    assert v._drivers_of(old) is drivers and v._activity_of(old.agent) is index
+    assert drivers.snap.agent is not None and drivers.snap.agent.steps is newest.agent.steps
+    held = [o for memo in (v._DRIVERS, v._ACTIVITY_INDEX) for objs, _ in memo._kept.values() for o in objs]
+    held += [d.snap.agent for _, d in v._DRIVERS._kept.values()]
+    assert held and not any(isinstance(o, AgentReading) and o.windows for o in held)
+    assert not any(isinstance(o, tuple) and o and isinstance(o[0], GpuWindows) for o in held)
+
+
 def test_gpus_of_different_engine_cores_read_their_own_cores_facts() -> None:
     """Under data parallelism each GPU takes its own core's steps: the facts differ and are not shared."""
     scene = dataclasses.replace(LIGHT_ENGINE, engine_pids=(70, 77, 78))

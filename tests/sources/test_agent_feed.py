@@ -538,8 +538,11 @@ def test_the_kernels_queue_limit_is_read_from_the_namespaces_setting(tmp_path: P
     assert agent_feed.unixsock.dgram_queue_limit(str(setting)) == 1 << 20
 
 
-async def paced(feed: AgentFeed, monkeypatch: pytest.MonkeyPatch, limit: int = 4) -> None:
+async def paced(
+    feed: AgentFeed, monkeypatch: pytest.MonkeyPatch, limit: int = 4, backstop: float = 30.0
+) -> None:
     """Make the feed's reader paced: a few seconds (shortened) whose arrivals fit `limit`."""
+    monkeypatch.setattr(agent_feed, "PACE_BACKSTOP_S", backstop)
     monkeypatch.setattr(agent_feed, "PACE_BIN_S", 0.05)
     monkeypatch.setattr(agent_feed, "PACED_AFTER", 2)
     feed._pace_limit = limit
@@ -553,16 +556,20 @@ async def paced(feed: AgentFeed, monkeypatch: pytest.MonkeyPatch, limit: int = 4
     await feed.read()
 
 
+def send_now(feed: AgentFeed, *pids: int) -> None:
+    """Send one message from each pid to the feed's socket, without waiting for the feed."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        for pid in pids:
+            s.sendto(message(pid), feed.cfg.socket)
+
+
 async def test_a_paced_reader_leaves_datagrams_in_the_kernel_until_the_ticks_read_drains_them(
     feed: AgentFeed, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Where the kernel's queue holds a tick's datagrams, no thread wakes for each: the read takes them."""
-    monkeypatch.setattr(agent_feed, "PACE_BACKSTOP_S", 30.0)
     await paced(feed, monkeypatch)
     arrived = feed._arrived
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-        for pid in (11, 12, 13):
-            s.sendto(message(pid), feed.cfg.socket)
+    send_now(feed, 11, 12, 13)
     time.sleep(0.2)
     assert feed._arrived == arrived and not feed._inbox  # still in the kernel's queue
     reading = await feed.read()
@@ -573,11 +580,8 @@ async def test_a_paced_reader_leaves_datagrams_in_the_kernel_until_the_ticks_rea
 async def test_more_arrivals_than_half_the_queue_put_the_reader_back_to_blocking(
     feed: AgentFeed, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(agent_feed, "PACE_BACKSTOP_S", 30.0)
     await paced(feed, monkeypatch, limit=2)
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-        for pid in (21, 22, 23):  # three in one bin: more than the limit
-            s.sendto(message(pid), feed.cfg.socket)
+    send_now(feed, 21, 22, 23)  # three in one bin: more than the limit
     reading = await feed.read()
     assert {21, 22, 23} <= {a.pid for a in reading.agents}
     assert not feed._paced and feed.paced_switches == 2
@@ -589,19 +593,15 @@ async def test_a_paced_reader_drains_the_socket_itself_while_no_read_comes(
     feed: AgentFeed, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The event loop held up: the thread drains the kernel's queue after PACE_BACKSTOP_S, before it fills."""
-    monkeypatch.setattr(agent_feed, "PACE_BACKSTOP_S", 0.3)
-    await paced(feed, monkeypatch)
+    await paced(feed, monkeypatch, backstop=0.3)
     arrived = feed._arrived
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-        for pid in (31, 32):
-            s.sendto(message(pid), feed.cfg.socket)
+    send_now(feed, 31, 32)
     wait_until(lambda: feed._arrived >= arrived + 2, what="the thread's own drain")  # the loop never runs
     assert feed._paced
     assert {31, 32} <= {a.pid for a in (await feed.read()).agents}
 
 
 async def test_closing_stops_a_paced_reader(feed: AgentFeed, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(agent_feed, "PACE_BACKSTOP_S", 30.0)
     await paced(feed, monkeypatch)
     reader = feed._reader
     assert reader is not None and reader.is_alive()

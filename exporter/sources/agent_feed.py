@@ -199,8 +199,9 @@ class AgentFeed:
         self._bin_at, self._bin_n, self._fitting = time.monotonic(), 0, 0
         self._drained_at = time.monotonic()
         self.paced_switches = 0  # times the reader changed how it waits
-        # counts that only the reader thread writes (arrived, their bytes, dropped while the inbox was full)
-        # and those only the event loop writes (opened, their bytes, drops counted): no count has two writers
+        # counts the reader writes under `_drain_lock` (arrived, their bytes, dropped while the inbox was
+        # full: the thread, or the loop's drain while paced) and those only the event loop writes (opened,
+        # their bytes, drops counted): no count has two writers at once
         self._arrived = self._arrived_bytes = self._dropped = 0
         self._opened = self._opened_bytes = self._dropped_seen = 0
         self._asked = -1  # `_opened` when the reader last asked the loop to open a full inbox

@@ -1,0 +1,164 @@
+"""Field-lab recordings replayed as if the daemon read GPM GRAPHICS_UTIL only where the verdict needs it (pure replay, no GPU).
+
+GRAPHICS_UTIL is the verdict's busy share on the H200 and its one dear NVML read: ~2-2.5 ms of CPU per
+busy GPU per tick (bench/README.md, "NVML calls per tick on the H200"), about 0.4-0.5% of a core per
+GPU. The four other GPM metrics come from the same pair of samples for ~1 us each; SM_UTIL follows
+the same activity at a ratio that moves slowly. Reading GRAPHICS_UTIL every K ticks with the others
+estimated as SM_UTIL times the last ratio failed in session 17 (eager decode, whose busy sits inside
+the verdict's hysteresis band). The policy replayed here reads it whenever the verdict could turn on
+it, and estimates it only where it cannot:
+
+- read when the last read is K ticks old, when SM_UTIL moved more than D since it, or when the
+  estimate lies within M of a threshold that applies to the GPU (`busy_low`, `busy_high`; the eager
+  ones, `eager_busy_low` and `eager_busy_high`, where the last verdict's evidence reads decode as
+  eager, as the verdict does);
+- otherwise the tick's GRAPHICS_UTIL is the estimate, min(1, SM_UTIL x graphics / SM at the last read).
+
+Each recording is replayed as recorded and with the policy, tick by tick (the policy sees the verdict
+the replay gave the tick before, as the daemon's NVML source would see the last Snapshot), and scored
+against its schedule; what the policy saves is the share of GPU-0 ticks whose GRAPHICS_UTIL it did
+not read.
+
+    python3 -m bench.scenarios.graphics_reads bench/results/scenarios-h200-*.jsonl.gz --out R.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+from bench.scenarios.score import Segment, Tick, passed, score
+from exporter.analysis.verdict import _reach, classify_tick
+from exporter.config import Config
+from exporter.snapshot import Snapshot
+from exporter.snapshot.codec import read_lines
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    every: int = 4  # K: read at least every this many ticks
+    sm_moved: float = 0.05  # D: read when SM_UTIL moved more than this since the last read
+    margin: float = 0.10  # M: read when the estimate is this near a threshold that applies
+
+
+def _eager(snap: Snapshot | None) -> bool:
+    """Say whether the last verdict on GPU 0 read decode as eager, as `verdict.eager_decode` does (True before one)."""
+    if snap is None:
+        return True
+    v = next((v for v in snap.verdicts if v.gpu == 0), None)
+    if v is None:
+        return True
+    ev = dict(v.evidence)
+    shares = [ev[k] for k in ("graph_share", "graph_step_share") if isinstance(ev.get(k), float)]
+    if not shares:  # nothing measured the graphs: the command line may say so
+        return ev.get("graph_config_eager") is not None
+    return any(x < 0.5 for x in shares)
+
+
+def replay_with(
+    snaps: list[Snapshot], cfg: Config, policy: Policy | None
+) -> tuple[list[Snapshot], list[tuple[float, bool]]]:
+    """Return the replayed Snapshots and, for each GPU-0 tick with GRAPHICS_UTIL recorded, (its time, whether the policy read it)."""
+    v = cfg.verdict
+    keep = max(2, int(_reach(v) / cfg.tick_seconds) + 4)
+    out: list[Snapshot] = []
+    last: tuple[int, float, float] | None = None  # (tick index, SM, graphics / SM) at the last read
+    seen: list[tuple[float, bool]] = []
+    for i, snap in enumerate(snaps):
+        g = snap.gpu(0)
+        gpm = g.gpm if g is not None else None
+        if policy is not None and gpm is not None and gpm.graphics is not None and gpm.sm is not None:
+            sm, graphics = gpm.sm, gpm.graphics
+            need = last is None or i - last[0] >= policy.every or abs(sm - last[1]) > policy.sm_moved
+            est = 0.0
+            if not need and last is not None:
+                est = min(1.0, sm * last[2])
+                near = [v.busy_low, v.busy_high]
+                if _eager(out[-1] if out else None):
+                    near += [v.eager_busy_low, v.eager_busy_high]
+                need = any(abs(est - t) <= policy.margin for t in near)
+            seen.append((snap.at, need))
+            if need:
+                last = (i, sm, graphics / sm if sm > 0 else 1.0)
+            else:
+                gpus = tuple(
+                    dataclasses.replace(x, gpm=dataclasses.replace(gpm, graphics=est)) if x.index == 0 else x
+                    for x in snap.gpus
+                )
+                snap = dataclasses.replace(snap, gpus=gpus)
+        out.append(classify_tick(out[-keep:], dataclasses.replace(snap, verdicts=()), cfg))
+    return out, seen
+
+
+def scored(replayed: list[Snapshot], segments: list[Segment]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    ticks = [
+        Tick(s.seq, s.at, v.verdict, tuple(v.reasons)) for s in replayed for v in s.verdicts if v.gpu == 0
+    ]
+    rows = score(ticks, segments)
+    return rows, passed(rows)
+
+
+def study(path: Path, policy: Policy) -> dict[str, Any]:
+    with gzip.open(path, "rt") as fh:
+        head, it = read_lines(fh)
+        snaps = list(it)
+    segments = [Segment(**s) for s in head["schedule"]]
+    cfg = Config()
+    result: dict[str, Any] = {"recording": path.name}
+    for name, pol in (("as_recorded", None), ("policy", policy)):
+        replayed, seen = replay_with(snaps, cfg, pol)
+        rows, summary = scored(replayed, segments)
+        result[name] = {
+            "summary": summary,
+            "rows": [{k: r.get(k) for k in ("scenario", "right_share", "switch_seconds")} for r in rows],
+        }
+        if pol is not None:
+            result[name]["graphics_ticks"], result[name]["graphics_reads"] = (
+                len(seen),
+                sum(r for _, r in seen),
+            )
+            result[name]["reads_by_scenario"] = {
+                seg.name: [
+                    sum(r for at, r in seen if seg.start <= at < seg.end),
+                    sum(1 for at, _ in seen if seg.start <= at < seg.end),
+                ]
+                for seg in segments
+            }
+    return result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("recordings", type=Path, nargs="+", help="lab recordings, scenarios-*.jsonl.gz")
+    ap.add_argument("--every", type=int, default=Policy.every)
+    ap.add_argument("--sm-moved", type=float, default=Policy.sm_moved)
+    ap.add_argument("--margin", type=float, default=Policy.margin)
+    ap.add_argument("--out", type=Path, help="write the results as JSON here too")
+    args = ap.parse_args()
+    policy = Policy(args.every, args.sm_moved, args.margin)
+    results = []
+    for path in args.recordings:
+        r = study(path, policy)
+        results.append(r)
+        rows = {x["scenario"]: x for x in r["as_recorded"]["rows"]}
+        worse = [
+            f"{x['scenario']}: {rows[x['scenario']]['right_share']}->{x['right_share']}"
+            f" switch {rows[x['scenario']]['switch_seconds']}->{x['switch_seconds']}"
+            for x in r["policy"]["rows"]
+            if x != rows[x["scenario"]]
+        ]
+        ticks, reads = r["policy"]["graphics_ticks"], r["policy"]["graphics_reads"]
+        print(
+            f"{path.name}: read {reads}/{ticks} ({reads / ticks if ticks else 0:.2f}); changed: {worse or 'none'}"
+        )
+    if args.out:
+        args.out.write_text(json.dumps({"policy": dataclasses.asdict(policy), "results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

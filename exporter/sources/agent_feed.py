@@ -315,16 +315,22 @@ class AgentFeed:
         """Count n arrivals in this second's bin and choose how the reader waits (under the drain lock)."""
         now = time.monotonic()
         if now - self._bin_at >= PACE_BIN_S:
-            self._fitting = self._fitting + 1 if self._bin_n <= self._pace_limit else 0
+            last = self._bin_n
+            self._fitting = self._fitting + 1 if last <= self._pace_limit else 0
             self._bin_at, self._bin_n = now, 0
             if not self._paced and self._fitting >= PACED_AFTER:
                 self._paced, self._drained_at = True, now
-                self.paced_switches += 1
+                self._switched("paced", last)
         self._bin_n += n
         if self._paced and self._bin_n > self._pace_limit:  # the queue could fill before the next read
             self._paced, self._fitting = False, 0
-            self.paced_switches += 1
+            self._switched("blocking", self._bin_n)
             self._wake.set()
+
+    def _switched(self, how: str, arrivals: int) -> None:
+        """Count and log a change of how the reader waits (rare: at most once a second); arrivals: its second's."""
+        self.paced_switches += 1
+        log.info("agent_reader", waits=how, arrivals_in_a_second=arrivals, queue_limit=2 * self._pace_limit)
 
     def _arrive(
         self,

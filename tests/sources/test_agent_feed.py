@@ -580,11 +580,18 @@ async def test_a_paced_reader_leaves_datagrams_in_the_kernel_until_the_ticks_rea
 async def test_more_arrivals_than_half_the_queue_put_the_reader_back_to_blocking(
     feed: AgentFeed, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    logged: list[dict[str, object]] = []
+    monkeypatch.setattr(agent_feed.log, "info", lambda event, **kw: logged.append({"event": event, **kw}))
     await paced(feed, monkeypatch, limit=2)
     send_now(feed, 21, 22, 23)  # three in one bin: more than the limit
     reading = await feed.read()
     assert {21, 22, 23} <= {a.pid for a in reading.agents}
     assert not feed._paced and feed.paced_switches == 2
+    assert [(e["event"], e["waits"]) for e in logged] == [
+        ("agent_reader", "paced"),
+        ("agent_reader", "blocking"),
+    ]
+    assert logged[0]["arrivals_in_a_second"] == 1 and logged[1]["arrivals_in_a_second"] >= 3
     await send(feed, message(24))  # taken as it comes again: the thread waits in its receive
     assert 24 in {a.pid for a in (await feed.read()).agents}
 

@@ -852,6 +852,8 @@ def run_one(
     agent: str = "windows",
 ) -> dict[str, Any]:
     """Measure the daemon at one GPU count (and the daemon of the tree `other` beside it, if given)."""
+    from exporter.sources import unixsock
+
     me = os.path.abspath(__file__)
     eng_port = free_port()
     sock_dir = tempfile.mkdtemp(prefix=f"bw-cost-{gpus}-")  # pid 1 in the namespace: never the pid
@@ -939,7 +941,7 @@ def run_one(
             # dropped of it (the daemon's socket queue full: net.unix.max_dgram_qlen)
             "agent_sends": sends.get("agent.sock", [0, 0])[0],
             "agent_sends_would_drop": sends.get("agent.sock", [0, 0])[1],
-            "dgram_qlen": _dgram_qlen(),
+            "dgram_qlen": unixsock.dgram_queue_limit(),  # this namespace's: what the daemons' sockets got
             "metrics_series": series,
             "metrics_gzip_bytes": nbytes,
             "scrape_every_seconds": scrape_every,
@@ -960,15 +962,6 @@ def run_one(
         return res
     finally:
         stop_parts(procs, sock_dir)
-
-
-def _dgram_qlen() -> int | None:
-    """Return this network namespace's net.unix.max_dgram_qlen (what the daemons' sockets got)."""
-    try:
-        with open("/proc/sys/net/unix/max_dgram_qlen") as f:
-            return int(f.read())
-    except (OSError, ValueError):
-        return None
 
 
 def main() -> int:

@@ -38,11 +38,15 @@ def without_graphics(snap: Snapshot) -> Snapshot:
 
 def scored(snaps: list[Snapshot], segments: list[Segment]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Return the replayed verdicts' rows per scenario and the pass summary."""
+    return scored_replayed(replay(snaps, Config()), segments)
+
+
+def scored_replayed(
+    replayed: list[Snapshot], segments: list[Segment]
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Return the rows per scenario and the pass summary of Snapshots whose verdicts are set (GPU 0's)."""
     ticks = [
-        Tick(s.seq, s.at, v.verdict, tuple(v.reasons))
-        for s in replay(snaps, Config())
-        for v in s.verdicts
-        if v.gpu == 0
+        Tick(s.seq, s.at, v.verdict, tuple(v.reasons)) for s in replayed for v in s.verdicts if v.gpu == 0
     ]
     rows = score(ticks, segments)
     return rows, passed(rows)

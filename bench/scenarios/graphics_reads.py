@@ -31,7 +31,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.scenarios.score import Segment, Tick, passed, score
+from bench.scenarios.busy_sources import scored_replayed
+from bench.scenarios.score import Segment
 from exporter.analysis.verdict import _reach, classify_tick
 from exporter.config import Config
 from exporter.snapshot import Snapshot
@@ -94,14 +95,6 @@ def replay_with(
     return out, seen
 
 
-def scored(replayed: list[Snapshot], segments: list[Segment]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    ticks = [
-        Tick(s.seq, s.at, v.verdict, tuple(v.reasons)) for s in replayed for v in s.verdicts if v.gpu == 0
-    ]
-    rows = score(ticks, segments)
-    return rows, passed(rows)
-
-
 def study(path: Path, policy: Policy) -> dict[str, Any]:
     with gzip.open(path, "rt") as fh:
         head, it = read_lines(fh)
@@ -111,7 +104,7 @@ def study(path: Path, policy: Policy) -> dict[str, Any]:
     result: dict[str, Any] = {"recording": path.name}
     for name, pol in (("as_recorded", None), ("policy", policy)):
         replayed, seen = replay_with(snaps, cfg, pol)
-        rows, summary = scored(replayed, segments)
+        rows, summary = scored_replayed(replayed, segments)
         result[name] = {
             "summary": summary,
             "rows": [{k: r.get(k) for k in ("scenario", "right_share", "switch_seconds")} for r in rows],

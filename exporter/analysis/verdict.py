@@ -457,6 +457,7 @@ def _driving(agent: AgentReading | None) -> AgentReading | None:
 
 def _drivers_of(snap: Snapshot) -> _Drivers:
     """Return a Snapshot's drivers (`_Drivers`), made once while it (or a copy of it) stays in the window."""
+    agent = snap.agent
 
     def make() -> _Drivers:
         return _Drivers(
@@ -473,7 +474,6 @@ def _drivers_of(snap: Snapshot) -> _Drivers:
             )
         )
 
-    agent = snap.agent
     parts = (agent.activity, agent.agents, agent.steps) if agent is not None else (None, None, None)
     drivers = _DRIVERS.get((*parts, snap.gpus, snap.busy), make, (snap.seq, len(snap.engines)))
     if not _same_but_pages(drivers.snap.engines, snap.engines):  # another Snapshot that shares those parts

@@ -195,7 +195,8 @@ class AgentFeed:
         self._drain_lock = threading.Lock()
         self._wake = threading.Event()  # wakes a paced reader (closing, or back to blocking)
         self._paced = False
-        self._pace_limit = 0  # set at bind from the socket's queue
+        self._queue = 0  # datagrams the kernel queues for the socket (net.unix.max_dgram_qlen + 1), at bind
+        self._pace_limit = 0  # a second's arrivals that fit PACE_FIT times in it
         self._bin_at, self._bin_n, self._fitting = time.monotonic(), 0, 0
         self._drained_at = time.monotonic()
         self.paced_switches = 0  # times the reader changed how it waits
@@ -247,7 +248,8 @@ class AgentFeed:
             os.close(lock)
             raise
         self._sock, self._sock_stat, self._lock_fd = sock, st, lock
-        self._pace_limit = (unixsock.dgram_queue_limit() + 1) // PACE_FIT
+        self._queue = unixsock.dgram_queue_limit() + 1
+        self._pace_limit = self._queue // PACE_FIT
 
     def _receive_forever(self, sock: socket.socket, loop: asyncio.AbstractEventLoop) -> None:
         """The reader thread: put each datagram in the inbox with its arrival, as it comes or paced (I/O only)."""
@@ -330,7 +332,7 @@ class AgentFeed:
     def _switched(self, how: str, arrivals: int) -> None:
         """Count and log a change of how the reader waits (rare: at most once a second); arrivals: its second's."""
         self.paced_switches += 1
-        log.info("agent_reader", waits=how, arrivals_in_a_second=arrivals, queue_limit=2 * self._pace_limit)
+        log.info("agent_reader", waits=how, arrivals_in_a_second=arrivals, queue=self._queue)
 
     def _arrive(
         self,

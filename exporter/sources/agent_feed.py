@@ -54,7 +54,7 @@ from exporter import wire
 from exporter.config import AgentFeedConfig
 from exporter.snapshot.agent import AgentReading, AgentState, AgentWindow, EngineSteps, GpuWindows, GraphUse
 from exporter.sources import unixsock
-from exporter.sources.base import SourceUnavailable
+from exporter.sources.base import SourceUnavailable, name_os_thread
 
 log = structlog.get_logger("boundwatch.agent")
 
@@ -253,6 +253,7 @@ class AgentFeed:
 
     def _receive_forever(self, sock: socket.socket, loop: asyncio.AbstractEventLoop) -> None:
         """The reader thread: put each datagram in the inbox with its arrival, as it comes or paced (I/O only)."""
+        name_os_thread(threading.current_thread().name)
         while not self._closing:
             if self._paced:
                 self._wake.wait(max(0.0, self._drained_at + PACE_BACKSTOP_S - time.monotonic()))

@@ -26,6 +26,9 @@ async def test_a_read_returns_its_result_from_the_reader_thread():
     try:
         name = await reader.run(lambda: threading.current_thread().name)
         assert name == "bw-demo_0"
+        tid = await reader.run(threading.get_native_id)  # the kernel knows it too: top -H, /proc
+        with open(f"/proc/self/task/{tid}/comm") as f:
+            assert f.read().strip() == "bw-demo_0"
         assert await reader.run(lambda: 42) == 42  # the same thread serves the next read
     finally:
         reader.close()

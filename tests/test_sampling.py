@@ -433,11 +433,14 @@ def test_a_compact_record_keeps_what_the_full_one_had_but_evidence_and_readings(
     from exporter.snapshot.verdict import Verdict
 
     kept = ("gpu", "verdict", "reasons", "busy_ratio", "busy_source", "evidence", "raw", "streak", "offered")
-    assert (
-        tuple(f.name for f in dataclasses.fields(Verdict)) == kept
-    )  # a new field: keep it in without_evidence
-    v = Verdict(3, "host", ("unknown",), 0.4, "gpm", (("busy", 0.4),), raw="gpu", streak=1, offered=True)
-    assert v.without_evidence() == dataclasses.replace(v, evidence=())
+    assert tuple(f.name for f in dataclasses.fields(Verdict)) == (
+        *kept,
+        "edges",
+    )  # a new field: keep it in without_evidence, or drop it there as edges (only the newest's are read)
+    v = Verdict(
+        3, "host", ("unknown",), 0.4, "gpm", (("busy", 0.4),), raw="gpu", streak=1, offered=True, edges=(0.7,)
+    )
+    assert v.without_evidence() == dataclasses.replace(v, evidence=(), edges=())
     gpus = tuple(
         GpuReading(i, f"GPU-{i}", "H200", "580", power_watts=300.0, utilization=u)
         for i, u in enumerate((0.5, 0.0, -0.0, 1, 1.0, None))
@@ -447,7 +450,7 @@ def test_a_compact_record_keeps_what_the_full_one_had_but_evidence_and_readings(
     firsts = sampling.compact(snap, shared).gpus
     for share in (shared, None):  # again from the shared records, then from none
         old = sampling.compact(snap, share)
-        assert old.verdicts == (dataclasses.replace(v, evidence=()),)
+        assert old.verdicts == (dataclasses.replace(v, evidence=(), edges=()),)
         assert [repr(g) for g in old.gpus] == [
             repr(GpuReading(g.index, g.uuid, g.name, g.driver, utilization=g.utilization)) for g in gpus
         ]

@@ -1010,10 +1010,58 @@ def eager_decode(f: Facts, cfg: VerdictConfig) -> bool:
         return False
     if f.step_tokens_per_seq is not None and f.step_tokens_per_seq > DECODE_TOKENS_PER_SEQ:
         return False
+    return graphs_read_eager(f, cfg)
+
+
+def graphs_read_eager(f: Facts, cfg: VerdictConfig) -> bool:
+    """Say whether the window's graph figures put the GPU's work outside CUDA graphs (whatever the step's shape).
+
+    CUPTI's graph share of busy time, the light agent's of steps, else the command line.
+    """
     shares = [x for x in (f.graph_share, f.graph_step_share) if x is not None]
     if not shares:  # nothing measured the graphs: the command line may still say decode runs eager
         return f.graph_config_eager is not None
     return any(x < cfg.graph_share_low for x in shares)
+
+
+def busy_edges(f: Facts, cfg: VerdictConfig, reported: str) -> tuple[float, ...]:
+    """Return the busy shares at which the next tick's verdict could differ, given the one reported now, lowest first.
+
+    The NVML source reads GPM GRAPHICS_UTIL, its dearest figure, on a busy GPU only where its
+    estimate of it lies near one of these (`sources.nvml.GraphicsGate`). With an engine or an agent
+    the busy share is held against a band (`_by_busy`, then `hold`): after `gpu` only falling
+    below `busy_low` turns the verdict, and the band's midpoint decides the side a tick leans to
+    (the hold's streak); after `host`, the midpoint and `busy_high`; after anything else, the
+    midpoint alone (inside the band it picks the side). Both bands where the graphs read eager
+    (decode may take the eager one next tick). Without an engine, `idle_busy` too; without an engine
+    or an agent, `idle_busy` and `busy_high` alone.
+    """
+    eager = graphs_read_eager(f, cfg)
+    banded = f.engine or f.agent
+    key = (id(cfg), eager, f.engine, banded, reported)
+    known = _EDGES.get(key)
+    if known is not None and known[0] is cfg:  # a few tuples per config, not one per GPU per tick
+        return known[1]
+    if banded:
+        bands = [(cfg.busy_low, cfg.busy_high)]
+        if eager:
+            bands.append((cfg.eager_busy_low, cfg.eager_busy_high))
+        edges: list[float] = []
+        for low, high in bands:
+            mid = (low + high) / 2
+            edges += (low, mid) if reported == "gpu" else (mid, high) if reported == "host" else (mid,)
+        if not f.engine:  # an agent's GPU without an engine: idle below idle_busy
+            edges.append(cfg.idle_busy)
+    else:
+        edges = [cfg.idle_busy, cfg.busy_high]
+    made = tuple(sorted(set(edges)))
+    if len(_EDGES) >= 64:  # configs come and go in tests; the daemon has one
+        _EDGES.clear()
+    _EDGES[key] = (cfg, made)
+    return made
+
+
+_EDGES: dict[tuple[int, bool, bool, bool, str], tuple[VerdictConfig, tuple[float, ...]]] = {}
 
 
 def engine_holds_work(f: Facts, cfg: VerdictConfig) -> bool:
@@ -1151,7 +1199,17 @@ def classify(
     """Return the verdict to report for one GPU: the window's verdict, held against the previous one."""
     f = gather(win, gpu, cfg, roofline, tick=tick)
     verdict, reasons = decide(f, cfg, prev)
-    raw = Verdict(gpu, verdict, reasons, f.busy, f.busy_source, f.evidence(), raw=verdict, offered=f.offered)
+    raw = Verdict(
+        gpu,
+        verdict,
+        reasons,
+        f.busy,
+        f.busy_source,
+        f.evidence(),
+        raw=verdict,
+        offered=f.offered,
+        edges=busy_edges(f, cfg, verdict),
+    )
     # What `hold` reads only in some cases is worked out only then: the side of the band's midpoint
     # (`lean`, without prev the verdict itself) while the verdict stays, the window's host reasons
     # while a host verdict is held.
@@ -1161,7 +1219,10 @@ def classify(
     host_now = reasons
     if verdict != "host":
         host_now = host_reasons(f, cfg) if prev is not None and prev.verdict == "host" else ("unknown",)
-    return hold(raw, prev, cfg, host_now, lean)
+    out = hold(raw, prev, cfg, host_now, lean)
+    if out.verdict != verdict:  # the hold kept the previous verdict: the next tick reads from that one
+        out = replace(out, edges=busy_edges(f, cfg, out.verdict))
+    return out
 
 
 def gpus_of(snap: Snapshot) -> list[int]:

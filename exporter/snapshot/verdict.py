@@ -38,6 +38,8 @@ class Verdict:
     Verdict alone. `offered` says whether work was offered to the GPU's engines this tick (in their
     queue, in flight, or held before them by a saturated or throttled API server), so the host-bound
     seconds can count GPU idle time while work waits anywhere, not only while requests run.
+    `edges` are the busy shares the verdict could be held against next tick (`verdict.busy_edges`):
+    the NVML source reads its dearest busy figure where its estimate lies near one.
     """
 
     gpu: int
@@ -49,13 +51,14 @@ class Verdict:
     raw: str = ""
     streak: int = 0
     offered: bool = False
+    edges: tuple[float, ...] = field(default=())
 
     def without_evidence(self) -> Verdict:
-        """Return this verdict without its evidence (what a compact history record keeps).
+        """Return this verdict without its evidence or edges (what a compact history record keeps).
 
         Built field by field: `dataclasses.replace` costs twice as much, once per GPU per tick.
         """
-        if not self.evidence:
+        if not self.evidence and not self.edges:
             return self
         return Verdict(
             self.gpu,

@@ -528,10 +528,19 @@ def test_classify_holds_each_verdict_as_with_the_band_side_and_host_reasons_alwa
         for prev in prevs:
             verdict, reasons = v.decide(f, cfg, prev)
             raw = v.Verdict(
-                0, verdict, reasons, f.busy, f.busy_source, f.evidence(), raw=verdict, offered=f.offered
+                0,
+                verdict,
+                reasons,
+                f.busy,
+                f.busy_source,
+                f.evidence(),
+                raw=verdict,
+                offered=f.offered,
+                edges=v.busy_edges(f, cfg, verdict),
             )
             host_now = reasons if verdict == "host" else v.host_reasons(f, cfg)
             want = v.hold(raw, prev, cfg, host_now, v.decide(f, cfg, None)[0])
+            want = dataclasses.replace(want, edges=v.busy_edges(f, cfg, want.verdict))
             got = v.classify((), 0, cfg, prev)
             assert got == want and repr(got) == repr(want)
 
@@ -676,3 +685,43 @@ def test_gpus_of_different_engine_cores_read_their_own_cores_facts() -> None:
     assert got == [v.gather(win, g, cfg.verdict, cfg.roofline) for g in range(2)]
     # GPU 0 has core 77's counts; GPU 1's core (78) sent none, so it reads the page's
     assert got[0].counts_source == "agent" and got[1].counts_source == "page"
+
+
+def test_busy_shares_with_no_edge_between_them_give_the_next_tick_the_same_verdict(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`Verdict.edges` are every busy share the next tick can turn on: the NVML source estimates GPM graphics only away from them."""
+    cfg = VerdictConfig()
+    grid = [i / 200 for i in range(201)]
+    kinds: list[dict[str, object]] = [
+        {"engine": True, "offered": True, "api_servers": 1},
+        {"engine": True, "offered": True, "api_servers": 1, "graph_step_share": 0.1},  # eager decode
+        {"agent": True},
+        {"agent": True, "graph_share": 0.2},
+        {},
+    ]
+    for kind in kinds:
+        for prev_verdict, streak in itertools.product(("gpu", "host", "idle", "unknown"), (0, 1)):
+            first = v.Facts(0, busy=0.5, busy_source="gpm", **kind)  # type: ignore[arg-type]
+            prev = v.Verdict(
+                0, prev_verdict, (), 0.5, "gpm", raw="host" if streak else prev_verdict, streak=streak
+            )
+            edges = v.busy_edges(first, cfg, prev_verdict)
+            outcomes = []
+            for b in grid:
+                f = dataclasses.replace(first, busy=b)
+                monkeypatch.setattr(v, "gather", lambda *a, f=f, **k: f)
+                got = v.classify((), 0, cfg, prev)
+                outcomes.append((b, (got.verdict, got.raw, got.streak)))
+            for (b1, o1), (b2, o2) in itertools.pairwise(outcomes):
+                if o1 != o2:  # a change between two neighbouring shares: an edge lies between them
+                    assert any(b1 < e <= b2 for e in edges), (
+                        kind,
+                        prev_verdict,
+                        streak,
+                        b1,
+                        b2,
+                        o1,
+                        o2,
+                        edges,
+                    )

@@ -123,7 +123,16 @@ GPU_UTILIZATION_RATIO = _m(
 GPU_GRAPHICS_ACTIVE_RATIO = _m(
     "boundwatch_gpu_graphics_active_ratio",
     "gauge",
-    "GPM GRAPHICS_UTIL: graphics engine active.",
+    "GPM GRAPHICS_UTIL: graphics engine active (on a busy GPU estimated from SM_UTIL on ticks where no verdict "
+    "could turn on it; see boundwatch_gpu_graphics_active_estimated).",
+    ["gpu"],
+    "gpu",
+)
+GPU_GRAPHICS_ACTIVE_ESTIMATED = _m(
+    "boundwatch_gpu_graphics_active_estimated",
+    "gauge",
+    "1 where this tick's GPM GRAPHICS_UTIL is estimated (SM_UTIL times the graphics / SM ratio of its last read), "
+    "0 where it was read.",
     ["gpu"],
     "gpu",
 )

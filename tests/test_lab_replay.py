@@ -126,3 +126,33 @@ def test_no_sm_active_means_no_graphics_in_every_h200_recording():
                     worst = max(worst, g.gpm.graphics)
     assert total >= 1000 and idle >= 100
     assert worst < 0.001  # under a tenth of a point
+
+
+@pytest.mark.parametrize(
+    "recording",
+    [
+        "scenarios-h200-none-session16.jsonl.gz",  # eager decode inside the band: where reading less failed
+        "scenarios-h200-none-session21.jsonl.gz",
+        "scenarios-h200-light-session21.jsonl.gz",
+        "scenarios-h200-cupti-session21.jsonl.gz",
+    ],
+)
+def test_graphics_read_only_where_the_verdict_could_turn_changes_no_score_or_switch(recording):
+    """bench.scenarios.graphics_reads: the NVML source's own gate, replayed on H200 lab runs, reads under 60% and moves nothing."""
+    from bench.scenarios import graphics_reads
+
+    r = graphics_reads.study(RESULTS / recording, graphics_reads.Policy())
+    assert r["policy"]["rows"] == r["as_recorded"]["rows"]
+    assert r["policy"]["graphics_ticks"] > 250
+    assert r["policy"]["graphics_reads"] < 0.6 * r["policy"]["graphics_ticks"]
+
+
+def test_reading_graphics_every_other_tick_without_a_margin_fails_eager_decode_in_the_replay():
+    """The replay above can fail: session 17's every-other-tick estimate kept eager decode wrong for seconds."""
+    from bench.scenarios import graphics_reads
+
+    r = graphics_reads.study(
+        RESULTS / "scenarios-h200-none-session16.jsonl.gz", graphics_reads.Policy(every=2, margin=0.0)
+    )
+    eager = {x["scenario"]: x for x in r["policy"]["rows"]}["eager_decode"]
+    assert eager["right_share"] < 0.9 and eager["switch_seconds"] > 5

@@ -9,10 +9,13 @@ the verdict's hysteresis band). The policy replayed here reads it whenever the v
 it, and estimates it only where it cannot:
 
 - read when the last read is K ticks old, when SM_UTIL moved more than D since it, or when the
-  estimate lies within M of a threshold that applies to the GPU (`busy_low`, `busy_high`; the eager
-  ones, `eager_busy_low` and `eager_busy_high`, where the last verdict's evidence reads decode as
-  eager, as the verdict does);
-- otherwise the tick's GRAPHICS_UTIL is the estimate, min(1, SM_UTIL x graphics / SM at the last read).
+  estimate lies within M of a busy share the last verdict could turn on (`Verdict.edges`: `busy_low`,
+  `busy_high`; the eager ones where the graphs read eager; `idle_busy` without an engine);
+- otherwise the tick's GRAPHICS_UTIL is the estimate, min(1, SM_UTIL x graphics / SM at the last read);
+- a tick with no SM active reads 0 and is not counted as a read (NVML's cheap metrics show it).
+
+The decision is the daemon's own (`exporter.sources.nvml.GraphicsGate`), so this replay is what the
+source does with the recorded figures.
 
 Each recording is replayed as recorded and with the policy, tick by tick (the policy sees the verdict
 the replay gave the tick before, as the daemon's NVML source would see the last Snapshot), and scored
@@ -37,57 +40,50 @@ from exporter.analysis.verdict import _reach, classify_tick
 from exporter.config import Config
 from exporter.snapshot import Snapshot
 from exporter.snapshot.codec import read_lines
+from exporter.sources.nvml import GraphicsGate
 
 
 @dataclasses.dataclass(frozen=True)
 class Policy:
-    every: int = 4  # K: read at least every this many ticks
-    sm_moved: float = 0.05  # D: read when SM_UTIL moved more than this since the last read
-    margin: float = 0.10  # M: read when the estimate is this near a threshold that applies
+    every: int = GraphicsGate.every  # K: read at least every this many ticks
+    sm_moved: float = GraphicsGate.sm_moved  # D: read when SM_UTIL moved more than this since the last read
+    margin: float = GraphicsGate.margin  # M: read when the estimate is this near a threshold that applies
 
 
-def _eager(snap: Snapshot | None) -> bool:
-    """Say whether the last verdict on GPU 0 read decode as eager, as `verdict.eager_decode` does (True before one)."""
-    if snap is None:
-        return True
-    v = next((v for v in snap.verdicts if v.gpu == 0), None)
-    if v is None:
-        return True
-    ev = dict(v.evidence)
-    shares = [ev[k] for k in ("graph_share", "graph_step_share") if isinstance(ev.get(k), float)]
-    if not shares:  # nothing measured the graphs: the command line may say so
-        return ev.get("graph_config_eager") is not None
-    return any(x < 0.5 for x in shares)
+def _edges(snap: Snapshot | None) -> tuple[float, ...] | None:
+    """Return the busy shares GPU 0's last verdict could turn on (`Verdict.edges`), as `NvmlSource.follow` keeps them."""
+    v = next((v for v in snap.verdicts if v.gpu == 0), None) if snap is not None else None
+    return v.edges if v is not None and v.edges else None
 
 
 def replay_with(
     snaps: list[Snapshot], cfg: Config, policy: Policy | None
 ) -> tuple[list[Snapshot], list[tuple[float, bool]]]:
-    """Return the replayed Snapshots and, for each GPU-0 tick with GRAPHICS_UTIL recorded, (its time, whether the policy read it)."""
-    v = cfg.verdict
-    keep = max(2, int(_reach(v) / cfg.tick_seconds) + 4)
+    """Return the replayed Snapshots and, for each GPU-0 tick with GRAPHICS_UTIL recorded, (its time, whether the policy read it).
+
+    The daemon's own gate (`sources.nvml.GraphicsGate`) decides, tick by tick, on the SM_UTIL
+    recorded and the edges of the verdict the replay gave the tick before. A tick with no SM
+    active reads 0 and carries no ratio, as the source does.
+    """
+    keep = max(2, int(_reach(cfg.verdict) / cfg.tick_seconds) + 4)
     out: list[Snapshot] = []
-    last: tuple[int, float, float] | None = None  # (tick index, SM, graphics / SM) at the last read
+    gate = GraphicsGate(policy.every, policy.sm_moved, policy.margin) if policy is not None else None
     seen: list[tuple[float, bool]] = []
     for i, snap in enumerate(snaps):
         g = snap.gpu(0)
         gpm = g.gpm if g is not None else None
-        if policy is not None and gpm is not None and gpm.graphics is not None and gpm.sm is not None:
-            sm, graphics = gpm.sm, gpm.graphics
-            need = last is None or i - last[0] >= policy.every or abs(sm - last[1]) > policy.sm_moved
-            est = 0.0
-            if not need and last is not None:
-                est = min(1.0, sm * last[2])
-                near = [v.busy_low, v.busy_high]
-                if _eager(out[-1] if out else None):
-                    near += [v.eager_busy_low, v.eager_busy_high]
-                need = any(abs(est - t) <= policy.margin for t in near)
-            seen.append((snap.at, need))
-            if need:
-                last = (i, sm, graphics / sm if sm > 0 else 1.0)
+        if gate is not None and gpm is not None and gpm.graphics is not None and gpm.sm is not None:
+            est = None if gpm.sm <= 0 else gate.estimate(i, gpm.sm, _edges(out[-1] if out else None))
+            seen.append((snap.at, est is None and gpm.sm > 0))
+            if est is None:
+                gate.read(i, gpm.sm, gpm.graphics)
             else:
                 gpus = tuple(
-                    dataclasses.replace(x, gpm=dataclasses.replace(gpm, graphics=est)) if x.index == 0 else x
+                    dataclasses.replace(
+                        x, gpm=dataclasses.replace(gpm, graphics=est, graphics_estimated=True)
+                    )
+                    if x.index == 0
+                    else x
                     for x in snap.gpus
                 )
                 snap = dataclasses.replace(snap, gpus=gpus)

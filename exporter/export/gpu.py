@@ -61,6 +61,12 @@ FAMILIES: tuple[Family, ...] = (
     _per_gpu(c.GPU_ENERGY_JOULES_TOTAL, lambda g: g.energy_joules),
     Family(c.GPU_CLOCK_EVENT_REASON, clock_event_reasons),
     _gpm(c.GPU_GRAPHICS_ACTIVE_RATIO, "graphics"),
+    _per_gpu(
+        c.GPU_GRAPHICS_ACTIVE_ESTIMATED,
+        lambda g: (
+            float(g.gpm.graphics_estimated) if g.gpm is not None and g.gpm.graphics is not None else None
+        ),
+    ),
     _gpm(c.GPU_SM_ACTIVE_RATIO, "sm"),
     _gpm(c.GPU_SM_OCCUPANCY_RATIO, "sm_occupancy"),
     _gpm(c.GPU_TENSOR_ACTIVE_RATIO, "tensor"),

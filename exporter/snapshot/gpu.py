@@ -27,6 +27,9 @@ class GpmRatios:
     sm_occupancy: float | None = None
     tensor: float | None = None
     dram: float | None = None
+    # graphics estimated from SM_UTIL (SM times the graphics / SM ratio of the last read), not read:
+    # the NVML source reads it only where the verdict could turn on it (`sources.nvml.GraphicsGate`)
+    graphics_estimated: bool = False
 
 
 @dataclass(frozen=True, slots=True)  # one per GPU per tick in history: no __dict__ each

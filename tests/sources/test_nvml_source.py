@@ -5,8 +5,9 @@ import pytest
 from exporter.analysis import busy
 from exporter.config import NvmlConfig
 from exporter.snapshot import Snapshot
+from exporter.snapshot.verdict import Verdict
 from exporter.sources.base import SourceUnavailable
-from exporter.sources.nvml import NvmlSource
+from exporter.sources.nvml import GraphicsGate, NvmlSource
 from tests.fakes.clock import Clock
 from tests.fakes.nvml_standin import FakeGpu, FakeNvml
 
@@ -179,7 +180,7 @@ def test_gpm_every_third_tick_carries_the_last_ratios_between_reads():
     first = [src.read_blocking()[0].gpm for _ in range(2)]
     gpu.gpm = {1: 50.0, 2: 40.0}
     later = [src.read_blocking()[0].gpm for _ in range(5)]
-    assert gets == {"all": 3, "lean": 0, "graphics": 0}  # ticks 1, 4 and 7 of 7
+    assert gets == {"all": 0, "lean": 3, "graphics": 3}  # ticks 1, 4 and 7 of 7 (no verdict: graphics read)
     assert first[0] is not None and first[0].graphics == pytest.approx(0.987)
     assert first[1] is first[0]  # carried: the verdict's busy source stays GPM
     assert later[0] is first[0]  # tick 3: not due yet, the change not seen
@@ -195,7 +196,11 @@ def test_gpm_read_every_tick_by_default():
     src = NvmlSource(NvmlConfig(), nvml=nvml)  # type: ignore[arg-type]
     for _ in range(4):
         src.read_blocking()
-    assert gets == {"all": 4, "lean": 0, "graphics": 0}  # a busy GPU: every metric in one call
+    assert gets == {"all": 0, "lean": 4, "graphics": 4}  # no verdict yet: GRAPHICS_UTIL read each tick
+    src = NvmlSource(NvmlConfig(graphics_estimate=False), nvml=nvml)  # type: ignore[arg-type]
+    for _ in range(4):
+        src.read_blocking()
+    assert gets == {"all": 4, "lean": 4, "graphics": 4}  # without the gate: every metric in one call
 
 
 def _count_gets(nvml: FakeNvml) -> dict[str, int]:
@@ -217,7 +222,7 @@ def test_graphics_is_asked_for_only_where_an_sm_was_active_in_the_window():
     gpu = FakeGpu()
     nvml = FakeNvml([gpu])
     gets = _count_gets(nvml)
-    src = NvmlSource(NvmlConfig(), nvml=nvml)  # type: ignore[arg-type]
+    src = NvmlSource(NvmlConfig(graphics_estimate=False), nvml=nvml)  # type: ignore[arg-type]
     src.read_blocking()
     gpu.gpm = {1: 0.004, 2: 0.0, 3: 0.0, 5: 0.0, 10: 0.0}  # no SM active: GRAPHICS_UTIL not asked for
     idle = [src.read_blocking()[0].gpm for _ in range(3)]
@@ -243,3 +248,78 @@ def test_gpm_without_graphics_leaves_the_busy_share_to_utilization():
     assert g.gpm is not None and g.gpm.graphics is None and g.gpm.sm == pytest.approx(0.952)
     snap = Snapshot(seq=1, at=0.0, mono=0.0, interval=0.5, dt=0.5, gpus=(g,))
     assert busy.for_verdict(snap, 0) == (pytest.approx(0.42), "nvml")
+
+
+def _following(src: NvmlSource, edges: tuple[float, ...] = (0.70, 0.85)) -> None:
+    """Hand the source a Snapshot whose verdict on GPU 0 could turn at these busy shares."""
+    src.follow(
+        Snapshot(seq=1, at=0.0, mono=0.0, interval=0.5, dt=0.5, verdicts=(Verdict(0, "gpu", edges=edges),))
+    )
+
+
+def test_a_busy_gpu_far_from_every_edge_reads_graphics_every_eighth_tick_and_marks_the_estimates():
+    gpu = FakeGpu()  # GRAPHICS_UTIL 0.987, SM_UTIL 0.952: far from 0.70 and 0.85
+    nvml = FakeNvml([gpu])
+    gets = _count_gets(nvml)
+    src = NvmlSource(NvmlConfig(), nvml=nvml)  # type: ignore[arg-type]
+    _following(src)
+    ticks = [src.read_blocking()[0].gpm for _ in range(17)]
+    assert gets == {"all": 0, "lean": 17, "graphics": 3}  # reads 1, 9 and 17
+    read = [i for i, g in enumerate(ticks) if g is not None and not g.graphics_estimated]
+    assert read == [0, 8, 16]
+    assert all(g is not None and g.graphics == pytest.approx(0.987) for g in ticks)  # the ratio holds
+
+
+def test_graphics_is_read_where_sm_moved_or_the_estimate_nears_an_edge():
+    gpu = FakeGpu()
+    nvml = FakeNvml([gpu])
+    gets = _count_gets(nvml)
+    src = NvmlSource(NvmlConfig(), nvml=nvml)  # type: ignore[arg-type]
+    _following(src)
+    src.read_blocking()  # read: nothing to carry yet
+    gpu.gpm = {1: 96.0, 2: 93.0}  # SM moved 0.022: estimated, 0.93 x 0.987 / 0.952
+    (g,) = src.read_blocking()
+    assert g.gpm is not None and g.gpm.graphics_estimated
+    assert g.gpm.graphics == pytest.approx(0.93 * 0.987 / 0.952)
+    gpu.gpm = {1: 80.0, 2: 70.0}  # SM moved 0.25: read
+    (g,) = src.read_blocking()
+    assert g.gpm is not None and not g.gpm.graphics_estimated and g.gpm.graphics == pytest.approx(0.80)
+    assert gets["graphics"] == 2
+    gpu.gpm = {1: 81.0, 2: 71.0}  # moved 0.01, but 0.71 x 0.80 / 0.70 = 0.811 is within 0.10 of 0.85: read
+    (g,) = src.read_blocking()
+    assert g.gpm is not None and not g.gpm.graphics_estimated and gets["graphics"] == 3
+    _following(src, edges=(0.02,))  # the verdict now turns only at 0.02: the estimate stands in
+    (g,) = src.read_blocking()
+    assert g.gpm is not None and g.gpm.graphics_estimated and gets["graphics"] == 3
+    src.follow(Snapshot(seq=2, at=0.0, mono=0.0, interval=0.5, dt=0.5))  # no verdict: read
+    (g,) = src.read_blocking()
+    assert g.gpm is not None and not g.gpm.graphics_estimated and gets["graphics"] == 4
+
+
+def test_an_idle_gpu_carries_no_ratio_into_its_next_busy_tick():
+    gpu = FakeGpu()
+    nvml = FakeNvml([gpu])
+    gets = _count_gets(nvml)
+    src = NvmlSource(NvmlConfig(), nvml=nvml)  # type: ignore[arg-type]
+    _following(src)
+    src.read_blocking()
+    gpu.gpm = {1: 0.0, 2: 0.0}
+    (idle,) = src.read_blocking()
+    assert idle.gpm is not None and idle.gpm.graphics == 0.0 and not idle.gpm.graphics_estimated
+    gpu.gpm = {1: 3.0, 2: 2.0}  # a little work: SM moved only 0.02 from the idle read, but no ratio: read
+    (g,) = src.read_blocking()
+    assert g.gpm is not None and not g.gpm.graphics_estimated and g.gpm.graphics == pytest.approx(0.03)
+    assert gets == {"all": 0, "lean": 3, "graphics": 2}
+
+
+def test_graphics_gate_reads_within_the_margin_of_any_edge_and_estimates_at_most_one():
+    gate = GraphicsGate()
+    assert gate.estimate(0, 0.5, (0.70, 0.85)) is None  # nothing read yet
+    gate.read(0, 0.5, 0.6)
+    assert gate.estimate(1, 0.5, None) is None  # no verdict known
+    assert gate.estimate(1, 0.5, (0.70, 0.85)) is None  # 0.60 is 0.10 from 0.70: at the margin, read
+    assert gate.estimate(1, 0.5, (0.85,)) == pytest.approx(0.6)
+    assert gate.estimate(8, 0.5, (0.85,)) is None  # eight reads on
+    assert gate.estimate(1, 0.56, (0.85,)) is None  # SM moved more than 0.05
+    gate.read(2, 0.5, 0.99)
+    assert gate.estimate(3, 0.54, ()) == 1.0  # 0.54 x 1.98, capped

@@ -9,7 +9,7 @@
 #   light      bench/light_agent_overhead.py --rounds 2 (LIGHT_ARGS: e.g. --agent-env BOUNDWATCH_AGENT_INLINE=off) -> light_overhead_h200.json
 #   lab:MODE   bench/scenarios/lab.py --agent MODE (SCALE, 0.7)    -> scenarios-h200-MODE.{json,jsonl.gz,log}
 #   twolab     bench/two_engines_lab.py (two lab engines, one GPU) -> two_engines_lab_h200.json
-#   side       bench/sidecar_beside_engine.py (real NVML, 15 s scrapes) -> sidecar_beside_engine_h200.json
+#   side       bench/sidecar_beside_engine.py (real NVML, 15 s scrapes; SIDE_ARGS: e.g. --trees .side-base,. --rounds 2, SIDE_T) -> sidecar_beside_engine_h200.json
 #   nvml       bench/nvml_calls.py (NVML per call and per tick)     -> nvml_calls_h200.json
 #   truth      bench/agent_graph_truth.py, late starts at b=1 and 8  -> agent_graph_truth_late_h200.json
 #   parts      bench/light_step_parts.py (the light step's parts, paired) -> light_step_parts_h200.json
@@ -50,8 +50,8 @@ for step in ${STEPS:-env}; do
       timeout 200 python3 bench/two_engines_lab.py --out "$O/two_engines_lab_h200.json" > /tmp/twolab.log 2>&1
       echo "twolab rc=$?"; tail -12 /tmp/twolab.log ;;
     side)
-      timeout 200 python3 bench/sidecar_beside_engine.py --out "$O/sidecar_beside_engine_h200.json" \
-        > /tmp/side.log 2>&1; echo "side rc=$?"; tail -3 /tmp/side.log ;;
+      timeout "${SIDE_T:-200}" python3 bench/sidecar_beside_engine.py ${SIDE_ARGS:-} --out "$O/sidecar_beside_engine_h200.json" \
+        > /tmp/side.log 2>&1; echo "side rc=$?"; tail -6 /tmp/side.log ;;
     eager)
       timeout "${EAGER_T:-300}" python3 bench/eager_processes.py --rounds "${EAGER_ROUNDS:-4}" --seconds "${EAGER_SECONDS:-2}" \
         ${EAGER_ARGS:-} --out "$O/eager_processes_h200.json" > /tmp/eager.log 2>&1; echo "eager rc=$?"; tail -22 /tmp/eager.log ;;

@@ -8,6 +8,10 @@ every `--scrape-every` seconds as Prometheus would (gzip). Also reported: the da
 time per tick (`boundwatch_source_duration_seconds{source="nvml"}`).
 
     python3 bench/sidecar_beside_engine.py --out bench/results/sidecar_beside_engine_h200.json
+    python3 bench/sidecar_beside_engine.py --trees .side-base,. --rounds 2 --seconds 45   # before/after, paired
+
+With `--trees`, each checkout's daemon runs in turn beside the one engine (same machine, same load),
+so a change's effect is a ratio taken in one run.
 """
 
 from __future__ import annotations
@@ -74,31 +78,12 @@ def scrape(url: str) -> tuple[int, dict[str, float]]:
     return len(body), reads
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the engine and the daemon, measure the daemon, write JSON."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
-    p.add_argument("--seconds", type=float, default=60.0)
-    p.add_argument("--warmup", type=float, default=15.0)
-    p.add_argument("--scrape-every", type=float, default=15.0)
-    p.add_argument("--out", default=str(ROOT / "bench/results/sidecar_beside_engine.json"))
-    args = p.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="bwside-"))
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    env.update(PYTHONUNBUFFERED="1", BOUNDWATCH_AGENT_SOCKET=str(work / "agent.sock"))
-    stack_args = argparse.Namespace(device=args.device, agent="light", us_per_token=2.5, engine_json="")
-    url = f"http://127.0.0.1:{(port := lab.free_port())}"
-    result: dict[str, Any] = {
-        "bench": "sidecar_beside_engine",
-        **lab.gpu_info(),
-        "scrape_every": args.scrape_every,
-    }
-    stack = daemon = None
+def measure(
+    args: argparse.Namespace, url: str, port: int, env: dict[str, str], work: Path, tree: Path
+) -> dict[str, Any]:
+    """Start the daemon of one tree beside the serving engine, measure it over `--seconds`, stop it."""
+    daemon = lab.start_daemon(args, port, env, work, tree=tree)
     try:
-        stack = lab.Stack(stack_args, lab.free_port(), work, env)
-        stack.send("servers 4")
-        stack.send("load short 32 -")
-        daemon = lab.start_daemon(args, port, env, work)
         lab.wait_for("the daemon", lambda: daemon_answers(url), 60)
         time.sleep(args.warmup)
         th0 = thread_cpu(daemon.pid)
@@ -112,36 +97,105 @@ def main(argv: list[str] | None = None) -> int:
         c1, r1, t1 = cpu_seconds(daemon.pid), rss_mib(daemon.pid), time.monotonic()
         th1 = thread_cpu(daemon.pid)
         snap = lab.latest(url)
-        result.update(
-            seconds=round(t1 - t0, 2),
-            daemon_cpu_share=round((c1 - c0) / (t1 - t0), 5),
-            rss_mib=[round(r0, 1), round(r1, 1)],
-            scrapes=len(sizes),
-            gzip_bytes=sizes[-1] if sizes else None,
-            nvml_read_seconds=[r.get("nvml", 0.0) for r in reads],
-            source_read_ms_median={
-                k: round(1e3 * statistics.median(r[k] for r in reads if k in r), 3)
-                for k in sorted({k for r in reads for k in r})
-            },
-            thread_cpu_share={  # utime + stime over the window, by thread name
-                k: round((th1[k] - th0.get(k, 0.0)) / (t1 - t0), 5) for k in sorted(th1)
-            },
-            engines=[(e.name, len(e.api_servers)) for e in snap.engines] if snap else [],
-            sources={s.name: s.up for s in snap.sources} if snap else {},
-        )
+        text = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
+    finally:
+        if daemon.poll() is None:
+            daemon.terminate()
+            daemon.wait(10)
+    estimated = [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("boundwatch_gpu_graphics_active_estimated{")
+    ]
+    return {
+        "tree": str(tree),
+        "seconds": round(t1 - t0, 2),
+        "daemon_cpu_share": round((c1 - c0) / (t1 - t0), 5),
+        "rss_mib": [round(r0, 1), round(r1, 1)],
+        "scrapes": len(sizes),
+        "gzip_bytes": sizes[-1] if sizes else None,
+        "nvml_read_seconds": [r.get("nvml", 0.0) for r in reads],
+        "source_read_ms_median": {
+            k: round(1e3 * statistics.median(r[k] for r in reads if k in r), 3)
+            for k in sorted({k for r in reads for k in r})
+        },
+        "thread_cpu_share": {  # utime + stime over the window, by thread name (the readers name theirs)
+            k: round((th1[k] - th0.get(k, 0.0)) / (t1 - t0), 5) for k in sorted(th1)
+        },
+        "graphics_estimated_at_end": estimated,
+        "busy": {v.gpu: (v.verdict, v.busy_ratio, v.busy_source) for v in snap.verdicts} if snap else {},
+        "engines": [(e.name, len(e.api_servers)) for e in snap.engines] if snap else [],
+        "sources": {s.name: s.up for s in snap.sources} if snap else {},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the engine and the daemon (each tree's in turn), measure the daemon, write JSON."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    p.add_argument("--seconds", type=float, default=60.0)
+    p.add_argument("--warmup", type=float, default=15.0)
+    p.add_argument("--scrape-every", type=float, default=15.0)
+    p.add_argument(
+        "--trees",
+        default=".",
+        help="comma-separated checkouts whose daemon runs in turn beside the one engine (. = this one), "
+        "e.g. .side-base,. for a before/after pair on the same machine and load",
+    )
+    p.add_argument("--rounds", type=int, default=1, help="times through --trees, alternating")
+    p.add_argument("--out", default=str(ROOT / "bench/results/sidecar_beside_engine.json"))
+    args = p.parse_args(argv)
+    trees = [(ROOT / t).resolve() for t in args.trees.split(",")]
+    work = Path(tempfile.mkdtemp(prefix="bwside-"))
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env.update(PYTHONUNBUFFERED="1", BOUNDWATCH_AGENT_SOCKET=str(work / "agent.sock"))
+    stack_args = argparse.Namespace(device=args.device, agent="light", us_per_token=2.5, engine_json="")
+    url = f"http://127.0.0.1:{(port := lab.free_port())}"
+    result: dict[str, Any] = {
+        "bench": "sidecar_beside_engine",
+        **lab.gpu_info(),
+        "scrape_every": args.scrape_every,
+        "trees": [str(t) for t in trees],
+    }
+    stack = None
+    runs: list[dict[str, Any]] = []
+    try:
+        stack = lab.Stack(stack_args, lab.free_port(), work, env)
+        stack.send("servers 4")
+        stack.send("load short 32 -")
+        for _ in range(args.rounds):
+            for tree in trees:
+                runs.append(measure(args, url, port, env, work, tree))
+                print(
+                    json.dumps(
+                        {k: runs[-1][k] for k in ("tree", "daemon_cpu_share", "source_read_ms_median")}
+                    )
+                )
+        result.update(runs[0] if len(runs) == 1 else {"runs": runs})
+        if len(trees) > 1:
+            result["cpu_share_by_tree"] = {
+                str(t): [r["daemon_cpu_share"] for r in runs if r["tree"] == str(t)] for t in trees
+            }
+            result["ratio_last_over_first_by_round"] = [
+                round(runs[i + len(trees) - 1]["daemon_cpu_share"] / runs[i]["daemon_cpu_share"], 3)
+                for i in range(0, len(runs), len(trees))
+                if runs[i]["daemon_cpu_share"] > 0
+            ]
     except Exception as exc:
         import traceback
 
         result["error"] = "".join(traceback.format_exception(exc))[-3000:]
+        if runs:
+            result["runs"] = runs
     finally:
         if stack is not None:
             stack.stop()
-        if daemon is not None and daemon.poll() is None:
-            daemon.terminate()
-            daemon.wait(10)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1, default=str) + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k != "error"}), result.get("error", "")[-1500:])
+    print(
+        json.dumps({k: v for k, v in result.items() if k not in ("error", "runs")}),
+        result.get("error", "")[-1500:],
+    )
     return 0 if "error" not in result else 1
 
 

@@ -301,17 +301,19 @@ def gpu_info() -> dict[str, Any]:
 
 
 def start_daemon(
-    args: argparse.Namespace, port: int, env: dict[str, str], work: Path
+    args: argparse.Namespace, port: int, env: dict[str, str], work: Path, tree: Path = ROOT
 ) -> subprocess.Popen[Any]:
-    """Start the real daemon with its defaults (discovery finds the lab's `vllm serve`)."""
+    """Start the real daemon with its defaults (discovery finds the lab's `vllm serve`), from `tree`'s exporter/."""
     denv = dict(env)
+    if tree != ROOT:
+        denv["PYTHONPATH"] = f"{tree}{os.pathsep}{env['PYTHONPATH']}"
     if args.device == "cpu":  # NVML stand-in: the engine's "GPU" busy time (bench/scenarios/standin)
-        denv["PYTHONPATH"] = f"{ROOT / 'bench/scenarios/standin'}{os.pathsep}{env['PYTHONPATH']}"
+        denv["PYTHONPATH"] = f"{ROOT / 'bench/scenarios/standin'}{os.pathsep}{denv['PYTHONPATH']}"
         denv["LAB_NVML_STANDIN"] = str(work / "serve" / "standin-gpu.bin")
     return subprocess.Popen(
         [sys.executable, "-m", "exporter", "--address", "127.0.0.1", "--port", str(port),
          "--agent-socket", env["BOUNDWATCH_AGENT_SOCKET"], "--log-level", "warning", "--log-format", "json"],
-        stdout=open(work / "daemon.out", "w"), stderr=subprocess.STDOUT, env=denv, cwd=ROOT,
+        stdout=open(work / "daemon.out", "a"), stderr=subprocess.STDOUT, env=denv, cwd=tree,
     )  # fmt: skip
 
 

@@ -4,7 +4,8 @@ Each tree runs in a fresh process (rounds alternate the order): the source reads
 (GPM on) `--reads` times, `--gap` s apart (as ticks do, so caches are as cold as in the daemon),
 and the median thread CPU per read is printed, in us. The stand-in is Python, so this measures
 the source's own per-field overhead plus the stand-in's; on a real driver each call costs
-~1.5 us more (section "NVML calls per tick" of bench/README.md).
+~1.5 us more (section "NVML calls per tick" of bench/README.md). A tree whose source follows the
+Snapshot is handed verdicts of `gpu` on every GPU first, as the daemon's first tick would.
 
     .venv/bin/python bench/nvml_read_ab.py /tmp/base,. --gpus 8,64 --rounds 4 --out bench/results/nvml_read_ab.json
 """
@@ -29,6 +30,11 @@ from tests.fakes.nvml_standin import FakeGpu, FakeNvml
 gpus, reads, gap = int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
 cfg = load(overrides={}, environ={})
 src = NvmlSource(cfg.nvml, nvml=FakeNvml([FakeGpu(uuid=f"GPU-{i}") for i in range(gpus)]))
+if hasattr(src, "follow"):  # the daemon hands the source each tick's verdicts (their edges: GRAPHICS_UTIL's gate)
+    from exporter.snapshot import Snapshot
+    from exporter.snapshot.verdict import Verdict
+    verdicts = tuple(Verdict(i, "gpu", edges=(0.70, 0.775)) for i in range(gpus))
+    src.follow(Snapshot(seq=1, at=0.0, mono=0.0, interval=0.5, dt=0.5, verdicts=verdicts))
 src.read_blocking()
 out = []
 for _ in range(reads):

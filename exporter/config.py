@@ -51,9 +51,9 @@ class NvmlConfig:
     gpm_graphics: bool = True
     # On a busy GPU, GRAPHICS_UTIL is read only where the verdict could turn on it: every 8th read, when
     # SM_UTIL moved more than 0.05, or when its estimate (SM_UTIL times the last graphics / SM ratio) is
-    # within 0.10 of a threshold that applies; else the estimate stands in (marked on /metrics). On the
-    # H200 lab's recordings that is 44% of the reads with no verdict changed (bench/README.md). Off: read
-    # on every tick an SM ran
+    # within 0.10 of one of the verdict's edges; else the estimate stands in (marked on /metrics). On the
+    # H200 lab's recordings that reads 27-38% of the GPU ticks with no verdict changed (bench/README.md,
+    # session 22). Off: read on every tick an SM ran
     graphics_estimate: bool = True
 
 

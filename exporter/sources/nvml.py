@@ -63,11 +63,12 @@ class GraphicsGate:
     ratio that moves slowly. So it is read when its last read is `every` reads old, when SM_UTIL
     moved more than `sm_moved` since then, or when the estimate (SM_UTIL times the graphics / SM
     ratio of the last read, at most 1) lies within `margin` of a busy share the verdict could be
-    held against (`Verdict.edges`; none known: read). Elsewhere the estimate stands in: no
-    verdict can turn on it. Replayed over the H200 lab's 39 recordings (`bench/scenarios/
-    graphics_reads.py`): 44% of the reads, no score or switch changed; reading every other tick
-    without the margin (session 17) kept a verdict wrong for 6 s in eager decode, whose busy share
-    sits inside the band.
+    held against (`Verdict.edges`; none known: read). Elsewhere the estimate stands in: a verdict
+    could turn on it only were it more than `margin` off (its error over the H200 recordings: median
+    0.004, p90 0.03, largest 0.16-0.19). Replayed over the H200 lab's 42 recordings (`bench/scenarios/
+    graphics_reads.py`): read on 27-38% of their GPU ticks (a GPU-bound one about 1 in 8), no score
+    or switch changed; reading every other tick without the margin (session 17) kept a verdict
+    wrong for 6 s in eager decode, whose busy share sits inside the band.
     """
 
     every: int = 8

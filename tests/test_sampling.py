@@ -730,3 +730,37 @@ async def test_only_the_newest_snapshot_keeps_the_agents_raw_windows_and_nothing
         assert a.activity is b.activity and a.agents is b.agents and a.steps is b.steps and a.union is b.union
         assert a.activity and b.windows and a == dataclasses.replace(b, windows=())
     assert any(a.processes == 2 for s in whole for a in s.agent.activity)  # a union among them
+
+
+async def test_the_sampler_hands_each_verdicts_edges_to_nvml_which_then_reads_graphics_only_near_one():
+    """The verdict (analysis) says where it could turn; the NVML source (through follow) reads GRAPHICS_UTIL only there."""
+    clock = Clock(100.0)
+    gpu = FakeGpu(gpm={1: 99.0, 2: 95.0})  # no engine: the verdict could turn at idle_busy and busy_high only
+    nvml_module = FakeNvml([gpu])
+    graphics_reads = []
+    real = nvml_module.nvmlGpmMetricsGet
+
+    def counted(req):  # type: ignore[no-untyped-def]
+        ids = {req.metrics[i].metricId for i in range(req.numMetrics)}
+        graphics_reads.append(nvml_module.NVML_GPM_METRIC_GRAPHICS_UTIL in ids)
+        return real(req)
+
+    nvml_module.nvmlGpmMetricsGet = counted  # type: ignore[method-assign]
+    sampler = Sampler(Config(), [NvmlSource(NvmlConfig(), nvml=nvml_module)], clock=clock)  # type: ignore[arg-type]
+    snaps = []
+    for _ in range(17):
+        snaps.append(await sampler.tick())
+        clock.t += 0.5
+    assert snaps[-1].verdicts[0].edges == (0.02, 0.85)
+    assert (
+        sum(graphics_reads) == 3
+    )  # the first read (no verdict yet), then every eighth: 0.99 is far from both
+    estimated = [s.gpus[0].gpm.graphics_estimated for s in snaps]  # type: ignore[union-attr]
+    assert [i for i, e in enumerate(estimated) if not e] == [0, 8, 16]
+    assert all(s.verdicts[0].verdict == "gpu" for s in snaps)
+    gpu.gpm = {1: 80.0, 2: 77.0}  # SM moved: read at once, and 0.80 is near 0.85: read while it stays
+    for _ in range(3):
+        snap = await sampler.tick()
+        clock.t += 0.5
+        assert snap.gpus[0].gpm is not None and not snap.gpus[0].gpm.graphics_estimated
+    assert snap.busy[0] == (pytest.approx(0.80), "gpm")

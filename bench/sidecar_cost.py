@@ -610,7 +610,7 @@ def part_daemon(port: int, sock_path: str, gpus: int) -> None:
     from exporter.sources.nvml import NvmlSource
     from tests.fakes.nvml_standin import FakeGpu, FakeNvml
 
-    configure("warning", "json")
+    configure(os.environ.get("BW_COST_LOG", "warning"), "json")  # info: the daemon's state changes too
     cfg = load(
         overrides={"web.address": "127.0.0.1", "web.port": port, "agent.socket": sock_path}, environ={}
     )

@@ -50,9 +50,9 @@ class NvmlConfig:
     # load comes in bursts, and 9 of 23 H200 lab recordings replay below 95% right (bench/README.md)
     gpm_graphics: bool = True
     # On a busy GPU, GRAPHICS_UTIL is read only where the verdict could turn on it: every 8th read, when
-    # SM_UTIL moved more than 0.05, or when its estimate (SM_UTIL times the last graphics / SM ratio) is
-    # within 0.10 of one of the verdict's edges; else the estimate stands in (marked on /metrics). On the
-    # H200 lab's recordings that reads 27-38% of the GPU ticks with no verdict changed (bench/README.md,
+    # SM_UTIL or its estimate (SM_UTIL times the last graphics / SM ratio) moved more than 0.05, or when
+    # the estimate is within 0.10 of one of the verdict's edges; else the estimate stands in (marked on /metrics). On the
+    # H200 lab's recordings that reads 35-46% of the GPU ticks with no verdict changed (bench/README.md,
     # session 22). Off: read on every tick an SM ran
     graphics_estimate: bool = True
 

@@ -152,7 +152,8 @@ def test_reading_graphics_every_other_tick_without_a_margin_fails_eager_decode_i
     from bench.scenarios import graphics_reads
 
     r = graphics_reads.study(
-        RESULTS / "scenarios-h200-none-session16.jsonl.gz", graphics_reads.Policy(every=2, margin=0.0)
+        RESULTS / "scenarios-h200-none-session16.jsonl.gz",
+        graphics_reads.Policy(every=2, margin=0.0, sm_moved=1.0),  # no margin, no bound on the moves
     )
     eager = {x["scenario"]: x for x in r["policy"]["rows"]}["eager_decode"]
     assert eager["right_share"] < 0.9 and eager["switch_seconds"] > 5

@@ -62,11 +62,12 @@ class GraphicsGate:
     H200; SM_UTIL comes from the same pair of samples for ~1 us and follows the same activity at a
     ratio that moves slowly. So it is read when its last read is `every` reads old, when SM_UTIL
     moved more than `sm_moved` since then, or when the estimate (SM_UTIL times the graphics / SM
-    ratio of the last read, at most 1) lies within `margin` of a busy share the verdict could be
-    held against (`Verdict.edges`; none known: read). Elsewhere the estimate stands in: a verdict
+    ratio of the last read, at most 1) moved more than `sm_moved` from the figure read (a large
+    ratio, as near idle, magnifies a small move of SM_UTIL) or lies within `margin` of a busy share
+    the verdict could be held against (`Verdict.edges`; none known: read). Elsewhere the estimate stands in: a verdict
     could turn on it only were it more than `margin` off (its error over the H200 recordings: median
     0.004, p90 0.03, largest 0.16-0.19). Replayed over the H200 lab's 42 recordings (`bench/scenarios/
-    graphics_reads.py`): read on 27-38% of their GPU ticks (a GPU-bound one about 1 in 8), no score
+    graphics_reads.py`): read on 35-46% of their GPU ticks (a GPU-bound one about 1 in 8), no score
     or switch changed; reading every other tick without the margin (session 17) kept a verdict
     wrong for 6 s in eager decode, whose busy share sits inside the band.
     """
@@ -77,6 +78,7 @@ class GraphicsGate:
     read_at: int | None = None  # the count of GPM reads at the last GRAPHICS_UTIL read
     sm: float = 0.0  # SM_UTIL then
     ratio: float = 1.0  # GRAPHICS_UTIL / SM_UTIL then
+    graphics: float = 0.0  # GRAPHICS_UTIL then
 
     def estimate(self, at: int, sm: float, edges: tuple[float, ...] | None) -> float | None:
         """Return GRAPHICS_UTIL estimated for the `at`-th read, or None where it must be read."""
@@ -85,6 +87,8 @@ class GraphicsGate:
         if edges is None:
             return None
         est = min(1.0, sm * self.ratio)
+        if abs(est - self.graphics) > self.sm_moved:
+            return None
         margin = self.margin
         for edge in edges:
             if -margin <= est - edge <= margin:
@@ -96,7 +100,7 @@ class GraphicsGate:
         if sm <= 0:
             self.read_at = None
             return
-        self.read_at, self.sm, self.ratio = at, sm, graphics / sm
+        self.read_at, self.sm, self.ratio, self.graphics = at, sm, graphics / sm, graphics
 
 
 def _load_pynvml() -> ModuleType:

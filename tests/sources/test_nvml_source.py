@@ -322,4 +322,14 @@ def test_graphics_gate_reads_within_the_margin_of_any_edge_and_estimates_at_most
     assert gate.estimate(8, 0.5, (0.85,)) is None  # eight reads on
     assert gate.estimate(1, 0.56, (0.85,)) is None  # SM moved more than 0.05
     gate.read(2, 0.5, 0.99)
-    assert gate.estimate(3, 0.54, ()) == 1.0  # 0.54 x 1.98, capped
+    assert gate.estimate(3, 0.54, ()) == 1.0  # 0.54 x 1.98, capped: 0.01 from the figure read
+    gate.read(4, 0.5, 0.6)  # a ratio of 1.2
+    assert gate.estimate(5, 0.54, ()) == pytest.approx(0.648)  # moved 0.048 from the figure read
+    assert gate.estimate(5, 0.545, ()) is None  # SM moved 0.045, but the estimate 0.054: read
+
+
+def test_a_small_move_of_sm_that_a_large_ratio_magnifies_is_read_not_estimated():
+    gate = GraphicsGate()
+    gate.read(0, 0.002, 0.05)  # nearly idle: a ratio of 25
+    assert gate.estimate(1, 0.003, (0.70, 0.775)) == pytest.approx(0.075)  # moved 0.025: estimated
+    assert gate.estimate(1, 0.03, (0.70, 0.775)) is None  # SM moved 0.028 (< 0.05), the estimate 0.70: read

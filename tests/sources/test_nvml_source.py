@@ -257,12 +257,18 @@ def _following(src: NvmlSource, edges: tuple[float, ...] = (0.70, 0.85)) -> None
     )
 
 
-def test_a_busy_gpu_far_from_every_edge_reads_graphics_every_eighth_tick_and_marks_the_estimates():
-    gpu = FakeGpu()  # GRAPHICS_UTIL 0.987, SM_UTIL 0.952: far from 0.70 and 0.85
+def _gated() -> tuple[FakeGpu, dict[str, int], NvmlSource]:
+    """A busy stand-in GPU, its GPM requests counted, and a source whose verdict could turn at 0.70 and 0.85."""
+    gpu = FakeGpu()
     nvml = FakeNvml([gpu])
     gets = _count_gets(nvml)
     src = NvmlSource(NvmlConfig(), nvml=nvml)  # type: ignore[arg-type]
     _following(src)
+    return gpu, gets, src
+
+
+def test_a_busy_gpu_far_from_every_edge_reads_graphics_every_eighth_tick_and_marks_the_estimates():
+    _, gets, src = _gated()  # GRAPHICS_UTIL 0.987, SM_UTIL 0.952: far from 0.70 and 0.85
     ticks = [src.read_blocking()[0].gpm for _ in range(17)]
     assert gets == {"all": 0, "lean": 17, "graphics": 3}  # reads 1, 9 and 17
     read = [i for i, g in enumerate(ticks) if g is not None and not g.graphics_estimated]
@@ -271,11 +277,7 @@ def test_a_busy_gpu_far_from_every_edge_reads_graphics_every_eighth_tick_and_mar
 
 
 def test_graphics_is_read_where_sm_moved_or_the_estimate_nears_an_edge():
-    gpu = FakeGpu()
-    nvml = FakeNvml([gpu])
-    gets = _count_gets(nvml)
-    src = NvmlSource(NvmlConfig(), nvml=nvml)  # type: ignore[arg-type]
-    _following(src)
+    gpu, gets, src = _gated()
     src.read_blocking()  # read: nothing to carry yet
     gpu.gpm = {1: 96.0, 2: 93.0}  # SM moved 0.022: estimated, 0.93 x 0.987 / 0.952
     (g,) = src.read_blocking()
@@ -297,11 +299,7 @@ def test_graphics_is_read_where_sm_moved_or_the_estimate_nears_an_edge():
 
 
 def test_an_idle_gpu_carries_no_ratio_into_its_next_busy_tick():
-    gpu = FakeGpu()
-    nvml = FakeNvml([gpu])
-    gets = _count_gets(nvml)
-    src = NvmlSource(NvmlConfig(), nvml=nvml)  # type: ignore[arg-type]
-    _following(src)
+    gpu, gets, src = _gated()
     src.read_blocking()
     gpu.gpm = {1: 0.0, 2: 0.0}
     (idle,) = src.read_blocking()

@@ -84,6 +84,8 @@ class Facts:
     gpu: int
     busy: float | None = None  # share of wall time, over busy_window_seconds
     busy_source: str | None = None
+    # 1 where the newest tick's GPM GRAPHICS_UTIL was estimated from SM_UTIL, not read (`sources.nvml.GraphicsGate`)
+    busy_estimated: bool | None = None
     engine: bool = False  # a relevant engine reading exists in the window
     unplaced: str | None = (
         None  # engines placed on no GPU in the newest tick ("+"-joined), when none drives this one
@@ -642,10 +644,15 @@ def _busy(
     if latest is None:
         return {}
     rows = [(b, s.dt) for s in busy_inside if (b := busy_of(s, gpu, cfg.busy_source)) is not None]
-    return {
+    out: dict[str, object] = {
         "busy": _weighted_mean([(b[0], dt) for b, dt in rows if b[1] == latest[1]]),
         "busy_source": latest[1],
     }
+    if latest[1] == "gpm":
+        g = win[-1].gpu(gpu)
+        if g is not None and g.gpm is not None and g.gpm.graphics_estimated:
+            out["busy_estimated"] = True
+    return out
 
 
 def _engine_facts(

@@ -725,3 +725,18 @@ def test_busy_shares_with_no_edge_between_them_give_the_next_tick_the_same_verdi
                         o2,
                         edges,
                     )
+
+
+def test_the_facts_say_where_the_newest_gpm_busy_share_was_estimated_not_read() -> None:
+    from exporter.snapshot.gpu import GpmRatios, GpuReading
+
+    def tick(seq: int, estimated: bool) -> Snapshot:
+        gpm = GpmRatios(graphics=0.9, sm=0.85, graphics_estimated=estimated)
+        gpus = (GpuReading(0, "GPU-0", "H200", "580", utilization=1.0, gpm=gpm),)
+        return Snapshot(seq=seq, at=seq * 0.5, mono=seq * 0.5, interval=0.5, dt=0.5, gpus=gpus)
+
+    cfg = VerdictConfig()
+    f = v.gather([tick(1, False), tick(2, True)], 0, cfg)
+    assert f.busy_source == "gpm" and f.busy_estimated is True
+    assert ("busy_estimated", 1.0) in f.evidence()
+    assert v.gather([tick(1, True), tick(2, False)], 0, cfg).busy_estimated is None  # the newest was read

@@ -254,3 +254,10 @@ def test_no_snapshot_yet_says_so() -> None:
     """Before the first tick the page says it is waiting, with the links."""
     dom = parse(statuspage.render((), version="t", window=120, now=0, stale_after=5))
     assert "no snapshot yet" in dom.text() and dom.find_all("a")
+
+
+def test_a_busy_share_estimated_from_sm_says_so_beside_its_source():
+    read = Verdict(0, "gpu", (), 0.94, "gpm", (("busy", 0.94),))
+    estimated = dataclasses.replace(read, evidence=(("busy", 0.94), ("busy_estimated", 1.0)))
+    assert "94% (gpm)" in statuspage.evidence(read) and "estimated" not in statuspage.evidence(read)
+    assert "94% (gpm, estimated from SM)" in statuspage.evidence(estimated)

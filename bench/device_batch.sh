@@ -9,7 +9,8 @@
 #   light      bench/light_agent_overhead.py --rounds 2 (LIGHT_ARGS: e.g. --agent-env BOUNDWATCH_AGENT_INLINE=off) -> light_overhead_h200.json
 #   lab:MODE   bench/scenarios/lab.py --agent MODE (SCALE, 0.7)    -> scenarios-h200-MODE.{json,jsonl.gz,log}
 #   twolab     bench/two_engines_lab.py (two lab engines, one GPU) -> two_engines_lab_h200.json
-#   side       bench/sidecar_beside_engine.py (real NVML, 15 s scrapes; SIDE_ARGS: e.g. --trees .side-base,. --rounds 2, SIDE_T) -> sidecar_beside_engine_h200.json
+#   side       bench/sidecar_beside_engine.py (real NVML, 15 s scrapes; SIDE_ARGS: e.g. --trees .side-base,. --rounds 2, SIDE_T;
+#              --cost-stats "$OUT/side_stats" for the daemon's parts, a separate run: the timing adds CPU) -> sidecar_beside_engine_h200.json
 #   nvml       bench/nvml_calls.py (NVML per call and per tick)     -> nvml_calls_h200.json
 #   truth      bench/agent_graph_truth.py, late starts at b=1 and 8  -> agent_graph_truth_late_h200.json
 #   parts      bench/light_step_parts.py (the light step's parts, paired) -> light_step_parts_h200.json

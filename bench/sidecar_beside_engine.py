@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -82,7 +83,16 @@ def measure(
     args: argparse.Namespace, url: str, port: int, env: dict[str, str], work: Path, tree: Path
 ) -> dict[str, Any]:
     """Start the daemon of one tree beside the serving engine, measure it over `--seconds`, stop it."""
-    daemon = lab.start_daemon(args, port, env, work, tree=tree)
+    if args.cost_stats:  # the same daemon, its parts timed (bench/sidecar_cost.py's BW_COST_STATS)
+        stats = f"{args.cost_stats}.{tree.name or 'tree'}"
+        denv = {**env, "PYTHONPATH": f"{tree}{os.pathsep}{env['PYTHONPATH']}", "BW_COST_STATS": stats}
+        daemon = subprocess.Popen(
+            [sys.executable, str(ROOT / "bench/sidecar_cost.py"), "--part", "daemon", "--port", str(port),
+             "--sock", env["BOUNDWATCH_AGENT_SOCKET"], "--gpus", "0"],
+            stdout=open(work / "daemon.out", "a"), stderr=subprocess.STDOUT, env=denv, cwd=tree,
+        )  # fmt: skip
+    else:
+        daemon = lab.start_daemon(args, port, env, work, tree=tree)
     try:
         lab.wait_for("the daemon", lambda: daemon_answers(url), 60)
         time.sleep(args.warmup)
@@ -143,6 +153,13 @@ def main(argv: list[str] | None = None) -> int:
         "e.g. .side-base,. for a before/after pair on the same machine and load",
     )
     p.add_argument("--rounds", type=int, default=1, help="times through --trees, alternating")
+    p.add_argument(
+        "--cost-stats",
+        default="",
+        help="PATH: run each daemon with its parts timed (BW_COST_STATS of bench/sidecar_cost.py, real NVML), "
+        "written to PATH.<tree>.0 (read with bench/cost_stats.py); the timing adds CPU, so not for the headline "
+        "(with --device cpu the daemon then has no NVML stand-in)",
+    )
     p.add_argument("--out", default=str(ROOT / "bench/results/sidecar_beside_engine.json"))
     args = p.parse_args(argv)
     trees = [(ROOT / t).resolve() for t in args.trees.split(",")]

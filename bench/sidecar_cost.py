@@ -601,7 +601,7 @@ def trace_memory(path: str, every: float = 30.0, top: int = 30) -> None:
 
 
 def part_daemon(port: int, sock_path: str, gpus: int) -> None:
-    """Run the real daemon with the NVML stand-in for N GPUs."""
+    """Run the real daemon with the NVML stand-in for N GPUs (0: the machine's own NVML, as on the device)."""
     import asyncio
 
     from exporter.config import load
@@ -614,8 +614,10 @@ def part_daemon(port: int, sock_path: str, gpus: int) -> None:
     cfg = load(
         overrides={"web.address": "127.0.0.1", "web.port": port, "agent.socket": sock_path}, environ={}
     )
-    fake = FakeNvml([FakeGpu(uuid=uuid_of(i)) for i in range(gpus)])
-    sources = [NvmlSource(cfg.nvml, nvml=fake) if s.name == "nvml" else s for s in build_sources(cfg)]  # type: ignore[arg-type]
+    sources = build_sources(cfg)
+    if gpus > 0:
+        fake = FakeNvml([FakeGpu(uuid=uuid_of(i)) for i in range(gpus)])
+        sources = [NvmlSource(cfg.nvml, nvml=fake) if s.name == "nvml" else s for s in sources]  # type: ignore[arg-type]
     capture = os.environ.get("BW_COST_CAPTURE")  # a path: the pipeline's inputs of 40 ticks, pickled
     if capture:
         capture_ticks(capture, gpus)

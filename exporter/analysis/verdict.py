@@ -1040,8 +1040,9 @@ def busy_edges(f: Facts, cfg: VerdictConfig, reported: str) -> tuple[float, ...]
     below `busy_low` turns the verdict, and the band's midpoint decides the side a tick leans to
     (the hold's streak); after `host`, the midpoint and `busy_high`; after anything else, the
     midpoint alone (inside the band it picks the side). Both bands where the graphs read eager
-    (decode may take the eager one next tick). Without an engine, `idle_busy` too; without an engine
-    or an agent, `idle_busy` and `busy_high` alone.
+    (decode may take the eager one next tick). Without an engine, `idle_busy` too, and after `idle`
+    (where the scheduled self-test reads the busy share against its own idle bar, 0.02 by default);
+    without an engine or an agent, `idle_busy` and `busy_high` alone.
     """
     eager = graphs_read_eager(f, cfg)
     banded = f.engine or f.agent
@@ -1057,8 +1058,10 @@ def busy_edges(f: Facts, cfg: VerdictConfig, reported: str) -> tuple[float, ...]
         for low, high in bands:
             mid = (low + high) / 2
             edges += (low, mid) if reported == "gpu" else (mid, high) if reported == "host" else (mid,)
-        if not f.engine:  # an agent's GPU without an engine: idle below idle_busy
-            edges.append(cfg.idle_busy)
+        if not f.engine or reported == "idle":  # an agent's GPU without an engine: idle below idle_busy;
+            edges.append(
+                cfg.idle_busy
+            )  # after idle, the self-test probe's idle check (0.02 too) reads near it
     else:
         edges = [cfg.idle_busy, cfg.busy_high]
     made = tuple(sorted(set(edges)))

@@ -8,6 +8,7 @@ emulated. In its own PID namespace the daemon discovers only the lab's `vllm ser
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import shutil
 import socket
@@ -122,7 +123,21 @@ def test_lab_on_cpu_scores_work_held_before_the_engine(tmp_path: Path) -> None:
     rec = tmp_path / "lab-cpu.jsonl.gz"
     assert rec.stat().st_size < 2_000_000
     with gzip.open(rec, "rt") as fh:
-        head, snaps = read_lines(fh)
+        head, it = read_lines(fh)
+        snaps = list(it)
         servers = {len(e.api_servers) for s in snaps for e in s.engines}
     assert [s["name"] for s in head["schedule"]] == list(rows)
     assert {1, 4} <= servers
+
+    # GRAPHICS_UTIL, live: estimated only away from every edge the last verdict gave (nvml.GraphicsGate).
+    estimated = near = 0
+    for prev, snap in itertools.pairwise(snaps):
+        g, v = snap.gpu(0), next((v for v in prev.verdicts if v.gpu == 0), None)
+        if g is None or g.gpm is None or g.gpm.graphics is None or not g.gpm.graphics_estimated:
+            continue
+        if snap.seq != prev.seq + 1:  # the lab's poll missed a tick: the edges read are not known
+            continue
+        estimated += 1
+        assert v is not None and v.edges  # no verdict, no estimate
+        near += any(abs(g.gpm.graphics - e) <= 0.10 for e in v.edges)
+    assert estimated > 0 and near == 0

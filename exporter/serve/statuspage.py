@@ -354,9 +354,9 @@ def evidence(v: Verdict) -> str:
         graphs = "–"
     power, limit = _num(v, "power_watts"), _num(v, "power_limit_watts")
     watts = "–" if power is None else f"{power:.0f} W" + ("" if limit is None else f" of {limit:.0f} W")
-    source = "" if v.busy_source is None else f" ({escape(v.busy_source)})"
-    if v.get("busy_estimated"):  # GPM graphics stood in for by SM_UTIL this tick (far from every edge)
-        source = f" ({escape(v.busy_source or '')}, estimated from SM)"
+    # GPM graphics stood in for by SM_UTIL this tick (far from every edge): said beside the source
+    estimated = ", estimated from SM" if v.get("busy_estimated") else ""
+    source = "" if v.busy_source is None else f" ({escape(v.busy_source)}{estimated})"
     rows = (
         ("busy", "busy", _pct(v.busy_ratio) + source),
         ("queue", "engine queue", queue),

@@ -9,9 +9,11 @@ time per tick (`boundwatch_source_duration_seconds{source="nvml"}`).
 
     python3 bench/sidecar_beside_engine.py --out bench/results/sidecar_beside_engine_h200.json
     python3 bench/sidecar_beside_engine.py --trees .side-base,. --rounds 2 --seconds 45   # before/after, paired
+    python3 bench/sidecar_beside_engine.py --trees .,.+BOUNDWATCH_NVML__GRAPHICS_ESTIMATE=true --rounds 2
 
 With `--trees`, each checkout's daemon runs in turn beside the one engine (same machine, same load),
-so a change's effect is a ratio taken in one run.
+so a change's effect is a ratio taken in one run. A tree given as `PATH+KEY=VALUE[+...]` runs its
+daemon with those variables set (a setting that only one side knows: an older tree refuses it).
 """
 
 from __future__ import annotations
@@ -80,9 +82,12 @@ def scrape(url: str) -> tuple[int, dict[str, float]]:
 
 
 def measure(
-    args: argparse.Namespace, url: str, port: int, env: dict[str, str], work: Path, tree: Path
+    args: argparse.Namespace, url: str, port: int, env: dict[str, str], work: Path, spec: str
 ) -> dict[str, Any]:
-    """Start the daemon of one tree beside the serving engine, measure it over `--seconds`, stop it."""
+    """Start the daemon of one tree (`PATH[+KEY=VALUE...]`) beside the serving engine, measure it, stop it."""
+    path, *assigned = spec.split("+")
+    tree = (ROOT / path).resolve()
+    env = {**env, **dict(a.split("=", 1) for a in assigned)}
     if args.cost_stats:  # the same daemon, its parts timed (bench/sidecar_cost.py's BW_COST_STATS)
         stats = f"{args.cost_stats}.{tree.name or 'tree'}"
         denv = {**env, "PYTHONPATH": f"{tree}{os.pathsep}{env['PYTHONPATH']}", "BW_COST_STATS": stats}
@@ -118,7 +123,7 @@ def measure(
         if line.startswith("boundwatch_gpu_graphics_active_estimated{")
     ]
     return {
-        "tree": str(tree),
+        "tree": spec,
         "seconds": round(t1 - t0, 2),
         "daemon_cpu_share": round((c1 - c0) / (t1 - t0), 5),
         "rss_mib": [round(r0, 1), round(r1, 1)],
@@ -150,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         "--trees",
         default=".",
         help="comma-separated checkouts whose daemon runs in turn beside the one engine (. = this one), "
-        "e.g. .side-base,. for a before/after pair on the same machine and load",
+        "e.g. .side-base,. for a before/after pair on the same machine and load; PATH+KEY=VALUE sets a "
+        "variable for that tree's daemon (.,.+BOUNDWATCH_NVML__GRAPHICS_ESTIMATE=true: one setting off and on)",
     )
     p.add_argument("--rounds", type=int, default=1, help="times through --trees, alternating")
     p.add_argument(
@@ -162,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", default=str(ROOT / "bench/results/sidecar_beside_engine.json"))
     args = p.parse_args(argv)
-    trees = [(ROOT / t).resolve() for t in args.trees.split(",")]
+    trees = args.trees.split(",")
     work = Path(tempfile.mkdtemp(prefix="bwside-"))
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     env.update(PYTHONUNBUFFERED="1", BOUNDWATCH_AGENT_SOCKET=str(work / "agent.sock"))
@@ -172,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         "bench": "sidecar_beside_engine",
         **lab.gpu_info(),
         "scrape_every": args.scrape_every,
-        "trees": [str(t) for t in trees],
+        "trees": trees,
     }
     stack = None
     runs: list[dict[str, Any]] = []
@@ -191,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         result.update(runs[0] if len(runs) == 1 else {"runs": runs})
         if len(trees) > 1:
             result["cpu_share_by_tree"] = {
-                str(t): [r["daemon_cpu_share"] for r in runs if r["tree"] == str(t)] for t in trees
+                t: [r["daemon_cpu_share"] for r in runs if r["tree"] == t] for t in trees
             }
             result["ratio_last_over_first_by_round"] = [
                 round(runs[i + len(trees) - 1]["daemon_cpu_share"] / runs[i]["daemon_cpu_share"], 3)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -91,6 +92,7 @@ def test_lab_on_cpu_scores_work_held_before_the_engine(tmp_path: Path) -> None:
         ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "bench/scenarios/lab.py",
          "--device", "cpu", "--seconds", "6", "--out", str(tmp_path), "--name", "lab-cpu"],
         capture_output=True, text=True, cwd=ROOT, timeout=400,
+        env={**os.environ, "BOUNDWATCH_NVML__GRAPHICS_ESTIMATE": "true"},  # the gate, checked live below
     )  # fmt: skip
     results = json.loads((tmp_path / "lab-cpu.json").read_text())
     assert "error" not in results, results.get("error")

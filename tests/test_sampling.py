@@ -746,7 +746,8 @@ async def test_the_sampler_hands_each_verdicts_edges_to_nvml_which_then_reads_gr
         return real(req)
 
     nvml_module.nvmlGpmMetricsGet = counted  # type: ignore[method-assign]
-    sampler = Sampler(Config(), [NvmlSource(NvmlConfig(), nvml=nvml_module)], clock=clock)  # type: ignore[arg-type]
+    gated = NvmlConfig(graphics_estimate=True)
+    sampler = Sampler(Config(), [NvmlSource(gated, nvml=nvml_module)], clock=clock)  # type: ignore[arg-type]
     snaps = []
     for _ in range(17):
         snaps.append(await sampler.tick())

@@ -180,7 +180,7 @@ def test_gpm_every_third_tick_carries_the_last_ratios_between_reads():
     first = [src.read_blocking()[0].gpm for _ in range(2)]
     gpu.gpm = {1: 50.0, 2: 40.0}
     later = [src.read_blocking()[0].gpm for _ in range(5)]
-    assert gets == {"all": 0, "lean": 3, "graphics": 3}  # ticks 1, 4 and 7 of 7 (no verdict: graphics read)
+    assert gets == {"all": 3, "lean": 0, "graphics": 0}  # ticks 1, 4 and 7 of 7
     assert first[0] is not None and first[0].graphics == pytest.approx(0.987)
     assert first[1] is first[0]  # carried: the verdict's busy source stays GPM
     assert later[0] is first[0]  # tick 3: not due yet, the change not seen
@@ -196,11 +196,11 @@ def test_gpm_read_every_tick_by_default():
     src = NvmlSource(NvmlConfig(), nvml=nvml)  # type: ignore[arg-type]
     for _ in range(4):
         src.read_blocking()
-    assert gets == {"all": 0, "lean": 4, "graphics": 4}  # no verdict yet: GRAPHICS_UTIL read each tick
-    src = NvmlSource(NvmlConfig(graphics_estimate=False), nvml=nvml)  # type: ignore[arg-type]
+    assert gets == {"all": 4, "lean": 0, "graphics": 0}  # a busy GPU: every metric in one call
+    src = NvmlSource(NvmlConfig(graphics_estimate=True), nvml=nvml)  # type: ignore[arg-type]
     for _ in range(4):
         src.read_blocking()
-    assert gets == {"all": 4, "lean": 4, "graphics": 4}  # without the gate: every metric in one call
+    assert gets == {"all": 4, "lean": 4, "graphics": 4}  # the gate, no verdict yet: GRAPHICS_UTIL each tick
 
 
 def _count_gets(nvml: FakeNvml) -> dict[str, int]:
@@ -222,7 +222,7 @@ def test_graphics_is_asked_for_only_where_an_sm_was_active_in_the_window():
     gpu = FakeGpu()
     nvml = FakeNvml([gpu])
     gets = _count_gets(nvml)
-    src = NvmlSource(NvmlConfig(graphics_estimate=False), nvml=nvml)  # type: ignore[arg-type]
+    src = NvmlSource(NvmlConfig(), nvml=nvml)  # type: ignore[arg-type]
     src.read_blocking()
     gpu.gpm = {1: 0.004, 2: 0.0, 3: 0.0, 5: 0.0, 10: 0.0}  # no SM active: GRAPHICS_UTIL not asked for
     idle = [src.read_blocking()[0].gpm for _ in range(3)]
@@ -258,11 +258,11 @@ def _following(src: NvmlSource, edges: tuple[float, ...] = (0.70, 0.85)) -> None
 
 
 def _gated() -> tuple[FakeGpu, dict[str, int], NvmlSource]:
-    """A busy stand-in GPU, its GPM requests counted, and a source whose verdict could turn at 0.70 and 0.85."""
+    """A busy stand-in GPU, its GPM requests counted, and a gated source whose verdict could turn at 0.70 and 0.85."""
     gpu = FakeGpu()
     nvml = FakeNvml([gpu])
     gets = _count_gets(nvml)
-    src = NvmlSource(NvmlConfig(), nvml=nvml)  # type: ignore[arg-type]
+    src = NvmlSource(NvmlConfig(graphics_estimate=True), nvml=nvml)  # type: ignore[arg-type]
     _following(src)
     return gpu, gets, src
 

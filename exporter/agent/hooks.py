@@ -3,18 +3,22 @@
 `install()` patches `torch.cuda.CUDAGraph` now if torch is imported, else right after `import torch`
 (exporter.agent.importhook), so captures are seen from import time. A replay costs one list-item
 increment on top of torch's own call: no lock, no allocation beyond the int; the replay hook is in
-only for a slice of each agent tick (exporter.agent.switch). The device is learnt on
+only for a slice of each agent tick (exporter.agent.switch). Where torch's `replay` is its 2.x shim
+(`super().replay()`, `base_call`), the hooks call the C++ replay themselves for a CUDAGraph, so the
+frame they add takes the place of torch's. The device is learnt on
 the capturing thread (torch.cuda.current_device(), CUDA is initialised there by definition); this
 module never initialises CUDA itself.
 """
 
 from __future__ import annotations
+import __future__
 
 import ctypes
 import gc
 import inspect
 import sys
 import time
+import types
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +80,79 @@ def _takes_only_self(fn: Any) -> bool:
     return len(params) == 1 and params[0].kind in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD)
 
 
+class _ShimBase:
+    def replay(self) -> None:
+        """The base's method (for the shims below to defer to)."""
+
+
+class _Shim(_ShimBase):
+    def replay(self) -> None:
+        """A method that only defers to its base's: torch's `CUDAGraph.replay` (2.x) reads so."""
+        super().replay()
+
+
+class _ShimNoDoc(_ShimBase):
+    def replay(self) -> None:
+        super().replay()
+
+
+# What a method compiled as `def replay(self): super().replay()` is, in this interpreter, with or
+# without a docstring (which moves None's place among the constants the code loads).
+_SHIMS = (_Shim.replay.__code__, _ShimNoDoc.replay.__code__)
+# a module's `from __future__` imports mark its code objects' flags; they change nothing a shim does
+_FUTURE_FLAGS = sum(getattr(__future__, f).compiler_flag for f in __future__.all_feature_names)
+_BASE_KINDS = (types.FunctionType, types.BuiltinFunctionType, types.MethodDescriptorType)
+
+
+def base_call(cls: Any, name: str) -> tuple[type, Any] | None:
+    """Return (cls, the base's method) where cls.name only defers to its base's (`super().name()`), else None.
+
+    torch's `CUDAGraph.replay` is a Python shim over the C++ `_CUDAGraph.replay`: one frame, a
+    `super()` and a bound method on every replay. For an instance of exactly cls, calling the
+    base's method itself does the same, one frame fewer (`Switch.add`'s `direct`). Only a method
+    whose code is that of the shim compiled here (argument names, names read, constants and
+    bytecode), defined in cls itself (its `__class__` cell), no defaults, whose next definition
+    up cls's MRO is a plain function, a builtin or a C method (pybind's instancemethod wraps a
+    builtin); anything else (a torch whose replay does more, a subclass's override) gets None.
+    """
+    if not isinstance(cls, type):
+        return None
+    fn = vars(cls).get(name)
+    if not isinstance(fn, types.FunctionType) or fn.__defaults__ or fn.__kwdefaults__:
+        return None
+    if not any(_same_shim(fn.__code__, c, name) for c in _SHIMS):
+        return None
+    cells = fn.__closure__ or ()
+    if len(cells) != 1 or cells[0].cell_contents is not cls:
+        return None
+    for owner in cls.__mro__[1:]:
+        raw = vars(owner).get(name)
+        if raw is None:
+            continue
+        if isinstance(raw, _BASE_KINDS) or type(raw).__name__ == "instancemethod":
+            base = raw.__get__(None, owner)
+            return (cls, base) if callable(base) else None
+        return None
+    return None
+
+
+def _same_shim(code: Any, shim: Any, name: str) -> bool:
+    """Say whether code is shim's (`def replay(self): super().replay()`) for a method called name."""
+    names = tuple(name if n == "replay" else n for n in shim.co_names)
+    return (
+        code.co_code == shim.co_code
+        and code.co_names == names
+        and code.co_varnames == shim.co_varnames
+        and code.co_freevars == shim.co_freevars
+        and code.co_argcount == shim.co_argcount
+        and code.co_posonlyargcount == shim.co_posonlyargcount
+        and code.co_kwonlyargcount == shim.co_kwonlyargcount
+        and code.co_flags & ~_FUTURE_FLAGS == shim.co_flags & ~_FUTURE_FLAGS
+        and code.co_consts[1:] == shim.co_consts[1:]
+        and (shim.co_consts[:1] == code.co_consts[:1] or isinstance(code.co_consts[0], str))
+    )
+
+
 def patch_graph_class(cls: Any) -> bool:
     """Wrap replay, capture_begin and capture_end of a CUDAGraph class to count them; False if not possible."""
     if cls is None or cls.__dict__.get(MARK, False):
@@ -86,10 +163,20 @@ def patch_graph_class(cls: Any) -> bool:
     if replay is None or begin is None or end is None:
         return False
     counts = _counts
+    direct = base_call(cls, "replay")
 
-    if _takes_only_self(replay):
+    if direct is not None:  # torch's shim: the C++ replay itself for a CUDAGraph, a frame fewer
+        exact, base = direct
 
         def replay_counted(self: Any) -> Any:
+            counts[0] += 1
+            if type(self) is exact:
+                base(self)
+                return None
+            return replay(self)
+    elif _takes_only_self(replay):
+
+        def replay_counted(self: Any) -> Any:  # type: ignore[misc]
             counts[0] += 1
             return replay(self)
     else:
@@ -118,7 +205,7 @@ def patch_graph_class(cls: Any) -> bool:
         if name == "replay":  # on every step's path: in for a slice of each tick (exporter.agent.switch)
             # a replay can drive the cycle (no step hook: a torch engine), and it queues the graph:
             # a pending tick's phases run right after it, while the GPU runs the graph
-            SWITCH.add(cls, name, old, new, rank=1, launches=True)
+            SWITCH.add(cls, name, old, new, rank=1, launches=True, direct=direct)
         else:  # captures: off the steps' path, always counted (graphs_so_far)
             setattr(cls, name, new)
     setattr(cls, MARK, True)

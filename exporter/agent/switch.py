@@ -17,7 +17,9 @@ Who swaps. Each wake-up of the agent's thread takes the GIL from the engine's th
 thread then waits for the OS to wake it again: 130-145 us a wake-up on the H200's VM, even where the
 engine lets go of the GIL in each op (bench/README.md, session 10). So once `drive_inline` is on, the
 engine's own step drives the cycle: the highest-ranked site (an engine step, else a graph replay)
-keeps a thin check while out (`thin`: one frame and a clock read) and a checked hook while in; the
+keeps a thin check while out (`thin`: one frame and a clock read; for torch's CUDAGraph.replay, whose
+own frame is a shim over the C++ call, the check calls that and takes the shim's place: `direct`)
+and a checked hook while in; the
 first call at or past `due` swaps the hooks in or out right there (and, at a slice's end, runs the
 agent's tick inline: tens of microseconds, no hand-over).
 
@@ -125,6 +127,7 @@ class Switch:
         self._polled = False  # a hook outside the switch calls poll() at each step (SGLang's run_batch)
         self._plan: Any = None  # ((sites, driving, driver, claiming), [(owner, name, in, out)]) for _set
         self._ranks: list[int] = []  # each site's rank (add's)
+        self._direct: list[tuple[type, Any] | None] = []  # each site's direct call (add's), or None
         self._claims: dict[int, Any] = {}  # a driver site's claiming hook, by index (made on first use)
         self._missed = 0  # the agent's thread swapped or ticked for the engine since it last drove (max 2)
         self._launch = -1  # index in _sites of the site whose original queues GPU work (a replay), -1: none
@@ -138,13 +141,23 @@ class Switch:
         self.after_launch = 0  # the tick's phases run right after a launch so far (for describe())
 
     def add(
-        self, owner: Any, name: str, original: Any, hook: Any, rank: int = 0, launches: bool = False
+        self,
+        owner: Any,
+        name: str,
+        original: Any,
+        hook: Any,
+        rank: int = 0,
+        launches: bool = False,
+        direct: tuple[type, Any] | None = None,
     ) -> None:
         """Manage owner.name (a class attribute or module global) that holds hook in place of original.
 
         rank: how well the site can drive the cycle (2: once an engine step, 1: a graph replay, 0: not).
         launches: the original returns once it has queued GPU work (a graph replay): the tick's phases
         run right after it, while the GPU runs what it queued (the first such site).
+        direct: (cls, base) where original only defers to its base class's method (torch's
+        `CUDAGraph.replay`, `hooks.base_call`): for an instance of exactly cls the driver's check
+        calls base(self) instead, one frame fewer than the engine's own call (see `_driving_pair`).
         """
         with self._lock:
             if len(self._sites) >= MAX_SWITCHES:
@@ -152,6 +165,7 @@ class Switch:
                 return
             self._sites.append((owner, name, original, hook))
             self._ranks.append(max(0, int(rank)))
+            self._direct.append(direct)
             if launches and self._launch < 0:
                 self._launch = len(self._sites) - 1
             try:
@@ -160,17 +174,46 @@ class Switch:
                 pass
             if rank > 0 and rank > self._rank:
                 self._driver, self._rank = len(self._sites) - 1, rank
-                self._wrapped = self._driving_pair(original, hook)
+                self._wrapped = self._driving_pair(original, hook, direct)
                 self._place_all()
             else:
                 self._place(len(self._sites) - 1)
 
-    def _driving_pair(self, original: Any, hook: Any) -> tuple[Any, Any]:
-        """Return the driver site's functions: out, the engine's own behind a check; in, the hook behind one."""
+    def _driving_pair(
+        self, original: Any, hook: Any, direct: tuple[type, Any] | None = None
+    ) -> tuple[Any, Any]:
+        """Return the driver site's functions: out, the engine's own behind a check; in, the hook behind one.
+
+        With `direct` (add's) and original a method of `self` alone, the check calls the base's
+        method itself for an instance of exactly that class (original for any other): the engine's
+        own call is then one frame (torch's shim) the check takes the place of, so while the hooks
+        are out the driver costs the engine the check's clock read alone, not a frame more.
+        """
         due, clock, drive, calls = self.due, self._clock, self.drive, self._calls
 
         pair: tuple[Any, Any]
-        if _self_only(original):  # a step of `self` alone (EngineCore.step, a replay): no packing frame
+        if direct is not None and _self_only(original):
+            exact, base = direct
+
+            def thin_direct(self: Any) -> Any:
+                if due[0] and clock() >= due[0] and drive():
+                    return hook(self)
+                if type(self) is exact:
+                    base(self)  # what original does for exactly this class: `super().replay()`
+                    return None
+                return original(self)
+
+            def checked_direct(self: Any) -> Any:
+                calls[0] += 1
+                if due[0] and clock() >= due[0] and not drive():
+                    if type(self) is exact:
+                        base(self)
+                        return None
+                    return original(self)
+                return hook(self)
+
+            pair = (thin_direct, checked_direct)
+        elif _self_only(original):  # a step of `self` alone (EngineCore.step, a replay): no packing frame
 
             def thin_self(self: Any) -> Any:
                 if due[0] and clock() >= due[0] and drive():
@@ -239,7 +282,7 @@ class Switch:
                     return None
                 _, _, original, hook = self._sites[i]
                 self._driver, self._rank = i, rank
-                self._wrapped = self._driving_pair(original, hook)
+                self._wrapped = self._driving_pair(original, hook, self._direct[i])
             self._missed = 0
             self._place_all()
             return self._wrapped[1]

@@ -75,3 +75,63 @@ def test_agent_measures_kernels_and_graph_launches_on_a_gpu(tmp_path: Path) -> N
     assert r["teardown_cupti"] == "0"  # torch.profiler will not finalize CUPTI under our graphs
     after = [x for x in p.stdout.splitlines() if x.startswith("AFTER ")]
     assert after and json.loads(after[0][6:])["graph_ok"], p.stderr[-2000:]
+
+
+DIRECT_CHILD = r"""
+import inspect, json, textwrap
+from exporter.agent import hooks
+from exporter.agent.switch import SWITCH
+hooks.install()
+import torch
+own = torch.cuda.CUDAGraph.__dict__["replay"].__wrapped__
+body = [l.strip() for l in textwrap.dedent(inspect.getsource(own)).splitlines()[1:]]
+shim = [l for l in body if l and not l.startswith(("r'''", 'r\"\"\"', "'''", '\"\"\"'))] == ["super().replay()"]
+y = torch.zeros(1024, device="cuda")
+g = torch.cuda.CUDAGraph()
+s = torch.cuda.Stream(); s.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(s):
+    y.add_(1)
+torch.cuda.current_stream().wait_stream(s)
+with torch.cuda.graph(g):
+    y.add_(1)
+y.zero_(); torch.cuda.synchronize()
+c0 = hooks.counts()[0]
+for _ in range(10):
+    g.replay()                                   # hooks in, no cycle: counted
+assert SWITCH.start_cycle()
+assert SWITCH.drive_inline(10**13, 10**13, 0, lambda: iter(()), lambda wake: None)
+for _ in range(10):
+    g.replay()                                   # the driver's check, hooks in
+SWITCH.set_in(False)
+for _ in range(10):
+    g.replay()                                   # the driver's thin check, hooks out
+torch.cuda.synchronize()
+print("RESULT " + json.dumps({"torch": torch.__version__, "shim": shim,
+    "direct": hooks.base_call(torch.cuda.CUDAGraph, "replay") is not None,
+    "y": float(y[0]), "all_same": bool((y == y[0]).all()), "counted": hooks.counts()[0] - c0}))
+"""
+
+
+@pytest.mark.gpu
+def test_the_light_hooks_replay_torchs_graphs_through_the_base_where_replay_is_its_shim(
+    tmp_path: Path,
+) -> None:
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            pytest.skip("no CUDA GPU")
+    except ImportError:
+        pytest.skip("no torch")
+    env = dict(os.environ, BOUNDWATCH_AGENT_SOCKET=str(tmp_path / "agent.sock"))
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    p = subprocess.run(
+        [sys.executable, "-c", DIRECT_CHILD], env=env, capture_output=True, text=True, timeout=120
+    )
+    line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+    assert p.returncode == 0 and line, p.stderr[-2000:]
+    r = json.loads(line[0][7:])
+    # torch 2.11's replay is the shim: the C++ replay is called directly; a torch whose replay does more is not
+    assert r["direct"] == r["shim"], r
+    assert r["y"] == 30.0 and r["all_same"], r  # every replay ran the graph once, in and out
+    assert r["counted"] == 20, r  # counted while the hooks were in, not while out

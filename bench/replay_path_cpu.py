@@ -1,0 +1,100 @@
+"""What a graph replay costs on this CPU through the light agent's hooks, out and in, per source tree and Python.
+
+torch 2.11's `torch.cuda.CUDAGraph.replay` is a Python shim over the C++ `_CUDAGraph.replay`
+(`def replay(self): super().replay()`). Each child process builds classes of that shape (the base's
+replay a builtin behind pybind's `instancemethod`, here `list.clear`, about as cheap as the C++
+call's Python side), imports the light hooks of one source tree, patches the class as `hooks.install`
+does, lets the replay drive the cycle (no engine step: a torch engine) and times replays in a loop:
+
+- `none`: the class unpatched (torch's own call);
+- `out`: hooks out, the driver's thin check (what most of a tick's replays run);
+- `in`: hooks in, counted.
+
+Trees and modes alternate over `--rounds` in fresh processes; the figure is the median ns per
+replay over the round's repeats, warm (replays back to back). The delta against `none` is what the
+agent adds to each replay on this CPU. A decode step on the GPU host runs this code cold, so the
+H200's figures per frame are several times larger (bench/README.md, "The light agent's cost"); 20 us
+of the engine's Python between replays, tried, left the difference within the loop's noise here.
+
+    python3 bench/replay_path_cpu.py /tmp/base,. --rounds 6 --out bench/results/replay_path_cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+CHILD = r"""
+import ctypes, json, statistics, sys, time
+sys.path.insert(0, sys.argv[1])
+mode, n, reps = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+new_im = ctypes.pythonapi.PyInstanceMethod_New
+new_im.restype, new_im.argtypes = ctypes.py_object, [ctypes.py_object]
+_CUDAGraph = type("_CUDAGraph", (list,), {"replay": new_im(list.clear)})
+
+class CUDAGraph(_CUDAGraph):
+    def replay(self) -> None:
+        r'''Replay the CUDA work captured by this graph.'''
+        super().replay()
+    def capture_begin(self, pool=None, capture_error_mode="global"):
+        pass
+    def capture_end(self):
+        pass
+
+if mode != "none":
+    from exporter.agent import hooks
+    from exporter.agent.switch import SWITCH
+    assert hooks.patch_graph_class(CUDAGraph)
+    assert SWITCH.start_cycle()
+    assert SWITCH.drive_inline(10**13, 10**13, 0, lambda: iter(()), lambda wake: None)
+    SWITCH.set_in(mode == "in")
+g = CUDAGraph()
+out = []
+for _ in range(reps):
+    t0 = time.perf_counter_ns()
+    for _ in range(n):
+        g.replay()
+    out.append((time.perf_counter_ns() - t0) / n)
+print(json.dumps({"ns": statistics.median(out)}))
+"""
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("trees", help="source trees, comma-separated (the first is the reference)")
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--n", type=int, default=200_000, help="replays a repeat")
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    trees = [os.path.abspath(t) for t in args.trees.split(",")]
+    runs = [("none", trees[0])] + [(m, t) for t in trees for m in ("out", "in")]
+    res: dict[str, list[float]] = {}
+    for r in range(args.rounds):
+        for mode, tree in runs if r % 2 == 0 else runs[::-1]:
+            argv = [args.python, "-c", CHILD, tree, mode, str(args.n), str(args.reps)]
+            got = json.loads(subprocess.check_output(argv, cwd=ROOT).split(b"\n")[-2])
+            name = "none" if mode == "none" else f"{tree}:{mode}"
+            res.setdefault(name, []).append(got["ns"])
+    base = statistics.median(res["none"])
+    print(f"{args.python}, {args.n} replays a repeat:")
+    for name, v in res.items():
+        med = statistics.median(v)
+        print(f"  {name}: {med:.1f} ns a replay, {med - base:+.1f} against none ({len(v)} rounds)")
+    if args.out:
+        version = subprocess.check_output([args.python, "-c", "import sys; print(sys.version.split()[0])"])
+        doc = {"python": version.decode().strip(), "trees": trees, "rounds": args.rounds, "ns": res}
+        with open(args.out, "w") as f:
+            json.dump(doc, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,199 @@
+"""torch's `CUDAGraph.replay` shim (`def replay(self): super().replay()`) skipped for exactly that class.
+
+`hooks.base_call` recognises the shim by its code and finds the base's method; the replay hook and
+the driver's check (`Switch.add(direct=...)`) then call the base's method for an instance of exactly
+the class, one frame fewer than torch's own call, and torch's method for any other instance (whose
+`super()` may lead elsewhere). The stand-ins mirror torch 2.11's classes: a C++ base whose replay is
+a builtin reached through pybind's `instancemethod`, and a Python subclass with the shim.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+from typing import Any
+
+from exporter.agent import hooks
+from tests.agent.fresh import run_fresh
+
+_new_instancemethod = ctypes.pythonapi.PyInstanceMethod_New
+_new_instancemethod.restype = ctypes.py_object
+_new_instancemethod.argtypes = [ctypes.py_object]
+
+
+def test_the_shim_is_found_and_its_base_method_is_what_it_calls() -> None:
+    class Base:
+        def replay(self) -> str:
+            return "base"
+
+    class Graph(Base):
+        def replay(self) -> None:
+            """Replay the CUDA work captured by this graph."""
+            super().replay()
+
+    class NoDoc(Base):
+        def replay(self) -> None:
+            super().replay()
+
+    assert hooks.base_call(Graph, "replay") == (Graph, Base.replay)
+    assert hooks.base_call(NoDoc, "replay") == (NoDoc, Base.replay)
+
+
+def test_a_builtin_base_as_pybind_holds_it_is_called_with_the_instance() -> None:
+    # pybind11 keeps a bound C++ method in the class as an instancemethod around a builtin
+    Base = type("Base", (list,), {"replay": _new_instancemethod(list.clear)})
+
+    class Graph(Base):  # type: ignore[misc, valid-type]
+        def replay(self) -> None:
+            super().replay()
+
+    assert type(vars(Base)["replay"]).__name__ == "instancemethod"
+    found = hooks.base_call(Graph, "replay")
+    assert found is not None and found[0] is Graph and found[1] is list.clear
+    g = Graph([1, 2])
+    found[1](g)
+    assert g == []
+    # a method descriptor kept as it is
+    Plain = type("Plain", (list,), {"replay": list.clear})
+
+    class Graph2(Plain):  # type: ignore[misc, valid-type]
+        def replay(self) -> None:
+            super().replay()
+
+    assert hooks.base_call(Graph2, "replay") == (Graph2, list.clear)
+
+
+def test_anything_but_the_shim_is_left_to_its_own_call() -> None:
+    class Base:
+        def replay(self) -> str:
+            return "base"
+
+        def reset(self) -> None:
+            pass
+
+    class Returns(Base):
+        def replay(self) -> str:  # a torch whose replay returns, or does more, is not the shim
+            return super().replay()
+
+    class More(Base):
+        def replay(self) -> None:
+            super().replay()
+            self.replayed = True
+
+    class Other(Base):
+        def replay(self) -> None:
+            super().reset()
+
+    class Defaults(Base):
+        def replay(self, stream: object = None) -> None:
+            super().replay()
+
+    class Named(Base):
+        def replay(this) -> None:
+            super().replay()
+
+    class Borrowed(Base):  # the shim of another class: its super() is that class's
+        replay = Returns.replay
+
+    class StaticBase:
+        replay = staticmethod(lambda: "static")
+
+    class OverStatic(StaticBase):
+        def replay(self) -> None:
+            super().replay()
+
+    class Inherits(Base):  # defines no replay of its own
+        pass
+
+    class Graph(Base):
+        def replay(self) -> None:
+            super().replay()
+
+    class Moved(Base):
+        replay = Graph.replay  # the shim itself, but its __class__ cell is Graph
+
+    for cls in (Returns, More, Other, Defaults, Named, Borrowed, OverStatic, Inherits, Moved):
+        assert hooks.base_call(cls, "replay") is None, cls.__name__
+    assert hooks.base_call(object(), "replay") is None  # not a class
+    assert hooks.base_call(Graph, "replay") is not None
+
+
+DIRECT = r"""
+import json, sys
+from exporter.agent import hooks
+from exporter.agent.switch import SWITCH
+import ctypes
+new_im = ctypes.pythonapi.PyInstanceMethod_New
+new_im.restype, new_im.argtypes = ctypes.py_object, [ctypes.py_object]
+log = []
+
+class _CUDAGraph:                      # torch._C._CUDAGraph: its replay a C++ method behind pybind's wrapper
+    pass
+def _replay(self):
+    log.append(("base", type(self).__name__))
+_CUDAGraph.replay = new_im(_replay)
+
+class CUDAGraph(_CUDAGraph):           # torch.cuda.CUDAGraph (2.11)
+    def replay(self) -> None:
+        r'''Replay the CUDA work captured by this graph.'''
+        super().replay()
+    def capture_begin(self, pool=None, capture_error_mode="global"):
+        pass
+    def capture_end(self):
+        pass
+
+class Mixin(_CUDAGraph):               # a class torch's super() reaches before the base, for a subclass
+    def replay(self):
+        log.append(("mixin", type(self).__name__))
+        super().replay()
+
+class Diamond(CUDAGraph, Mixin):
+    pass
+
+class Sub(CUDAGraph):
+    pass
+
+own = CUDAGraph.__dict__["replay"]
+assert hooks.patch_graph_class(CUDAGraph)
+frames = []
+def prof(frame, event, arg):
+    if event == "call":
+        frames.append(frame.f_code)
+
+def replays(state):
+    out = {}
+    for g in (CUDAGraph(), Sub(), Diamond()):
+        log.clear(); frames.clear()
+        sys.setprofile(prof)
+        r = g.replay()
+        sys.setprofile(None)
+        out[type(g).__name__] = {"log": [list(x) for x in log], "returned": r,
+                                 "torch_frame": own.__code__ in frames, "frames": len(frames)}
+    return out
+
+got = {"in": replays("in")}                      # the hooks in, no cycle: the counted replay
+assert SWITCH.start_cycle()
+assert SWITCH.drive_inline(10**12, 10**12, 0, lambda: iter(()), lambda wake: None)
+got["driver_in"] = replays("driver_in")         # the driver's check, hooks in (its first slice)
+SWITCH.set_in(False)
+got["driver_out"] = replays("driver_out")       # the driver's thin check, hooks out
+got["counted"] = hooks.counts()[0]
+print(json.dumps(got))
+"""
+
+
+def test_an_exact_graph_replays_through_its_base_a_frame_fewer_others_through_torchs_call(
+    tmp_path: Path,
+) -> None:
+    out: dict[str, Any] = run_fresh(tmp_path, DIRECT, fakes=())
+    for state in ("in", "driver_in", "driver_out"):
+        got = out[state]
+        # exactly the class: the base's replay once, torch's shim never entered, None returned as it does
+        assert got["CUDAGraph"]["log"] == [["base", "CUDAGraph"]], (state, got)
+        assert not got["CUDAGraph"]["torch_frame"] and got["CUDAGraph"]["returned"] is None, (state, got)
+        # a subclass goes through torch's own call: the same base, its frame entered
+        assert got["Sub"]["log"] == [["base", "Sub"]] and got["Sub"]["torch_frame"], (state, got)
+        # where super() leads elsewhere for a subclass, it still does
+        assert got["Diamond"]["log"] == [["mixin", "Diamond"], ["base", "Diamond"]], (state, got)
+        assert got["CUDAGraph"]["frames"] == got["Sub"]["frames"] - 1, (state, got)
+    assert out["counted"] == 6  # the hooks in: 3 graphs twice; out: none counted

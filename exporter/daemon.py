@@ -65,7 +65,9 @@ def build_sources(cfg: Config) -> list[Source]:
     """Return the enabled sources, in tick order."""
     sources: list[Source] = []
     if cfg.nvml.enabled:
-        sources.append(NvmlSource(cfg.nvml))
+        # the scheduled self-test reads each GPU's busy share against its idle bar every tick
+        also = (cfg.probe.idle_busy_max,) if cfg.probe.enabled else ()
+        sources.append(NvmlSource(cfg.nvml, also_edges=also))
     if cfg.host.enabled:
         sources.append(HostSource(cfg.host))
     if cfg.engine.enabled:

@@ -144,7 +144,10 @@ class NvmlSource:
         cfg: NvmlConfig,
         nvml: ModuleType | None = None,
         clock: Callable[[], float] = time.monotonic,
+        also_edges: tuple[float, ...] = (),
     ) -> None:
+        """also_edges: busy shares something besides the verdict reads each tick (the scheduled
+        self-test's idle bar, `probe.idle_busy_max`): GRAPHICS_UTIL is read, not estimated, near them too."""
         self._cfg = cfg
         self._nvml = nvml
         self._clock = clock
@@ -156,6 +159,8 @@ class NvmlSource:
         self._init_exc: type[SourceUnavailable] = SourceDown
         # each GPU's busy shares its verdict could turn on, from the newest Snapshot (`follow`)
         self._edges: dict[int, tuple[float, ...]] = {}
+        self._also = tuple(sorted(set(also_edges)))
+        self._with_also: dict[tuple[float, ...], tuple[float, ...]] = {}  # a verdict's edges, with _also
 
     async def read(self) -> tuple[GpuReading, ...]:
         """Return this tick's reading of every GPU."""
@@ -171,8 +176,21 @@ class NvmlSource:
         return tuple(self._read_device(dev) for dev in devices)
 
     def follow(self, snap: Snapshot) -> None:
-        """Note each GPU's busy shares its verdict could be held against next tick (`Verdict.edges`)."""
-        self._edges = {v.gpu: v.edges for v in snap.verdicts if v.edges}
+        """Note each GPU's busy shares its verdict could be held against next tick (`Verdict.edges`), and also_edges."""
+        if not self._also:
+            self._edges = {v.gpu: v.edges for v in snap.verdicts if v.edges}
+            return
+        merged = self._with_also  # the verdicts' edges are a few tuples per config: merged once each
+        edges = {}
+        for v in snap.verdicts:
+            if v.edges:
+                got = merged.get(v.edges)
+                if got is None:
+                    if len(merged) >= 64:
+                        merged.clear()
+                    got = merged[v.edges] = tuple(sorted({*v.edges, *self._also}))
+                edges[v.gpu] = got
+        self._edges = edges
 
     def close(self) -> None:
         """Free GPM samples, shut NVML down and stop the reader thread."""

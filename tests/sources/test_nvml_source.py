@@ -331,3 +331,41 @@ def test_a_small_move_of_sm_that_a_large_ratio_magnifies_is_read_not_estimated()
     gate.read(0, 0.002, 0.05)  # nearly idle: a ratio of 25
     assert gate.estimate(1, 0.003, (0.70, 0.775)) == pytest.approx(0.075)  # moved 0.025: estimated
     assert gate.estimate(1, 0.03, (0.70, 0.775)) is None  # SM moved 0.028 (< 0.05), the estimate 0.70: read
+
+
+def test_the_self_tests_idle_bar_is_an_edge_too_where_the_probe_runs():
+    # a GPU at ~0.30 after an `idle` verdict (edges: the band's midpoint and 0.02); an operator raised
+    # probe.idle_busy_max to 0.30: whether the self-test may run turns on that share, so it is read
+    def gated(also: tuple[float, ...]) -> tuple[FakeGpu, dict[str, int], NvmlSource]:
+        gpu = FakeGpu()
+        nvml = FakeNvml([gpu])
+        gets = _count_gets(nvml)
+        src = NvmlSource(NvmlConfig(graphics_estimate=True), nvml=nvml, also_edges=also)  # type: ignore[arg-type]
+        _following(src, edges=(0.02, 0.775))
+        gpu.gpm = {1: 30.0, 2: 25.0}
+        src.read_blocking()  # read: nothing to carry yet
+        gpu.gpm = {1: 30.0, 2: 25.5}  # SM moved 0.005: 0.255 x 0.30 / 0.25 = 0.306, 0.29 from 0.02
+        return gpu, gets, src
+
+    _, gets, src = gated(())
+    (g,) = src.read_blocking()
+    assert g.gpm is not None and g.gpm.graphics_estimated and gets["graphics"] == 1
+    _, gets, src = gated((0.30,))
+    (g,) = src.read_blocking()
+    assert g.gpm is not None and not g.gpm.graphics_estimated and gets["graphics"] == 2
+    assert src._edges == {0: (0.02, 0.30, 0.775)}  # merged, in order
+
+
+def test_the_daemon_hands_the_probes_idle_bar_to_the_nvml_source_only_where_the_probe_runs():
+    from exporter.config import Config, ProbeConfig
+    from exporter.daemon import build_sources
+
+    def also(cfg: Config) -> tuple[float, ...]:
+        (src,) = [s for s in build_sources(cfg) if isinstance(s, NvmlSource)]
+        try:
+            return src._also
+        finally:
+            src.close()
+
+    assert also(Config()) == ()
+    assert also(Config(probe=ProbeConfig(enabled=True, idle_busy_max=0.3))) == (0.3,)

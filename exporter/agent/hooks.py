@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.agent.importhook import when_imported
-from exporter.agent.switch import SWITCH, Carry
+from exporter.agent.switch import SWITCH, Carry, Direct
 
 MARK = "__boundwatch_hooks__"
 
@@ -104,8 +104,8 @@ _FUTURE_FLAGS = sum(getattr(__future__, f).compiler_flag for f in __future__.all
 _BASE_KINDS = (types.FunctionType, types.BuiltinFunctionType, types.MethodDescriptorType)
 
 
-def base_call(cls: Any, name: str) -> tuple[type, Any] | None:
-    """Return (cls, the base's method) where cls.name only defers to its base's (`super().name()`), else None.
+def base_call(cls: Any, name: str) -> Direct | None:
+    """Return the base's method (a `Direct`) where cls.name only defers to it (`super().name()`), else None.
 
     torch's `CUDAGraph.replay` is a Python shim over the C++ `_CUDAGraph.replay`: one frame, a
     `super()` and a bound method on every replay. For an instance of exactly cls, calling the
@@ -131,7 +131,7 @@ def base_call(cls: Any, name: str) -> tuple[type, Any] | None:
             continue
         if isinstance(raw, _BASE_KINDS) or type(raw).__name__ == "instancemethod":
             base = raw.__get__(None, owner)
-            return (cls, base) if callable(base) else None
+            return Direct(cls, base, owner, name, raw, [True]) if callable(base) else None
         return None
     return None
 
@@ -166,11 +166,11 @@ def patch_graph_class(cls: Any) -> bool:
     direct = base_call(cls, "replay")
 
     if direct is not None:  # torch's shim: the C++ replay itself for a CUDAGraph, a frame fewer
-        exact, base = direct
+        exact, base, ok = direct.exact, direct.base, direct.ok
 
         def replay_counted(self: Any) -> Any:
             counts[0] += 1
-            if type(self) is exact:
+            if type(self) is exact and ok[0]:
                 base(self)
                 return None
             return replay(self)

@@ -59,7 +59,7 @@ import threading
 import time
 import types
 import weakref
-from typing import Any
+from typing import Any, NamedTuple
 
 MAX_SWITCHES = 64  # hook sites one process manages; past this the hooks stay in (held)
 MAX_BOUND = 64  # instances whose attributes hold a bound hook (an engine core's step_fn)
@@ -78,6 +78,29 @@ SWITCHED = "__boundwatch_switched__"  # set on a hook this module swaps
 # step: bench/README.md); before 3.13 versions are not capped (0: no budget).
 CLASS_CHANGES_MAX = 900 if sys.version_info >= (3, 13) else 0
 HELD_FOR_VERSIONS = "each class's type versions are capped (Python 3.13+): hooks held in, not swapped again"
+
+
+class Direct(NamedTuple):
+    """A method that only defers to its base class's (`hooks.base_call`): for an instance of exactly
+    `exact`, calling `base` with it does the same, one frame fewer.
+
+    `held` is what `owner.name` held when `base` was taken from it: once it holds anything else (the
+    base's method patched since), `ok` turns False for good and the callers go back to the method's
+    own call. `still()` looks (a dict read); the switch does so at each swap.
+    """
+
+    exact: type
+    base: Any
+    owner: type
+    name: str
+    held: Any
+    ok: list[bool]
+
+    def still(self) -> bool:
+        """Say whether the base's method is still the one taken (and stop the direct call if not)."""
+        if self.ok[0] and vars(self.owner).get(self.name) is not self.held:
+            self.ok[0] = False
+        return self.ok[0]
 
 
 class Switch:
@@ -127,7 +150,7 @@ class Switch:
         self._polled = False  # a hook outside the switch calls poll() at each step (SGLang's run_batch)
         self._plan: Any = None  # ((sites, driving, driver, claiming), [(owner, name, in, out)]) for _set
         self._ranks: list[int] = []  # each site's rank (add's)
-        self._direct: list[tuple[type, Any] | None] = []  # each site's direct call (add's), or None
+        self._direct: list[Direct | None] = []  # each site's direct call (add's), or None
         self._claims: dict[int, Any] = {}  # a driver site's claiming hook, by index (made on first use)
         self._missed = 0  # the agent's thread swapped or ticked for the engine since it last drove (max 2)
         self._launch = -1  # index in _sites of the site whose original queues GPU work (a replay), -1: none
@@ -148,16 +171,16 @@ class Switch:
         hook: Any,
         rank: int = 0,
         launches: bool = False,
-        direct: tuple[type, Any] | None = None,
+        direct: Direct | None = None,
     ) -> None:
         """Manage owner.name (a class attribute or module global) that holds hook in place of original.
 
         rank: how well the site can drive the cycle (2: once an engine step, 1: a graph replay, 0: not).
         launches: the original returns once it has queued GPU work (a graph replay): the tick's phases
         run right after it, while the GPU runs what it queued (the first such site).
-        direct: (cls, base) where original only defers to its base class's method (torch's
-        `CUDAGraph.replay`, `hooks.base_call`): for an instance of exactly cls the driver's check
-        calls base(self) instead, one frame fewer than the engine's own call (see `_driving_pair`).
+        direct: where original only defers to its base class's method (torch's `CUDAGraph.replay`,
+        `hooks.base_call`): for an instance of exactly that class the driver's check calls the
+        base's method instead, one frame fewer than the engine's own call (see `_driving_pair`).
         """
         with self._lock:
             if len(self._sites) >= MAX_SWITCHES:
@@ -179,9 +202,7 @@ class Switch:
             else:
                 self._place(len(self._sites) - 1)
 
-    def _driving_pair(
-        self, original: Any, hook: Any, direct: tuple[type, Any] | None = None
-    ) -> tuple[Any, Any]:
+    def _driving_pair(self, original: Any, hook: Any, direct: Direct | None = None) -> tuple[Any, Any]:
         """Return the driver site's functions: out, the engine's own behind a check; in, the hook behind one.
 
         With `direct` (add's) and original a method of `self` alone, the check calls the base's
@@ -193,12 +214,12 @@ class Switch:
 
         pair: tuple[Any, Any]
         if direct is not None and _self_only(original):
-            exact, base = direct
+            exact, base, ok = direct.exact, direct.base, direct.ok
 
             def thin_direct(self: Any) -> Any:
                 if due[0] and clock() >= due[0] and drive():
                     return hook(self)
-                if type(self) is exact:
+                if type(self) is exact and ok[0]:
                     base(self)  # what original does for exactly this class: `super().replay()`
                     return None
                 return original(self)
@@ -206,7 +227,7 @@ class Switch:
             def checked_direct(self: Any) -> Any:
                 calls[0] += 1
                 if due[0] and clock() >= due[0] and not drive():
-                    if type(self) is exact:
+                    if type(self) is exact and ok[0]:
                         base(self)
                         return None
                     return original(self)
@@ -694,6 +715,9 @@ class Switch:
             self._in_ns += max(0, now - self._since)
         self._since = now
         self.hooks_in = hooks_in
+        for direct in self._direct:  # a base patched since: its own call again (a dict read a site)
+            if direct is not None:
+                direct.still()
         # what each site holds in and out, worked out once per change of sites or drive: a swap on the
         # engine's thread is then one setattr a site (its caches are cold: every step there is a pause)
         plan = self._plan

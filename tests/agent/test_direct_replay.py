@@ -35,8 +35,10 @@ def test_the_shim_is_found_and_its_base_method_is_what_it_calls() -> None:
         def replay(self) -> None:
             super().replay()
 
-    assert hooks.base_call(Graph, "replay") == (Graph, Base.replay)
-    assert hooks.base_call(NoDoc, "replay") == (NoDoc, Base.replay)
+    for cls in (Graph, NoDoc):
+        found = hooks.base_call(cls, "replay")
+        assert found is not None and found.exact is cls and found.base is Base.replay, cls
+        assert found.owner is Base and found.held is vars(Base)["replay"] and found.still()
 
 
 def test_a_builtin_base_as_pybind_holds_it_is_called_with_the_instance() -> None:
@@ -49,9 +51,9 @@ def test_a_builtin_base_as_pybind_holds_it_is_called_with_the_instance() -> None
 
     assert type(vars(Base)["replay"]).__name__ == "instancemethod"
     found = hooks.base_call(Graph, "replay")
-    assert found is not None and found[0] is Graph and found[1] is list.clear
+    assert found is not None and found.exact is Graph and found.base is list.clear
     g = Graph([1, 2])
-    found[1](g)
+    found.base(g)
     assert g == []
     # a method descriptor kept as it is
     Plain = type("Plain", (list,), {"replay": list.clear})
@@ -60,7 +62,8 @@ def test_a_builtin_base_as_pybind_holds_it_is_called_with_the_instance() -> None
         def replay(self) -> None:
             super().replay()
 
-    assert hooks.base_call(Graph2, "replay") == (Graph2, list.clear)
+    found = hooks.base_call(Graph2, "replay")
+    assert found is not None and found.exact is Graph2 and found.base is list.clear
 
 
 def test_anything_but_the_shim_is_left_to_its_own_call() -> None:
@@ -178,6 +181,14 @@ got["driver_in"] = replays("driver_in")         # the driver's check, hooks in (
 SWITCH.set_in(False)
 got["driver_out"] = replays("driver_out")       # the driver's thin check, hooks out
 got["counted"] = hooks.counts()[0]
+def patched(self):                               # someone patches the C++ base's replay afterwards
+    log.append(("patched", type(self).__name__))
+    _replay(self)
+_CUDAGraph.replay = patched
+SWITCH.set_in(True)                              # the next swap sees it
+got["patched_in"] = replays("patched_in")
+SWITCH.set_in(False)
+got["patched_out"] = replays("patched_out")
 print(json.dumps(got))
 """
 
@@ -197,3 +208,8 @@ def test_an_exact_graph_replays_through_its_base_a_frame_fewer_others_through_to
         assert got["Diamond"]["log"] == [["mixin", "Diamond"], ["base", "Diamond"]], (state, got)
         assert got["CUDAGraph"]["frames"] == got["Sub"]["frames"] - 1, (state, got)
     assert out["counted"] == 6  # the hooks in: 3 graphs twice; out: none counted
+    # the base's replay patched while out: torch's own call again from the next swap on, in and out
+    for state in ("patched_in", "patched_out"):
+        got = out[state]
+        assert got["CUDAGraph"]["log"] == [["patched", "CUDAGraph"], ["base", "CUDAGraph"]], (state, got)
+        assert got["CUDAGraph"]["torch_frame"], (state, got)

@@ -216,6 +216,7 @@ class LightAgent:
         built, encoded and sent apart.
         """
         scale = self.switch.scale()  # what the counts since stand for, the hooks having been in a slice of it
+        self.switch.check_direct()  # torch's C++ replay still the one the hooks call (held in: no swap sees)
         yield
         yield from plugins.flush_phases(self.steps, 0)  # every engine's steps since the last hand-over
         steps = yield from self.steps.take_phased(scale)

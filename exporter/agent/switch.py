@@ -715,9 +715,7 @@ class Switch:
             self._in_ns += max(0, now - self._since)
         self._since = now
         self.hooks_in = hooks_in
-        for direct in self._direct:  # a base patched since: its own call again (a dict read a site)
-            if direct is not None:
-                direct.still()
+        self.check_direct()
         # what each site holds in and out, worked out once per change of sites or drive: a swap on the
         # engine's thread is then one setattr a site (its caches are cold: every step there is a pause)
         plan = self._plan
@@ -735,6 +733,15 @@ class Switch:
         if self._bound:
             self._rebind()
         self._hold_if_spent()
+
+    def check_direct(self) -> None:
+        """End each site's direct call whose base was patched since (`Direct.still`: a dict read a site).
+
+        At each swap, and at each of the agent's ticks (the hooks may be held in, with no swaps).
+        """
+        for direct in self._direct:
+            if direct is not None:
+                direct.still()
 
     def _put(self, owner: Any, name: str, value: Any) -> None:
         """Set owner.name to value (under the lock); a class's attribute only where it changes, and counted.

@@ -213,3 +213,43 @@ def test_an_exact_graph_replays_through_its_base_a_frame_fewer_others_through_to
         got = out[state]
         assert got["CUDAGraph"]["log"] == [["patched", "CUDAGraph"], ["base", "CUDAGraph"]], (state, got)
         assert got["CUDAGraph"]["torch_frame"], (state, got)
+
+
+HELD = r"""
+import json
+from exporter.agent import hooks
+from exporter.agent.light import LightAgent
+from exporter.agent.settings import Settings
+from exporter.agent.switch import SWITCH
+from tests.agent.fresh import ListSender
+log = []
+class _CUDAGraph:
+    def replay(self):
+        log.append("base")
+class CUDAGraph(_CUDAGraph):
+    def replay(self) -> None:
+        super().replay()
+    def capture_begin(self, *a, **k):
+        pass
+    def capture_end(self):
+        pass
+assert hooks.patch_graph_class(CUDAGraph)
+SWITCH.hold("held in, as SGLang's hooks are")    # no swap from here on
+agent = LightAgent(Settings(socket=""), sender=ListSender())
+g = CUDAGraph()
+g.replay()
+before = list(log)
+def patched(self):
+    log.append("patched")
+_CUDAGraph.replay = patched
+log.clear(); g.replay(); unseen = list(log)     # no swap, no tick yet: the base taken is still called
+for _ in agent.phases(force=True):              # the agent's tick looks
+    pass
+log.clear(); g.replay()
+print(json.dumps({"before": before, "unseen": unseen, "after": list(log)}))
+"""
+
+
+def test_with_the_hooks_held_in_the_agents_tick_sees_a_patched_base(tmp_path: Path) -> None:
+    out = run_fresh(tmp_path, HELD, fakes=())
+    assert out == {"before": ["base"], "unseen": ["base"], "after": ["patched"]}, out

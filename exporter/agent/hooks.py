@@ -114,7 +114,15 @@ def base_call(cls: Any, name: str) -> Direct | None:
     bytecode), defined in cls itself (its `__class__` cell), no defaults, whose next definition
     up cls's MRO is a plain function, a builtin or a C method (pybind's instancemethod wraps a
     builtin); anything else (a torch whose replay does more, a subclass's override) gets None.
+    Never raises: it runs in the engine's process, as the hooks go in.
     """
+    try:
+        return _base_call(cls, name)
+    except Exception:
+        return None
+
+
+def _base_call(cls: Any, name: str) -> Direct | None:
     if not isinstance(cls, type):
         return None
     fn = vars(cls).get(name)
@@ -149,8 +157,13 @@ def _same_shim(code: Any, shim: Any, name: str) -> bool:
         and code.co_kwonlyargcount == shim.co_kwonlyargcount
         and code.co_flags & ~_FUTURE_FLAGS == shim.co_flags & ~_FUTURE_FLAGS
         and code.co_consts[1:] == shim.co_consts[1:]
-        and (shim.co_consts[:1] == code.co_consts[:1] or isinstance(code.co_consts[0], str))
+        and (code.co_consts[:1] == shim.co_consts[:1] or _is_doc(code.co_consts[:1]))
     )
+
+
+def _is_doc(first: tuple[Any, ...]) -> bool:
+    """Say whether a code object's first constant (a 0- or 1-tuple) is a docstring."""
+    return len(first) == 1 and isinstance(first[0], str)
 
 
 def patch_graph_class(cls: Any) -> bool:

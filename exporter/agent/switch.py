@@ -86,7 +86,7 @@ class Direct(NamedTuple):
 
     `held` is what `owner.name` held when `base` was taken from it: once it holds anything else (the
     base's method patched since), `ok` turns False for good and the callers go back to the method's
-    own call. `still()` looks (a dict read); the switch does so at each swap.
+    own call. `still()` looks (a dict read); the switch does so at each swap and each agent tick.
     """
 
     exact: type

@@ -253,3 +253,21 @@ print(json.dumps({"before": before, "unseen": unseen, "after": list(log)}))
 def test_with_the_hooks_held_in_the_agents_tick_sees_a_patched_base(tmp_path: Path) -> None:
     out = run_fresh(tmp_path, HELD, fakes=())
     assert out == {"before": ["base"], "unseen": ["base"], "after": ["patched"]}, out
+
+
+def test_a_class_that_breaks_the_look_gets_none_never_an_error() -> None:
+    class Meta(type):
+        def __getattribute__(cls, name: str) -> Any:
+            if name == "__mro__":
+                raise RuntimeError("no MRO today")
+            return super().__getattribute__(name)
+
+    class Base:
+        def replay(self) -> None:
+            pass
+
+    class Graph(Base, metaclass=Meta):
+        def replay(self) -> None:
+            super().replay()
+
+    assert hooks.base_call(Graph, "replay") is None

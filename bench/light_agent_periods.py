@@ -13,7 +13,9 @@ beside it (both periods with no agent, the same schedule) gives the noise floor 
 
 Workloads, one fresh process each: decode_b1 / decode_b8 (a CUDA graph of ~800 kernels replayed once a
 step through the vLLM plugin's step wrapper and torch's CUDAGraph.replay, the tokens copied back: a
-sync), decode_8b (a Llama-3-8B-shaped decode step at batch 1, captured), eager (a launch-bound step of
+sync), graph_b1 / graph_b8 (the same graph replayed by a plain torch loop, no engine step: the replay is
+the site that drives the agent's cycle, its thin check in place of torch's own replay shim),
+decode_8b (a Llama-3-8B-shaped decode step at batch 1, captured), eager (a launch-bound step of
 256 tiny kernels, synchronised), cpu (a pure-Python step: runs without torch or a GPU). The goal (issue
 9): <= 0.1% throughput on decode.
 
@@ -33,7 +35,7 @@ import time
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WORKLOADS = ("decode_b1", "decode_b8", "decode_8b", "eager", "cpu")
+WORKLOADS = ("decode_b1", "decode_b8", "graph_b1", "graph_b8", "decode_8b", "eager", "cpu")
 
 
 class Stamps:
@@ -95,16 +97,16 @@ def make_step(name: str) -> tuple[Any, str, Stamps | None]:
         llama8b_step,
     )
 
-    cls = engine_class(True)  # the step site as the vLLM plugin installs it (the switch swaps it)
     if name == "cpu":
+        cls = engine_class(True)  # the step site as the vLLM plugin installs it (the switch swaps it)
         return call_step(cls(8, lambda: sum(range(200)))), "pure-Python step, sum(range(200))", None
     import torch
 
     if not torch.cuda.is_available():
         raise RuntimeError("no CUDA device")
     stamps = Stamps(torch)
-    if name.startswith("decode_b"):
-        batch = int(name[len("decode_b") :])
+    if name.startswith(("decode_b", "graph_b")):
+        batch = int(name.split("_b", 1)[1])
         ws = [torch.randn(HIDDEN, HIDDEN, device="cuda", dtype=torch.float16) * 0.005 for _ in range(8)]
         x = torch.randn(batch, HIDDEN, device="cuda", dtype=torch.float16)
 
@@ -115,7 +117,11 @@ def make_step(name: str) -> tuple[Any, str, Stamps | None]:
 
         step, _ = captured_steps(torch, stamps.wrap(body))
         what = f"graph of {LAYERS * 4} kernels and 2 stamps, batch {batch}, replayed and synced"
+        if name.startswith("graph_b"):  # no engine step site at all: torch's replay drives the cycle
+            return step, f"{what}, no engine step", stamps
+        cls = engine_class(True)  # the step site as the vLLM plugin installs it (the switch swaps it)
         return call_step(cls(batch, step)), what, stamps
+    cls = engine_class(True)
     if name == "decode_8b":
         step, _, _ws = llama8b_step(torch, wrap=stamps.wrap)
         return call_step(cls(1, step)), "Llama-3-8B-shaped decode step, batch 1, captured, 2 stamps", stamps

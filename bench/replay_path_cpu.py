@@ -29,24 +29,22 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
-CHILD = r"""
-import ctypes, json, statistics, sys, time
+from tests.agent.fake_torch import GRAPH_2_11, INSTANCEMETHOD  # noqa: E402  (torch 2.11's class, as it reads)
+
+CHILD = (
+    r"""
+import json, statistics, sys, time
 sys.path.insert(0, sys.argv[1])
 mode, n, reps = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-new_im = ctypes.pythonapi.PyInstanceMethod_New
-new_im.restype, new_im.argtypes = ctypes.py_object, [ctypes.py_object]
-_CUDAGraph = type("_CUDAGraph", (list,), {"replay": new_im(list.clear)})
-
-class CUDAGraph(_CUDAGraph):
-    def replay(self) -> None:
-        r'''Replay the CUDA work captured by this graph.'''
-        super().replay()
-    def capture_begin(self, pool=None, capture_error_mode="global"):
-        pass
-    def capture_end(self):
-        pass
-
+"""
+    + INSTANCEMETHOD
+    + """
+_CUDAGraph = type("_CUDAGraph", (list,), {"replay": instancemethod(list.clear)})
+"""
+    + GRAPH_2_11
+    + r"""
 if mode != "none":
     from exporter.agent import hooks
     from exporter.agent.switch import SWITCH
@@ -63,6 +61,7 @@ for _ in range(reps):
     out.append((time.perf_counter_ns() - t0) / n)
 print(json.dumps({"ns": statistics.median(out)}))
 """
+)
 
 
 def main() -> int:

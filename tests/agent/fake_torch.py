@@ -68,6 +68,29 @@ class graph:
 '''
 
 
+# torch 2.11's `torch.cuda.CUDAGraph` as its torch/cuda/graphs.py reads: `replay` a shim over the C++
+# `torch._C._CUDAGraph.replay` (pybind keeps that as an `instancemethod` around a builtin). Code run
+# with it defines `_CUDAGraph` first; `INSTANCEMETHOD` defines `instancemethod`, pybind's wrapper.
+INSTANCEMETHOD = """
+import ctypes
+instancemethod = ctypes.pythonapi.PyInstanceMethod_New
+instancemethod.restype, instancemethod.argtypes = ctypes.py_object, [ctypes.py_object]
+"""
+
+GRAPH_2_11 = '''
+class CUDAGraph(_CUDAGraph):
+    def replay(self) -> None:
+        r"""Replay the CUDA work captured by this graph."""
+        super().replay()
+
+    def capture_begin(self, pool=None, capture_error_mode="global"):
+        pass
+
+    def capture_end(self):
+        pass
+'''
+
+
 def write(root: Path) -> Path:
     """Write the fake torch package under root; return root (put it on sys.path)."""
     pkg = root / "torch"

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter.agent import hooks
+from tests.agent.fake_torch import GRAPH_2_11, INSTANCEMETHOD
 from tests.agent.fresh import run_fresh
 
 _new_instancemethod = ctypes.pythonapi.PyInstanceMethod_New
@@ -121,30 +122,23 @@ def test_anything_but_the_shim_is_left_to_its_own_call() -> None:
     assert hooks.base_call(Graph, "replay") is not None
 
 
-DIRECT = r"""
+DIRECT = (
+    r"""
 import json, sys
 from exporter.agent import hooks
 from exporter.agent.switch import SWITCH
-import ctypes
-new_im = ctypes.pythonapi.PyInstanceMethod_New
-new_im.restype, new_im.argtypes = ctypes.py_object, [ctypes.py_object]
 log = []
-
+"""
+    + INSTANCEMETHOD
+    + r"""
 class _CUDAGraph:                      # torch._C._CUDAGraph: its replay a C++ method behind pybind's wrapper
     pass
 def _replay(self):
     log.append(("base", type(self).__name__))
-_CUDAGraph.replay = new_im(_replay)
-
-class CUDAGraph(_CUDAGraph):           # torch.cuda.CUDAGraph (2.11)
-    def replay(self) -> None:
-        r'''Replay the CUDA work captured by this graph.'''
-        super().replay()
-    def capture_begin(self, pool=None, capture_error_mode="global"):
-        pass
-    def capture_end(self):
-        pass
-
+_CUDAGraph.replay = instancemethod(_replay)
+"""
+    + GRAPH_2_11
+    + r"""
 class Mixin(_CUDAGraph):               # a class torch's super() reaches before the base, for a subclass
     def replay(self):
         log.append(("mixin", type(self).__name__))
@@ -191,6 +185,7 @@ SWITCH.set_in(False)
 got["patched_out"] = replays("patched_out")
 print(json.dumps(got))
 """
+)
 
 
 def test_an_exact_graph_replays_through_its_base_a_frame_fewer_others_through_torchs_call(

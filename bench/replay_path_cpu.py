@@ -11,7 +11,8 @@ does, lets the replay drive the cycle (no engine step: a torch engine) and times
 - `in`: hooks in, counted.
 
 Trees and modes alternate over `--rounds` in fresh processes; the figure is the median ns per
-replay over the round's repeats, warm (replays back to back). The delta against `none` is what the
+replay over the round's repeats, warm (replays back to back), or with `--cold-mib M` each replay
+timed alone right after M MiB were written (the data caches emptied, roughly as a GPU step leaves them). The delta against `none` is what the
 agent adds to each replay on this CPU. A decode step on the GPU host runs this code cold, so the
 H200's figures per frame are several times larger (bench/README.md, "The light agent's cost"); 20 us
 of the engine's Python between replays, tried, left the difference within the loop's noise here.
@@ -37,7 +38,7 @@ CHILD = (
     r"""
 import json, statistics, sys, time
 sys.path.insert(0, sys.argv[1])
-mode, n, reps = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+mode, n, reps, cold_mib = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 """
     + INSTANCEMETHOD
     + """
@@ -54,11 +55,23 @@ if mode != "none":
     SWITCH.set_in(mode == "in")
 g = CUDAGraph()
 out = []
-for _ in range(reps):
-    t0 = time.perf_counter_ns()
-    for _ in range(n):
-        g.replay()
-    out.append((time.perf_counter_ns() - t0) / n)
+if cold_mib:  # each replay alone, right after cold_mib MiB were written (the caches emptied, as a GPU step does)
+    buf, zeros = bytearray(cold_mib << 20), bytes(cold_mib << 20)
+    clock = time.perf_counter_ns
+    for _ in range(reps):
+        times = []
+        for _ in range(n):
+            buf[:] = zeros
+            t0 = clock()
+            g.replay()
+            times.append(clock() - t0)
+        out.append(statistics.median(times))
+else:
+    for _ in range(reps):
+        t0 = time.perf_counter_ns()
+        for _ in range(n):
+            g.replay()
+        out.append((time.perf_counter_ns() - t0) / n)
 print(json.dumps({"ns": statistics.median(out)}))
 """
 )
@@ -70,6 +83,12 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--n", type=int, default=200_000, help="replays a repeat")
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument(
+        "--cold-mib",
+        type=int,
+        default=0,
+        help="time each replay alone after writing this many MiB (caches emptied); 0: back to back",
+    )
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--out", default="")
     args = ap.parse_args()
@@ -78,18 +97,25 @@ def main() -> int:
     res: dict[str, list[float]] = {}
     for r in range(args.rounds):
         for mode, tree in runs if r % 2 == 0 else runs[::-1]:
-            argv = [args.python, "-c", CHILD, tree, mode, str(args.n), str(args.reps)]
+            argv = [args.python, "-c", CHILD, tree, mode, str(args.n), str(args.reps), str(args.cold_mib)]
             got = json.loads(subprocess.check_output(argv, cwd=ROOT).split(b"\n")[-2])
             name = "none" if mode == "none" else f"{tree}:{mode}"
             res.setdefault(name, []).append(got["ns"])
     base = statistics.median(res["none"])
-    print(f"{args.python}, {args.n} replays a repeat:")
+    how = f"each after {args.cold_mib} MiB written" if args.cold_mib else "back to back"
+    print(f"{args.python}, {args.n} replays a repeat, {how}:")
     for name, v in res.items():
         med = statistics.median(v)
         print(f"  {name}: {med:.1f} ns a replay, {med - base:+.1f} against none ({len(v)} rounds)")
     if args.out:
         version = subprocess.check_output([args.python, "-c", "import sys; print(sys.version.split()[0])"])
-        doc = {"python": version.decode().strip(), "trees": trees, "rounds": args.rounds, "ns": res}
+        doc = {
+            "python": version.decode().strip(),
+            "trees": trees,
+            "rounds": args.rounds,
+            "cold_mib": args.cold_mib,
+            "ns": res,
+        }
         with open(args.out, "w") as f:
             json.dump(doc, f, indent=1)
     return 0

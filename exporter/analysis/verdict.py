@@ -1058,10 +1058,10 @@ def busy_edges(f: Facts, cfg: VerdictConfig, reported: str) -> tuple[float, ...]
         for low, high in bands:
             mid = (low + high) / 2
             edges += (low, mid) if reported == "gpu" else (mid, high) if reported == "host" else (mid,)
-        if not f.engine or reported == "idle":  # an agent's GPU without an engine: idle below idle_busy;
-            edges.append(
-                cfg.idle_busy
-            )  # after idle, the self-test probe's idle check (0.02 too) reads near it
+        # an agent's GPU without an engine reads idle below idle_busy; after idle, the self-test's idle
+        # check reads near it too with its default bar (a raised bar: the NVML source's also_edges)
+        if not f.engine or reported == "idle":
+            edges.append(cfg.idle_busy)
     else:
         edges = [cfg.idle_busy, cfg.busy_high]
     made = tuple(sorted(set(edges)))

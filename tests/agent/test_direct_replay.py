@@ -9,7 +9,6 @@ a builtin reached through pybind's `instancemethod`, and a Python subclass with 
 
 from __future__ import annotations
 
-import ctypes
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +16,9 @@ from exporter.agent import hooks
 from tests.agent.fake_torch import GRAPH_2_11, INSTANCEMETHOD
 from tests.agent.fresh import run_fresh
 
-_new_instancemethod = ctypes.pythonapi.PyInstanceMethod_New
-_new_instancemethod.restype = ctypes.py_object
-_new_instancemethod.argtypes = [ctypes.py_object]
+_made: dict[str, Any] = {}
+exec(INSTANCEMETHOD, _made)  # pybind's wrapper of a function, as the stand-in torch makes it
+_new_instancemethod = _made["instancemethod"]
 
 
 def test_the_shim_is_found_and_its_base_method_is_what_it_calls() -> None:

@@ -15,7 +15,6 @@ import __future__
 
 import ctypes
 import gc
-import inspect
 import sys
 import time
 import types
@@ -23,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.agent.importhook import when_imported
-from exporter.agent.switch import SWITCH, Carry, Direct
+from exporter.agent.switch import SWITCH, Carry, Direct, self_only
 
 MARK = "__boundwatch_hooks__"
 
@@ -70,14 +69,6 @@ def _learn_device() -> None:
             _dev[0] = int(torch.cuda.current_device())
     except Exception:
         pass
-
-
-def _takes_only_self(fn: Any) -> bool:
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        return False
-    return len(params) == 1 and params[0].kind in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD)
 
 
 class _ShimBase:
@@ -187,7 +178,7 @@ def patch_graph_class(cls: Any) -> bool:
                 base(self)
                 return None
             return replay(self)
-    elif _takes_only_self(replay):
+    elif self_only(replay):
 
         def replay_counted(self: Any) -> Any:  # type: ignore[misc]
             counts[0] += 1

@@ -21,7 +21,7 @@ from typing import Any
 from exporter.agent import hooks
 from exporter.agent.importhook import when_imported
 from exporter.agent.steps import MODE_EAGER, MODE_GRAPH, MODE_UNKNOWN
-from exporter.agent.switch import SWITCH, SWITCHED
+from exporter.agent.switch import SWITCH, SWITCHED, self_only
 
 _patched: set[str] = set()
 _steps_started: list[bool] = []
@@ -256,7 +256,7 @@ _SKIP, _TIMED, _TIMED_HANDED, _STRIDE, _MEAN = range(8, 13)
 def _timed(step: Any, acc: list[int], clock: Any, first: Any, handover: Any) -> Any:
     """Return the per-step wrapper of wrap_step: count each model step, time one in TIME_EVERY, hand over when due."""
     # The two bodies below are the same but for the call's signature (a frame costs; see above).
-    if hooks._takes_only_self(step):
+    if self_only(step):
 
         def wrapped(self: Any) -> Any:
             if acc[8]:  # _SKIP: counted, not timed

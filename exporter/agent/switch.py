@@ -213,7 +213,7 @@ class Switch:
         due, clock, drive, calls = self.due, self._clock, self.drive, self._calls
 
         pair: tuple[Any, Any]
-        if direct is not None and _self_only(original):
+        if direct is not None and self_only(original):
             exact, base, ok = direct.exact, direct.base, direct.ok
 
             def thin_direct(self: Any) -> Any:
@@ -234,7 +234,7 @@ class Switch:
                 return hook(self)
 
             pair = (thin_direct, checked_direct)
-        elif _self_only(original):  # a step of `self` alone (EngineCore.step, a replay): no packing frame
+        elif self_only(original):  # a step of `self` alone (EngineCore.step, a replay): no packing frame
 
             def thin_self(self: Any) -> Any:
                 if due[0] and clock() >= due[0] and drive():
@@ -797,7 +797,7 @@ class Switch:
 
 def _launch_runner(out_fn: Any, step_open: list[bool], after: Any) -> Any:
     """Return the launch site's stand-in while a tick is pending: the site's own call, then one phase a step."""
-    if _self_only(out_fn):
+    if self_only(out_fn):
 
         def launch_then_phase_self(self: Any) -> Any:
             result = out_fn(self)
@@ -831,8 +831,11 @@ def _dressed(fn: Any, like: Any) -> Any:
     return fn
 
 
-def _self_only(fn: Any) -> bool:
+def self_only(fn: Any) -> bool:
     """Say whether fn is a plain function of one positional parameter (a method of `self` alone).
+
+    Read from its code, never from a signature it may claim (`__signature__`, `__wrapped__`), so a
+    wrapper that calls fn with `self` alone passes on every argument fn can take.
 
     A `(*args, **kwargs)` frame on a GPU step's path cost 0.2-4 us on the H200 (bench/README.md,
     session 5) where one of the same signature cost nothing measurable.

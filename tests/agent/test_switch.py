@@ -926,3 +926,34 @@ def test_setting_a_class_attribute_to_what_it_holds_is_skipped() -> None:
         assert sw.drive_inline(40 * MS, 10 * MS, 5 * MS, lambda: iter(()), lambda w: None)
         sw.undrive()
     assert CountedSets.sets == 1  # the add's own placing; the scheduler's hook never moved after it
+
+
+def test_self_only_reads_the_code_not_a_signature_the_function_claims() -> None:
+    """The hooks call fn(self) alone only where fn's own code takes nothing else, whatever it says of itself."""
+    import functools
+
+    from exporter.agent.switch import self_only
+
+    def step(self: object) -> None: ...
+
+    def step_pos(self: object, /) -> None: ...
+
+    def with_arg(self: object, batch: object) -> None: ...
+
+    def with_default(self: object, batch: object = None) -> None: ...
+
+    def packed(*args: object, **kwargs: object) -> None: ...
+
+    def keyword(self: object, *, batch: object = None) -> None: ...
+
+    @functools.wraps(step)
+    def wrapper(*args: object, **kwargs: object) -> None: ...  # inspect.signature would say (self)
+
+    assert self_only(step) and self_only(step_pos)
+    assert not any(self_only(f) for f in (with_arg, with_default, packed, keyword, wrapper))
+    assert not self_only(len) and not self_only(
+        object.__repr__
+    )  # builtins: their frames are not ours to read
+    assert not self_only(
+        types.SimpleNamespace(__code__=step.__code__)
+    )  # a code object alone is not a function

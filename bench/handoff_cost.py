@@ -1,14 +1,21 @@
 """CPU of a tick's thread hand-offs: the Sampler with 0-3 of its four null sources read through `BlockingReader` threads.
 
-Each variant runs a tree's real `Sampler.run` for `--ticks` ticks at 50 ms in a fresh process
-with four sources that cost nothing themselves: N read through `BlockingReader` threads (as NVML,
-host and the engine are), 4 - N on the event loop (as the agent feed is), and the pipeline's
-`advance` replaced by one that returns its input; the process's utime + stime per tick, in us.
-Rounds alternate the order of the variants (and of the trees, when several are given: before,after),
-so all meet the same load. The slope over N is what one source's thread hand-off costs a tick.
+Each variant runs a tree's real `Sampler.run` for `--ticks` ticks of `--tick` seconds (50 ms by
+default; the daemon's are 0.5 s) in a fresh process with four sources that cost nothing
+themselves: N read through `BlockingReader` threads (as NVML, host and the engine are), 4 - N on
+the event loop (as the agent feed is), and the pipeline's `advance` replaced by one that returns
+its input; the process's utime + stime per tick, in us. Rounds alternate the order of the variants
+(and of the trees, when several are given: before,after), so all meet the same load. The slope over
+N is what one source's thread hand-off costs a tick.
+
+`--threaded T` (the letter) adds a variant that is not the daemon's: the same `Sampler.tick()`
+with the four sources on the loop, stepped by hand from a plain loop that sleeps with
+`time.sleep` (no event loop runs; nothing in a null tick awaits), so what the event loop's own
+wake-up costs a tick is the difference between `0` and `T`.
 
     .venv/bin/python bench/handoff_cost.py --rounds 6 --out bench/results/handoff_cost.json
     .venv/bin/python bench/handoff_cost.py /tmp/base,. --threaded 3 --rounds 8 --out bench/results/handoff_ab.json
+    .venv/bin/python bench/handoff_cost.py --tick 0.5 --ticks 40 --threaded 3,0,T --out bench/results/handoff_tick05.json
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from exporter.config import load
 from exporter.sources.base import BlockingReader
 
 sampling.advance = lambda history, raw, cfg: raw
-ticks, threaded = int(sys.argv[2]), int(sys.argv[3])
+ticks, threaded, tick = int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
 
 class Threaded:
     def __init__(self, name):
@@ -47,10 +54,39 @@ class OnLoop:
     def close(self):
         pass
 
+class Stepped(OnLoop):  # variant T: a read already done, as the agent feed's start_read gives
+    def start_read(self):
+        f = LOOP.create_future()
+        f.set_result(None)
+        return f
+
+def by_hand() -> None:
+    global LOOP
+    import time
+    LOOP = asyncio.new_event_loop()
+    asyncio.events._set_running_loop(LOOP)  # tick() asks for the running loop (its Handoff): none runs
+    cfg = load(overrides={"tick_seconds": tick, "probe.enabled": False}, environ={})
+    s = sampling.Sampler(cfg, [Stepped(n) for n in ["nvml", "host", "engine", "agent"]])
+    seen = []
+    next_at = time.monotonic()
+    while len(seen) <= ticks + 20:
+        step = s.tick()
+        try:
+            step.send(None)
+        except StopIteration:
+            pass
+        else:
+            raise SystemExit("a null tick awaited")
+        seen.append(resource.getrusage(resource.RUSAGE_SELF))
+        next_at += tick
+        time.sleep(max(0.0, next_at - time.monotonic()))
+    r0, r1 = seen[20], seen[-1]
+    print((r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime) / (len(seen) - 21) * 1e6)
+
 async def main() -> None:
-    cfg = load(overrides={"tick_seconds": 0.05, "probe.enabled": False}, environ={})
+    cfg = load(overrides={"tick_seconds": tick, "probe.enabled": False}, environ={})
     names = ["nvml", "host", "engine", "agent"]
-    sources = [Threaded(n) if i < threaded else OnLoop(n) for i, n in enumerate(names)]
+    sources = [Threaded(n) if i < int(threaded) else OnLoop(n) for i, n in enumerate(names)]
     stop = asyncio.Event()
     seen = []
     def on_tick(snap):
@@ -63,7 +99,10 @@ async def main() -> None:
     r0, r1 = seen[20], seen[-1]
     print((r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime) / (len(seen) - 21) * 1e6)
 
-asyncio.run(main())
+if threaded == "T":
+    by_hand()
+else:
+    asyncio.run(main())
 """
 
 
@@ -73,19 +112,22 @@ def main() -> int:
         "trees", nargs="?", default=ROOT, help="source trees, comma-separated (default: this one)"
     )
     ap.add_argument(
-        "--threaded", default="3,2,1,0", help="how many sources read through threads, per variant"
+        "--threaded",
+        default="3,2,1,0",
+        help="how many sources read through threads, per variant (T: none, and no event loop: see above)",
     )
+    ap.add_argument("--tick", type=float, default=0.05, help="tick length, s (the daemon's: 0.5)")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--ticks", type=int, default=300)
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     trees = [os.path.abspath(t) for t in args.trees.split(",")]
-    variants = [(t, int(n)) for n in args.threaded.split(",") for t in trees]
+    variants = [(t, n) for n in args.threaded.split(",") for t in trees]
     got: dict[str, list[float]] = {f"{t} {n}": [] for t, n in variants}
     for r in range(args.rounds):
         for tree, n in variants if r % 2 == 0 else variants[::-1]:
             out = subprocess.run(
-                [sys.executable, "-c", CHILD, tree, str(args.ticks), str(n)],
+                [sys.executable, "-c", CHILD, tree, str(args.ticks), n, str(args.tick)],
                 capture_output=True,
                 text=True,
                 check=True,
@@ -99,7 +141,7 @@ def main() -> int:
         sys.path.insert(0, ROOT)
         from bench.ab import write_results
 
-        write_results(args.out, {"us_per_tick": got, "median": med})
+        write_results(args.out, {"tick_seconds": args.tick, "us_per_tick": got, "median": med})
     return 0
 
 

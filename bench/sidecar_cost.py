@@ -103,6 +103,45 @@ def run_seconds(pid: int) -> float:
         return cpu_seconds(pid)
 
 
+def thread_wakes(pid: int) -> dict[str, list[int]]:
+    """Return each thread's [voluntary, involuntary] context switches so far, by name (`comm`), summed per name."""
+    out: dict[str, list[int]] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                got = {
+                    k: int(v)
+                    for k, _, v in (line.partition(":") for line in f)
+                    if k in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")
+                }
+        except (OSError, ValueError):
+            continue
+        row = out.setdefault(name, [0, 0])
+        row[0] += got.get("voluntary_ctxt_switches", 0)
+        row[1] += got.get("nonvoluntary_ctxt_switches", 0)
+    return out
+
+
+def wakes_per_tick(before: dict[str, list[int]], after: dict[str, list[int]], ticks: float) -> dict[str, Any]:
+    """Return each thread's context switches a tick between two `thread_wakes` (voluntary: it slept or waited)."""
+    if ticks <= 0:
+        return {}
+    rows = {
+        name: [
+            round((a[0] - before.get(name, [0, 0])[0]) / ticks, 2),
+            round((a[1] - before.get(name, [0, 0])[1]) / ticks, 2),
+        ]
+        for name, a in sorted(after.items())
+    }
+    return {"voluntary_involuntary_by_thread": rows, "total": round(sum(sum(r) for r in rows.values()), 2)}
+
+
 def rss_bytes(pid: int) -> int:
     """Return a process's resident set, bytes."""
     with open(f"/proc/{pid}/status") as f:
@@ -914,6 +953,7 @@ def run_one(
             )
         time.sleep(8)  # discovery, the first agent windows, history warming
         t0, c0, ticks0 = time.time(), run_seconds(daemon.pid), metric(bw_port, "boundwatch_ticks_total")
+        w0 = thread_wakes(daemon.pid)
         c0_other = run_seconds(daemons[-1].pid)
         if other:  # the same scrape inside the span for both daemons
             metric(port_a, "boundwatch_ticks_total")
@@ -927,7 +967,7 @@ def run_one(
                 next_scrape += scrape_every
             rss.append(rss_bytes(daemon.pid))
             time.sleep(1.0)
-        t1, c1 = time.time(), run_seconds(daemon.pid)
+        t1, c1, w1 = time.time(), run_seconds(daemon.pid), thread_wakes(daemon.pid)
         c1_other = run_seconds(daemons[-1].pid)
         ticks1 = metric(bw_port, "boundwatch_ticks_total")
         _dt, nbytes, series = scrape(bw_port)
@@ -964,6 +1004,9 @@ def run_one(
             "metrics_series": series,
             "metrics_gzip_bytes": nbytes,
             "scrape_every_seconds": scrape_every,
+            # how often each of the daemon's threads was switched out a tick: a thread's first wake in a
+            # tick costs far more than its CPU in a profile shows on a VM (README: "Session 24")
+            "context_switches_per_tick": wakes_per_tick(w0, w1, (ticks1 or 0) - (ticks0 or 0)),
         }
         if other:
             share_a = (c1_other - c0_other) / (t1 - t0)

@@ -8,14 +8,14 @@ its input; the process's utime + stime per tick, in us. Rounds alternate the ord
 (and of the trees, when several are given: before,after), so all meet the same load. The slope over
 N is what one source's thread hand-off costs a tick.
 
-`--threaded T` (the letter) adds a variant that is not the daemon's: the same `Sampler.tick()`
-with the four sources on the loop, stepped by hand from a plain loop that sleeps with
-`time.sleep` (no event loop runs; nothing in a null tick awaits), so what the event loop's own
-wake-up costs a tick is the difference between `0` and `T`.
+Two more variants (letters): `L`, the four sources' reads already done when started (as the agent
+feed's `start_read` gives; `0`'s are a task each, awaited), and `T`, the same sources and the same
+`Sampler.tick()` stepped by hand from a plain loop that sleeps with `time.sleep` (no event loop
+runs; nothing in such a tick awaits). What the event loop itself costs a tick is `L` less `T`.
 
     .venv/bin/python bench/handoff_cost.py --rounds 6 --out bench/results/handoff_cost.json
     .venv/bin/python bench/handoff_cost.py /tmp/base,. --threaded 3 --rounds 8 --out bench/results/handoff_ab.json
-    .venv/bin/python bench/handoff_cost.py --tick 0.5 --ticks 40 --threaded 3,0,T --out bench/results/handoff_tick05.json
+    .venv/bin/python bench/handoff_cost.py --tick 0.5 --ticks 40 --threaded 3,0,L,T --out bench/results/handoff_tick05.json
 """
 
 from __future__ import annotations
@@ -84,9 +84,14 @@ def by_hand() -> None:
     print((r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime) / (len(seen) - 21) * 1e6)
 
 async def main() -> None:
+    global LOOP
+    LOOP = asyncio.get_running_loop()
     cfg = load(overrides={"tick_seconds": tick, "probe.enabled": False}, environ={})
     names = ["nvml", "host", "engine", "agent"]
-    sources = [Threaded(n) if i < int(threaded) else OnLoop(n) for i, n in enumerate(names)]
+    if threaded == "L":  # T's sources on the event loop: what differs from T is the loop alone
+        sources = [Stepped(n) for n in names]
+    else:
+        sources = [Threaded(n) if i < int(threaded) else OnLoop(n) for i, n in enumerate(names)]
     stop = asyncio.Event()
     seen = []
     def on_tick(snap):
@@ -114,7 +119,7 @@ def main() -> int:
     ap.add_argument(
         "--threaded",
         default="3,2,1,0",
-        help="how many sources read through threads, per variant (T: none, and no event loop: see above)",
+        help="how many sources read through threads, per variant (L, T: none, done at once; T: no event loop)",
     )
     ap.add_argument("--tick", type=float, default=0.05, help="tick length, s (the daemon's: 0.5)")
     ap.add_argument("--rounds", type=int, default=6)

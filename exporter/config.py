@@ -65,6 +65,8 @@ class HostConfig:
     enabled: bool = True
     proc_root: str = "/proc"
     cgroup_root: str = "/sys/fs/cgroup"
+    # no effect: the host is read on the event loop, with no thread to time out (sources/host.py);
+    # still accepted, so that a configuration written for an older boundwatch loads
     timeout_seconds: float = 2.0
 
 

@@ -65,3 +65,25 @@ def test_a_missing_proc_stat_fails_the_read(tmp_path):
     src = HostSource(HostConfig(proc_root=str(tmp_path), cgroup_root=str(FIX / "cgroup" / "v2")))
     with pytest.raises(OSError):
         src.read_blocking()
+
+
+def test_the_tick_reads_the_host_on_its_own_thread_with_no_reader_thread_to_wake(tmp_path):
+    """start_read reads at once on the caller's thread and hands back a done future; a failed read fails it."""
+    import asyncio
+    import threading
+
+    proc = tmp_path / "proc"
+    shutil.copytree(FIX / "host" / "proc", proc)
+    src = HostSource(HostConfig(proc_root=str(proc), cgroup_root=str(FIX / "cgroup" / "v2")))
+    threads = set(threading.enumerate())
+
+    async def tick() -> None:
+        first = src.start_read()
+        assert first.done() and first.result().cpus == 2
+        (proc / "stat").unlink()
+        failed = src.start_read()  # a read that fails is the future's outcome, as a task's would be
+        assert failed.done() and isinstance(failed.exception(), OSError)
+
+    asyncio.run(tick())
+    assert set(threading.enumerate()) == threads  # no thread started for the host
+    src.close()

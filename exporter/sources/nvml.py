@@ -13,8 +13,9 @@ of CPU per GPU on the H200 on each tick's new pair of samples (1.2 ms on a pair 
 of it GRAPHICS_UTIL and most of a tick's NVML time. So GRAPHICS_UTIL is asked for only where the
 cheap metrics show an SM active in the window (else it reads 0: an idle GPU costs ~0.1 ms a tick),
 and `gpm_graphics` off leaves it out altogether. With `graphics_estimate` on (off by default until
-the H200 lab has run with it), a busy GPU reads it only where the verdict could turn on it (`GraphicsGate`): between reads it is estimated from the
-cheap SM_UTIL, and the reading says so (`GpmRatios.graphics_estimated`).
+the H200 lab has run with it), a busy GPU reads it only where the verdict could turn on it
+(`GraphicsGate`): between reads it is estimated from the cheap SM_UTIL, and the reading says so
+(`GpmRatios.graphics_estimated`).
 The `nvml` module is injectable: tests give it a stand-in for the driver.
 """
 
@@ -160,7 +161,6 @@ class NvmlSource:
         # each GPU's busy shares its verdict could turn on, from the newest Snapshot (`follow`)
         self._edges: dict[int, tuple[float, ...]] = {}
         self._also = tuple(sorted(set(also_edges)))
-        self._with_also: dict[tuple[float, ...], tuple[float, ...]] = {}  # a verdict's edges, with _also
 
     async def read(self) -> tuple[GpuReading, ...]:
         """Return this tick's reading of every GPU."""
@@ -177,20 +177,10 @@ class NvmlSource:
 
     def follow(self, snap: Snapshot) -> None:
         """Note each GPU's busy shares its verdict could be held against next tick (`Verdict.edges`), and also_edges."""
-        if not self._also:
-            self._edges = {v.gpu: v.edges for v in snap.verdicts if v.edges}
-            return
-        merged = self._with_also  # the verdicts' edges are a few tuples per config: merged once each
-        edges = {}
-        for v in snap.verdicts:
-            if v.edges:
-                got = merged.get(v.edges)
-                if got is None:
-                    if len(merged) >= 64:
-                        merged.clear()
-                    got = merged[v.edges] = tuple(sorted({*v.edges, *self._also}))
-                edges[v.gpu] = got
-        self._edges = edges
+        also = self._also
+        self._edges = {
+            v.gpu: tuple(sorted({*also, *v.edges})) if also else v.edges for v in snap.verdicts if v.edges
+        }
 
     def close(self) -> None:
         """Free GPM samples, shut NVML down and stop the reader thread."""

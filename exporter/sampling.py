@@ -155,6 +155,9 @@ class Sampler:
         self._state = {s.name: _SourceState() for s in self.sources}
         for s in self.sources:
             self._state[s.name].start_read = getattr(s, "start_read", None)
+        # the sources whose reads run in a reader thread of theirs (NVML, the engine): `run` starts
+        # them a tick ahead, their threads running them when it is due (see Handoff)
+        self._ahead = [s for s in self.sources if getattr(s, "reads_in_thread", False)]
         size = max(2, int(cfg.history_seconds / cfg.tick_seconds) + 1)
         self._history: collections.deque[Snapshot] = collections.deque(maxlen=size)
         self._compact_gpus = CompactGpus()  # what the compacted history shares
@@ -187,11 +190,13 @@ class Sampler:
         """Return the kept Snapshots, oldest first."""
         return tuple(self._history)
 
-    def _start(self, source: Source, handoff: Handoff | None = None) -> asyncio.Future[Any]:
-        """Return the source's read in flight, starting one unless the last is still running."""
+    def _start(
+        self, source: Source, handoff: Handoff | None = None, delay: float = 0.0
+    ) -> asyncio.Future[Any]:
+        """Return the source's read in flight, starting one unless the last is still running (due in `delay` s)."""
         state = self._state[source.name]
         if state.pending is None:
-            state.started, state.ended, state.handoff = time.perf_counter(), None, handoff
+            state.started, state.ended, state.handoff = time.perf_counter() + delay, None, handoff
             start = state.start_read  # a read that is one call in a thread, or none: no task around it
             try:
                 state.pending = start() if start is not None else asyncio.ensure_future(source.read())
@@ -259,8 +264,12 @@ class Sampler:
         state.up, state.last_error = False, message
         return SourceStatus(name, False, state.errors_total, message, duration)
 
-    async def tick(self) -> Snapshot:
-        """Read every source once and return the new Snapshot."""
+    async def tick(self, budget: float | None = None) -> Snapshot:
+        """Read every source once and return the new Snapshot.
+
+        A source whose read `run` started ahead is awaited, not started again; `budget` is what is
+        left of the wait for late reads (the tick's own budget, 0.8 of a tick, by default).
+        """
         cpu0 = time.process_time()
         mono, at = self._clock(), self._wall()
         # The reads that run in reader threads come back together: the last to finish wakes the loop once.
@@ -269,7 +278,7 @@ class Sampler:
             started = [self._start(s, handoff) for s in self.sources]
         running = {f for f in started if not f.done()}
         if running:  # one wait for all the reads (each has the same budget), not a task per source
-            await asyncio.wait(running, timeout=self._budget)
+            await asyncio.wait(running, timeout=self._budget if budget is None else budget)
             if handoff.take():  # past the budget with a read still running: the others' outcomes, now,
                 await asyncio.sleep(0)  # and their callbacks (an engine's change of state logged) first
         results = [self._result(s) for s in self.sources]
@@ -322,23 +331,59 @@ class Sampler:
             top -= 1
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Tick on a fixed schedule until stop is set; a late tick skips, never bunches."""
+        """Tick on a fixed schedule until stop is set; a late tick skips, never bunches.
+
+        Once a tick is done, the next one's reads in reader threads are started at once, due at its
+        time (`_start_ahead`): the loop then sleeps until they are all back (or the budget is spent),
+        so it wakes once a tick rather than also at the tick's start to hand them out.
+        """
         interval = self.cfg.tick_seconds
         next_at = self._clock()
         stopped = asyncio.ensure_future(stop.wait())  # one waiter for the whole run, not a task per tick
+        budget: float | None = None
         try:
             while not stop.is_set():
                 try:
-                    await self.tick()
+                    await self.tick(budget)
                 except Exception:  # a bug in analysis must not stop sampling
                     log.exception("tick_failed")
                 next_at += interval
                 now = self._clock()
                 if next_at < now:
                     next_at = now + interval - ((now - next_at) % interval)
-                await asyncio.wait({stopped}, timeout=max(0.0, next_at - now))
+                budget = await self._ahead_of(next_at - now, stopped)
         finally:
             stopped.cancel()
+
+    async def _ahead_of(self, delay: float, stopped: asyncio.Future[Any]) -> float | None:
+        """Start the next tick's threaded reads, due in `delay` s, and wait until they are back or it is time.
+
+        Returns what is left of the tick's budget for its reads still running (None: the whole budget,
+        when nothing was started ahead). Returns early once stop is set.
+        """
+        delay = max(0.0, delay)
+        loop = asyncio.get_running_loop()
+        handoff = Handoff(loop, not_before=time.monotonic() + delay, period=self.cfg.tick_seconds)
+        with handoff.opened():
+            started = [self._start(s, handoff, delay) for s in self._ahead]
+        running = {f for f in started if not f.done()}
+        if not running:
+            await asyncio.wait({stopped}, timeout=delay)
+            return None
+        due = loop.time() + delay
+        end = due + self._budget
+        while running and not stopped.done() and (left := end - loop.time()) > 0:
+            _, running = await asyncio.wait(
+                running | {stopped}, timeout=left, return_when=asyncio.FIRST_COMPLETED
+            )
+            running.discard(stopped)
+        if running and not stopped.done():
+            if handoff.take():  # past the budget with a read still running: the others' outcomes now
+                await asyncio.sleep(0)
+        wait = due - loop.time()
+        if wait > 0 and not stopped.done():  # every read back before its time (none runs early): wait for it
+            await asyncio.wait({stopped}, timeout=wait)
+        return max(0.0, end - loop.time())
 
     async def start(self) -> None:
         """Start every source that has a start(); one that cannot start reports itself down each tick."""

@@ -765,3 +765,75 @@ async def test_the_sampler_hands_each_verdicts_edges_to_nvml_which_then_reads_gr
         clock.t += 0.5
         assert snap.gpus[0].gpm is not None and not snap.gpus[0].gpm.graphics_estimated
     assert snap.busy[0] == (pytest.approx(0.80), "gpm")
+
+
+class Ahead(Started):
+    """A source read in a reader thread of its own (as NVML and the engine are): `run` may start it ahead."""
+
+    reads_in_thread = True
+
+
+async def test_run_starts_threaded_reads_ahead_so_the_loop_wakes_once_a_tick_and_reads_stay_on_time():
+    import time
+
+    from exporter.snapshot.host import HostReading
+
+    ran: list[float] = []
+
+    def read():
+        ran.append(time.monotonic())
+        return ()
+
+    class OnLoop:  # read on the event loop when the tick starts, as the host and the agents' feed are
+        name = "host"
+        starts = 0
+
+        async def read(self):
+            raise AssertionError("start_read() is used")
+
+        def start_read(self):
+            self.starts += 1
+            future = asyncio.get_running_loop().create_future()
+            future.set_result(HostReading(cpus=2, cpu_busy=0.5))
+            return future
+
+        def close(self) -> None:
+            pass
+
+    nvml, host = Ahead(BlockingReader("nvml", timeout=1.0), read), OnLoop()
+    nvml.name = "nvml"
+    sampler = Sampler(Config(tick_seconds=0.1, history_seconds=10), [nvml, host])
+    loop = asyncio.get_running_loop()
+    waits = []
+    select = loop._selector.select  # type: ignore[attr-defined]
+
+    def counted(timeout=None):
+        events = select(timeout)
+        if timeout is None or timeout > 0:
+            waits.append((timeout, len(events)))
+        return events
+
+    loop._selector.select = counted  # type: ignore[attr-defined]
+    stop = asyncio.Event()
+    try:
+        task = asyncio.create_task(sampler.run(stop))
+        await asyncio.sleep(0.35)
+        waits.clear()
+        ticks0, ran0 = sampler.latest().seq, len(ran)
+        await asyncio.sleep(1.0)
+        ticks, reads = sampler.latest().seq - ticks0, len(ran) - ran0
+        stop.set()
+        await asyncio.wait_for(task, 1)
+    finally:
+        loop._selector.select = select  # type: ignore[attr-defined]
+        nvml.close()
+    assert 8 <= ticks <= 11 and reads == ticks
+    # the loop sleeps until the thread hands the read back: one wake a tick, where starting the read at
+    # the tick's time made two (the tick's timer, then the hand-back)
+    assert len(waits) <= ticks + 2, waits
+    gaps = [b - a for a, b in zip(ran, ran[1:], strict=False)]
+    assert all(0.07 < g < 0.13 for g in gaps[1:]), gaps  # on the tick's grid, not a tick late or early
+    snap = sampler.latest()
+    assert snap.host == HostReading(cpus=2, cpu_busy=0.5)
+    assert snap.source("nvml").duration_seconds < 0.05  # its read, not the wait for its time
+    assert len(ran) <= nvml.starts <= len(ran) + 1 and host.starts == snap.seq  # one ahead of the stop: dropped

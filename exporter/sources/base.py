@@ -39,7 +39,9 @@ class Source(Protocol):
     engine's page rarely while the Snapshot serves its counts from an agent). A source whose read
     is one blocking call in its thread, or no wait at all, may have `start_read()`: the read
     started at once and its future (done, or under way), which the Sampler awaits instead of a
-    task around `read()` (no task, no timeout context, fewer turns of the event loop).
+    task around `read()` (no task, no timeout context, fewer turns of the event loop). One whose
+    `start_read` hands the read to a `BlockingReader` may say so with `reads_in_thread = True`: the
+    Sampler's `run` then starts it a tick ahead, under a `Handoff` that says when it is due.
     """
 
     name: str
@@ -105,7 +107,10 @@ class BlockingReader:
 
         The future fails as `run()` raises: ReadTimeout at once while the previous read still runs,
         or once the read outlasts the timeout (the read goes on and its result is dropped);
-        RuntimeError after close. Cancelling it drops the result.
+        RuntimeError after close. Cancelling it drops the result. Under a tick's `Handoff` that has a
+        `not_before`, fn runs no earlier than that (its timeout counts from then); one the handoff
+        expects with a `period` has the thread sleep, once it is done, until a period after it (the
+        next tick's read, queued meanwhile, then wakes nobody: see `Handoff`).
         """
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
@@ -119,11 +124,14 @@ class BlockingReader:
         if self._thread is None:
             self._thread = threading.Thread(target=self._work, name=self._thread_name, daemon=True)
             self._thread.start()
-        expiry = loop.call_later(self._timeout, _expire, future, self._timeout)
         handoff = _HANDOFF.get()
+        not_before = handoff.not_before if handoff is not None else None
+        delay = max(0.0, not_before - time.monotonic()) if not_before is not None else 0.0
+        expiry = loop.call_later(delay + self._timeout, _expire, future, self._timeout)
         if handoff is not None and not handoff.expect(loop):
             handoff = None  # a tick's handoff takes only the reads its sources start, before it is sealed
-        self._jobs.put((fn, future, loop, expiry, handoff))
+        period = handoff.period if handoff is not None else 0.0
+        self._jobs.put((fn, future, loop, expiry, handoff, not_before, period))
         return future
 
     def _work(self) -> None:
@@ -131,7 +139,9 @@ class BlockingReader:
         name_os_thread(self._thread_name)
         try:
             while (job := self._jobs.get()) is not None:
-                fn, future, loop, expiry, handoff = job
+                fn, future, loop, expiry, handoff, not_before, period = job
+                if not_before is not None:
+                    _sleep_until(not_before)
                 if self._closed:  # queued but not started when the reader closed: dropped
                     return
                 try:
@@ -139,11 +149,15 @@ class BlockingReader:
                 except BaseException as exc:  # as an executor does: the awaiting side re-raises it
                     result, error = None, exc
                 self._busy = False
-                if handoff is not None:
-                    handoff.deliver(future, result, error, expiry)
+                if handoff is None:
+                    with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                        loop.call_soon_threadsafe(_deliver, future, result, error, expiry)
                     continue
-                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                    loop.call_soon_threadsafe(_deliver, future, result, error, expiry)
+                handoff.deliver(future, result, error, expiry)
+                if period > 0 and not_before is not None and not self._closed:
+                    # asleep, not waiting on the queue, when the next tick's read is queued: its put
+                    # wakes nobody, and this thread wakes once a tick, when that read is due
+                    _sleep_until(not_before + period)
         finally:
             if self._on_exit is not None:
                 self._on_exit()
@@ -172,7 +186,16 @@ _Job = tuple[
     asyncio.AbstractEventLoop,
     asyncio.TimerHandle,
     "Handoff | None",
+    float | None,
+    float,
 ]
+
+
+def _sleep_until(deadline: float) -> None:
+    """Sleep in the calling thread until time.monotonic() reaches deadline (a plain sleep: the cheapest wake)."""
+    left = deadline - time.monotonic()
+    if left > 0:
+        time.sleep(left)
 
 
 class Handoff:
@@ -185,10 +208,21 @@ class Handoff:
     A read that hangs holds the others back only until the tick's budget, when the Sampler takes
     what is ready (`take`); the hung one is handed back alone when it ends. `ended` holds when each
     read finished in its thread (perf_counter), so its duration never counts the wait for the others.
+
+    A tick's reads may be started ahead of it (`Sampler.run`): `not_before` (time.monotonic()) is
+    when its reader threads run them, and `period` the ticks' spacing, after which each expected
+    reader's thread sleeps until its next read is due. Each reader thread then wakes once a tick
+    from a plain sleep, and the event loop once, when the last read is handed back, not also at
+    the tick's start to hand the reads out (~0.3 ms of CPU a tick with two reader threads on the
+    development VM: bench/README.md, session 25).
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, not_before: float | None = None, period: float = 0.0
+    ) -> None:
         self._loop = loop
+        self.not_before = not_before
+        self.period = period
         self._lock = threading.Lock()
         self._open = 0  # reads expected and not yet finished
         self._ready: list[tuple[asyncio.Future[Any], Any, BaseException | None, asyncio.TimerHandle]] = []

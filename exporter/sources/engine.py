@@ -93,6 +93,7 @@ class EngineSource:
     """Read every engine on the host (and the configured ones) once per tick."""
 
     name = "engine"
+    reads_in_thread = True  # its reads run in its reader's thread: the Sampler may start a tick's read ahead
 
     def __init__(
         self,

@@ -139,6 +139,7 @@ class NvmlSource:
     """Read every GPU through NVML each tick."""
 
     name = "nvml"
+    reads_in_thread = True  # its calls run in its reader's thread: the Sampler may start a tick's read ahead
 
     def __init__(
         self,

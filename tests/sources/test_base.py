@@ -231,3 +231,45 @@ async def test_a_read_that_outlasts_its_timeout_in_a_handoff_fails_as_without_on
     finally:
         release.set()
         reader.close()
+
+
+async def test_a_read_due_later_runs_no_earlier_and_its_timeout_counts_from_then():
+    import time
+
+    reader = BlockingReader("due", timeout=0.15)
+    ran: list[float] = []
+    due = time.monotonic() + 0.2
+    handoff = Handoff(asyncio.get_running_loop(), not_before=due)
+    try:
+        with handoff.opened():
+            future = reader.submit(lambda: ran.append(time.monotonic()) or 4)
+        assert await future == 4  # 0.2 s to its time is past the 0.15 s timeout: not counted
+        assert ran[0] >= due
+    finally:
+        reader.close()
+
+
+async def test_a_thread_with_a_period_sleeps_until_its_next_read_is_due_so_queuing_it_wakes_nobody():
+    import time
+
+    reader = BlockingReader("paced", timeout=1.0)
+    loop = asyncio.get_running_loop()
+    ran: list[float] = []
+    due = time.monotonic() + 0.05
+    try:
+        handoff = Handoff(loop, not_before=due, period=0.3)
+        with handoff.opened():
+            first = reader.submit(lambda: ran.append(time.monotonic()))
+        await first
+        await wait_until(lambda: not reader._busy)
+        # the next tick's read, queued long before it is due, with nothing to say when: the thread is
+        # asleep until a period after its last read, not waiting on the queue
+        plain = reader.submit(lambda: ran.append(time.monotonic()))
+        await plain
+        assert ran[1] >= due + 0.3 - 0.01
+        # without a period (a tick's own handoff, or none) a read queued after another runs at once
+        t0 = time.monotonic()
+        await reader.submit(lambda: ran.append(time.monotonic()))
+        assert ran[2] - t0 < 0.1
+    finally:
+        reader.close()

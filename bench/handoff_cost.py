@@ -12,10 +12,14 @@ Two more variants (letters): `L`, the four sources' reads already done when star
 feed's `start_read` gives; `0`'s are a task each, awaited), and `T`, the same sources and the same
 `Sampler.tick()` stepped by hand from a plain loop that sleeps with `time.sleep` (no event loop
 runs; nothing in such a tick awaits). What the event loop itself costs a tick is `L` less `T`.
+`S<n>`: n sources through threads by `start_read` (as NVML and the engine), the others' reads done
+when started (as the host and the agent feed): the daemon's shape; `A<n>`: the same, the threaded
+ones with `reads_in_thread` (read a tick ahead by `Sampler.run`, their threads waking at its time).
 
     .venv/bin/python bench/handoff_cost.py --rounds 6 --out bench/results/handoff_cost.json
     .venv/bin/python bench/handoff_cost.py /tmp/base,. --threaded 3 --rounds 8 --out bench/results/handoff_ab.json
     .venv/bin/python bench/handoff_cost.py --tick 0.5 --ticks 40 --threaded 3,0,L,T --out bench/results/handoff_tick05.json
+    .venv/bin/python bench/handoff_cost.py --tick 0.5 --ticks 40 --threaded S2,A2,L --out bench/results/handoff_ahead.json
 """
 
 from __future__ import annotations
@@ -45,6 +49,15 @@ class Threaded:
         return await self._reader.run(lambda: None)
     def close(self):
         self._reader.close()
+
+class Ahead(Threaded):  # variants A<n>: a source whose start_read hands its read to its thread, read ahead
+    reads_in_thread = True
+    def start_read(self):
+        return self._reader.submit(lambda: None)
+
+class Handed(Threaded):  # variants S<n>: the same, started at the tick's time
+    def start_read(self):
+        return self._reader.submit(lambda: None)
 
 class OnLoop:
     def __init__(self, name):
@@ -90,6 +103,9 @@ async def main() -> None:
     names = ["nvml", "host", "engine", "agent"]
     if threaded == "L":  # T's sources on the event loop: what differs from T is the loop alone
         sources = [Stepped(n) for n in names]
+    elif threaded[0] in "AS":  # n through threads by start_read (ahead or not), the rest done at once
+        kind = Ahead if threaded[0] == "A" else Handed
+        sources = [kind(n) if i < int(threaded[1:]) else Stepped(n) for i, n in enumerate(names)]
     else:
         sources = [Threaded(n) if i < int(threaded) else OnLoop(n) for i, n in enumerate(names)]
     stop = asyncio.Event()
@@ -119,7 +135,8 @@ def main() -> int:
     ap.add_argument(
         "--threaded",
         default="3,2,1,0",
-        help="how many sources read through threads, per variant (L, T: none, done at once; T: no event loop)",
+        help="how many sources read through threads, per variant (L, T: none, done at once; T: no event loop; "
+        "S<n>, A<n>: n by start_read, the rest done at once; A: read ahead)",
     )
     ap.add_argument("--tick", type=float, default=0.05, help="tick length, s (the daemon's: 0.5)")
     ap.add_argument("--rounds", type=int, default=6)

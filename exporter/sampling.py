@@ -334,7 +334,7 @@ class Sampler:
         """Tick on a fixed schedule until stop is set; a late tick skips, never bunches.
 
         Once a tick is done, the next one's reads in reader threads are started at once, due at its
-        time (`_start_ahead`): the loop then sleeps until they are all back (or the budget is spent),
+        time (`_ahead_of`): the loop then sleeps until they are all back (or the budget is spent),
         so it wakes once a tick rather than also at the tick's start to hand them out.
         """
         interval = self.cfg.tick_seconds

@@ -2,6 +2,7 @@
 
 import asyncio
 import dataclasses
+import itertools
 import threading
 
 import pytest
@@ -836,8 +837,10 @@ async def test_run_starts_threaded_reads_ahead_so_the_loop_wakes_once_a_tick_and
     assert len(waits) <= ticks + 2, waits
     # each tick's read ran at its time, just before the tick took its readings: not a tick early
     assert all(any(0 <= m - r < 0.05 for r in ran) for m in monos[1:]), (monos, ran)
-    assert all(b - a > 0.05 for a, b in zip(ran, ran[1:], strict=False)), ran  # one read a tick
+    assert all(b - a > 0.05 for a, b in itertools.pairwise(ran)), ran  # one read a tick
     snap = sampler.latest()
     assert snap.host == HostReading(cpus=2, cpu_busy=0.5)
     assert snap.source("nvml").duration_seconds < 0.05  # its read, not the wait for its time
-    assert len(ran) <= nvml.starts <= len(ran) + 1 and host.starts == snap.seq  # one ahead of the stop: dropped
+    assert (
+        len(ran) <= nvml.starts <= len(ran) + 1 and host.starts == snap.seq
+    )  # one ahead of the stop: dropped

@@ -30,6 +30,7 @@ MARK = "__boundwatch_hooks__"
 _counts: list[int] = [0, 0, 0]
 _dev: list[int] = [-1]  # CUDA ordinal learnt at capture time
 _installed: dict[str, Any] = {"asked": False, "patched": False, "before_cuda": False, "at_ns": 0}
+_direct_replays: set[type] = set()  # the graph classes patched here whose replay calls the C++ replay itself
 
 
 def cuda_initialized() -> bool:
@@ -171,6 +172,7 @@ def patch_graph_class(cls: Any) -> bool:
 
     if direct is not None:  # torch's shim: the C++ replay itself for a CUDAGraph, a frame fewer
         exact, base, ok = direct.exact, direct.base, direct.ok
+        _direct_replays.add(cls)
 
         def replay_counted(self: Any) -> Any:
             counts[0] += 1
@@ -236,6 +238,15 @@ def install() -> None:
 def installed() -> bool:
     """Return whether CUDAGraph is patched in this process."""
     return bool(_installed["patched"])
+
+
+def replay_direct(cls: Any = None) -> bool:
+    """Say whether cls's replay (None: any graph class's), as patched here, calls the base's C++ replay itself.
+
+    That is `base_call`'s finding (torch's shim skipped), made on the class as it was before the
+    patch: once patched, its replay is the hook, which `base_call` no longer reads as a shim.
+    """
+    return bool(_direct_replays) if cls is None else cls in _direct_replays
 
 
 def graphs_so_far() -> str:

@@ -328,6 +328,7 @@ class LightAgent:
             "mode": self.mode,
             "state": self.state,
             "hooks": hooks.installed(),
+            "replay_direct": hooks.replay_direct(),
             "graphs_so_far": hooks.graphs_so_far(),
             "replays": replays,
             "captures": captures,

@@ -150,6 +150,7 @@ class Sub(CUDAGraph):
     pass
 
 own = CUDAGraph.__dict__["replay"]
+before = hooks.replay_direct()
 assert hooks.patch_graph_class(CUDAGraph)
 frames = []
 def prof(frame, event, arg):
@@ -174,6 +175,9 @@ got["driver_in"] = replays("driver_in")         # the driver's check, hooks in (
 SWITCH.set_in(False)
 got["driver_out"] = replays("driver_out")       # the driver's thin check, hooks out
 got["counted"] = hooks.counts()[0]
+# what the agent reports: the patched class's replay is the direct one (base_call, once patched, sees the hook)
+got["replay_direct"] = [before, hooks.replay_direct(CUDAGraph), hooks.replay_direct(Sub), hooks.replay_direct()]
+got["base_call_after"] = hooks.base_call(CUDAGraph, "replay") is not None
 def patched(self):                               # someone patches the C++ base's replay afterwards
     log.append(("patched", type(self).__name__))
     _replay(self)
@@ -191,6 +195,7 @@ def test_an_exact_graph_replays_through_its_base_a_frame_fewer_others_through_to
     tmp_path: Path,
 ) -> None:
     out: dict[str, Any] = run_fresh(tmp_path, DIRECT, fakes=())
+    assert out["replay_direct"] == [False, True, False, True] and out["base_call_after"] is False, out
     for state in ("in", "driver_in", "driver_out"):
         got = out[state]
         # exactly the class: the base's replay once, torch's shim never entered, None returned as it does

@@ -264,14 +264,19 @@ class Sampler:
         state.up, state.last_error = False, message
         return SourceStatus(name, False, state.errors_total, message, duration)
 
-    async def tick(self, budget: float | None = None) -> Snapshot:
+    async def tick(self, budget: float | None = None, due: float | None = None) -> Snapshot:
         """Read every source once and return the new Snapshot.
 
         A source whose read `run` started ahead is awaited, not started again; `budget` is what is
-        left of the wait for late reads (the tick's own budget, 0.8 of a tick, by default).
+        left of the wait for late reads (the tick's own budget, 0.8 of a tick, by default). `due`:
+        when those reads were due (the sampler's clock), which times the tick, as a tick that starts
+        its reads itself is timed by its start: rates read over `dt` then span what the reads span,
+        however long one of them took.
         """
         cpu0 = time.process_time()
         mono, at = self._clock(), self._wall()
+        if due is not None and due < mono:
+            mono, at = due, at - (mono - due)
         # The reads that run in reader threads come back together: the last to finish wakes the loop once.
         handoff = Handoff(asyncio.get_running_loop())
         with handoff.opened():
@@ -341,10 +346,11 @@ class Sampler:
         next_at = self._clock()
         stopped = asyncio.ensure_future(stop.wait())  # one waiter for the whole run, not a task per tick
         budget: float | None = None
+        due: float | None = None
         try:
             while not stop.is_set():
                 try:
-                    await self.tick(budget)
+                    await self.tick(budget, due)
                 except Exception:  # a bug in analysis must not stop sampling
                     log.exception("tick_failed")
                 next_at += interval
@@ -352,6 +358,7 @@ class Sampler:
                 if next_at < now:
                     next_at = now + interval - ((now - next_at) % interval)
                 budget = await self._ahead_of(next_at - now, stopped)
+                due = next_at if budget is not None else None  # the reads started ahead were due then
         finally:
             stopped.cancel()
 

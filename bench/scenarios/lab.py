@@ -528,7 +528,9 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     env.update(PYTHONUNBUFFERED="1", BOUNDWATCH_AGENT_SOCKET=str(work / "agent.sock"))
     results: dict[str, Any] = {"name": name, "started": time.time(), "host": platform.node(), **gpu_info(),
-                               "agent_mode": args.agent, "device": args.device}  # fmt: skip
+                               "agent_mode": args.agent, "device": args.device,
+                               "daemon_env": {k: v for k, v in sorted(os.environ.items())
+                                              if k.startswith("BOUNDWATCH_") and "SECRET" not in k and "TOKEN" not in k}}  # fmt: skip
     stack: Stack | None = None
     daemon: subprocess.Popen[Any] | None = None
     try:

@@ -12,8 +12,8 @@ the last read) and the ticks in between carry the last ratios, so the busy share
 of CPU per GPU on the H200 on each tick's new pair of samples (1.2 ms on a pair read again), nearly all
 of it GRAPHICS_UTIL and most of a tick's NVML time. So GRAPHICS_UTIL is asked for only where the
 cheap metrics show an SM active in the window (else it reads 0: an idle GPU costs ~0.1 ms a tick),
-and `gpm_graphics` off leaves it out altogether. With `graphics_estimate` on (off by default until
-the H200 lab has run with it), a busy GPU reads it only where the verdict could turn on it
+and `gpm_graphics` off leaves it out altogether. With `graphics_estimate` on (the default), a busy GPU
+reads it only where the verdict could turn on it
 (`GraphicsGate`): between reads it is estimated from the cheap SM_UTIL, and the reading says so
 (`GpmRatios.graphics_estimated`).
 The `nvml` module is injectable: tests give it a stand-in for the driver.

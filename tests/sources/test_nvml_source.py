@@ -176,7 +176,7 @@ def test_gpm_every_third_tick_carries_the_last_ratios_between_reads():
     gpu = FakeGpu()
     nvml = FakeNvml([gpu])
     gets = _count_gets(nvml)
-    src = NvmlSource(NvmlConfig(gpm_every_ticks=3), nvml=nvml)  # type: ignore[arg-type]
+    src = NvmlSource(NvmlConfig(gpm_every_ticks=3, graphics_estimate=False), nvml=nvml)  # type: ignore[arg-type]
     first = [src.read_blocking()[0].gpm for _ in range(2)]
     gpu.gpm = {1: 50.0, 2: 40.0}
     later = [src.read_blocking()[0].gpm for _ in range(5)]
@@ -189,18 +189,19 @@ def test_gpm_every_third_tick_carries_the_last_ratios_between_reads():
     assert later[4] is not None and later[4] is not later[1] and later[4].graphics == pytest.approx(0.5)
 
 
-def test_gpm_read_every_tick_by_default():
+def test_gpm_read_every_tick_by_default_the_gate_asking_for_graphics_apart():
     gpu = FakeGpu()
     nvml = FakeNvml([gpu])
     gets = _count_gets(nvml)
+    assert NvmlConfig().graphics_estimate  # the default since the H200 lab ran with it (session 26)
     src = NvmlSource(NvmlConfig(), nvml=nvml)  # type: ignore[arg-type]
     for _ in range(4):
         src.read_blocking()
-    assert gets == {"all": 4, "lean": 0, "graphics": 0}  # a busy GPU: every metric in one call
-    src = NvmlSource(NvmlConfig(graphics_estimate=True), nvml=nvml)  # type: ignore[arg-type]
+    assert gets == {"all": 0, "lean": 4, "graphics": 4}  # the gate, no verdict yet: GRAPHICS_UTIL each tick
+    src = NvmlSource(NvmlConfig(graphics_estimate=False), nvml=nvml)  # type: ignore[arg-type]
     for _ in range(4):
         src.read_blocking()
-    assert gets == {"all": 4, "lean": 4, "graphics": 4}  # the gate, no verdict yet: GRAPHICS_UTIL each tick
+    assert gets == {"all": 4, "lean": 4, "graphics": 4}  # the gate off, a busy GPU: every metric in one call
 
 
 def _count_gets(nvml: FakeNvml) -> dict[str, int]:
@@ -222,7 +223,7 @@ def test_graphics_is_asked_for_only_where_an_sm_was_active_in_the_window():
     gpu = FakeGpu()
     nvml = FakeNvml([gpu])
     gets = _count_gets(nvml)
-    src = NvmlSource(NvmlConfig(), nvml=nvml)  # type: ignore[arg-type]
+    src = NvmlSource(NvmlConfig(graphics_estimate=False), nvml=nvml)  # type: ignore[arg-type]
     src.read_blocking()
     gpu.gpm = {1: 0.004, 2: 0.0, 3: 0.0, 5: 0.0, 10: 0.0}  # no SM active: GRAPHICS_UTIL not asked for
     idle = [src.read_blocking()[0].gpm for _ in range(3)]

@@ -153,7 +153,7 @@ def main() -> int:
     summary = {
         name: {kind: round(statistics.median(v), 1) for kind, v in by.items()} for name, by in rows.items()
     }
-    for name, s in summary.items():
+    for s in summary.values():
         if "hot" in s and s["hot"] > 0:
             s["cold_over_hot"] = round(s["cold"] / s["hot"], 2)
     print("median us per run:", json.dumps(summary))

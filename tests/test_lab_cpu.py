@@ -92,10 +92,11 @@ def test_lab_on_cpu_scores_work_held_before_the_engine(tmp_path: Path) -> None:
         ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "bench/scenarios/lab.py",
          "--device", "cpu", "--seconds", "6", "--out", str(tmp_path), "--name", "lab-cpu"],
         capture_output=True, text=True, cwd=ROOT, timeout=400,
-        env={**os.environ, "BOUNDWATCH_NVML__GRAPHICS_ESTIMATE": "true"},  # the gate, checked live below
+        env={k: v for k, v in os.environ.items() if not k.startswith("BOUNDWATCH_")},  # defaults: the gate on
     )  # fmt: skip
     results = json.loads((tmp_path / "lab-cpu.json").read_text())
     assert "error" not in results, results.get("error")
+    assert results["daemon_env"] == {}  # the daemon's defaults: the estimates checked below are the default's
     print(done.stdout[-3000:])  # the lab's table, shown when an assertion below fails
     rows = {r["scenario"]: r for r in results["scores"]}
     assert list(rows) == [

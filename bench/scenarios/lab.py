@@ -300,6 +300,9 @@ def gpu_info() -> dict[str, Any]:
         return {"gpu": None, "nvml": str(exc)}
 
 
+SECRET_WORDS = ("SECRET", "TOKEN", "PASSWORD", "KEY", "AUTH")  # settings the results never keep
+
+
 def start_daemon(
     args: argparse.Namespace, port: int, env: dict[str, str], work: Path, tree: Path = ROOT
 ) -> subprocess.Popen[Any]:
@@ -530,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"name": name, "started": time.time(), "host": platform.node(), **gpu_info(),
                                "agent_mode": args.agent, "device": args.device,
                                "daemon_env": {k: v for k, v in sorted(os.environ.items())
-                                              if k.startswith("BOUNDWATCH_") and "SECRET" not in k and "TOKEN" not in k}}  # fmt: skip
+                                              if k.startswith("BOUNDWATCH_") and not any(w in k for w in SECRET_WORDS)}}  # fmt: skip
     stack: Stack | None = None
     daemon: subprocess.Popen[Any] | None = None
     try:

@@ -519,11 +519,25 @@ def main() -> int:
     listener = Listener(f"/tmp/bwbench/light-periods-{os.getpid()}.sock")
     # each child: its warm-up and graph capture, every period with its settle, the two pause probes
     child_s = 120 + 1.25 * (2 * (args.pairs + args.aa) + 2) * (args.period + args.settle) + 2 * args.pause
-    runs = []
+    runs: list[dict[str, Any]] = []
+
+    def save() -> None:  # after each workload: a run cut short by its caller's timeout keeps what finished
+        if args.out:
+            result = {
+                "argv": sys.argv[1:],
+                "agent_env": agent_env,
+                "runs": runs,
+                "messages_received": listener.count,
+            }
+            with open(args.out + ".part", "w") as fh:
+                json.dump(result, fh, indent=2)
+            os.replace(args.out + ".part", args.out)
+
     try:
         for name in names:
             r = run_fresh(__file__, "workload", name, opts, agent_env, listener.path, timeout=child_s)
             runs.append(r)
+            save()
             if "cost" in r:
                 print(f"{name:10s} {r['what']}: on-off {json.dumps(r['cost'])}; A/A {json.dumps(r.get('aa'))}",
                       flush=True)  # fmt: skip
@@ -537,10 +551,7 @@ def main() -> int:
                           f"cause {p.get('over_100us_by_cause')}, top {p.get('top', [])[:4]}", flush=True)  # fmt: skip
     finally:
         listener.close()
-    result = {"argv": sys.argv[1:], "agent_env": agent_env, "runs": runs, "messages_received": listener.count}
-    if args.out:
-        with open(args.out, "w") as fh:
-            json.dump(result, fh, indent=2)
+    save()
     return 0 if all("cost" in r for r in runs) else 1
 
 

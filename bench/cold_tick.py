@@ -1,7 +1,7 @@
 """What a tick's CPU is made of at the daemon's cadence: the same work run hot (back to back) and cold (after a sleep).
 
-The daemon sleeps most of each 0.5 s tick, and what it touches after a sleep may no longer be in
-the CPU's caches (other processes ran, a VM's core was given to another guest). This bench runs,
+The daemon sleeps most of each 0.5 s tick, and after a sleep the CPU's state for its code and data
+may be gone (other processes ran, a VM's core was given to another guest). This bench runs,
 in this process, each piece of work N times back to back (hot) and N times each after a
 `time.sleep(--sleep)` (cold), the thread's CPU per run (utime + stime of the process, which runs no
 other thread), less what a bare sleep's wake-up costs (measured the same way, alternating):
@@ -12,7 +12,12 @@ other thread), less what a bare sleep's wake-up costs (measured the same way, al
 - `advance`: the real pipeline `advance` on captured ticks of the real daemon (`--capture`, the
   pickles that `BW_COST_CAPTURE=PATH bench/sidecar_cost.py --gpus N` writes), each on its own
   captured history, one captured tick a run, in turn;
-- `snapshot`: one `Snapshot(...)` built, the smallest piece of a tick's work.
+- `snapshot`: one `Snapshot(...)` built, the smallest piece of a tick's work;
+- with `--capture`, `advance` timed alone after a sleep and an untimed step (`AFTER`): once on
+  another captured tick (its code run, the data still cold), a 1.5 ms busy loop of none of its code,
+  or 20 MB zeroed (the caches' data pushed out). Which of these removes the cold cost says whether it
+  is the code's first run (branch predictors, instruction caches: as on a VM whose core ran other
+  guests) or the data.
 
 Cold over hot says how much of a tick's CPU is the cost of touching memory again after a sleep rather
 than of the instructions; where it is large, cutting the objects a tick touches (and the threads that
@@ -121,6 +126,36 @@ def advance_runs(path: str) -> Callable[[], None]:
     return one
 
 
+def timed_after(fn: Callable[[], object], runs: int, sleep: float, before: Callable[[], object]) -> float:
+    """Return the thread's CPU of fn alone, in us a run, each run after a sleep and then `before` (untimed)."""
+    total = 0.0
+    for _ in range(runs):
+        time.sleep(sleep)
+        before()
+        t = time.thread_time()
+        fn()
+        total += time.thread_time() - t
+    return total / runs * 1e6
+
+
+def spin(seconds: float) -> None:
+    """Busy the CPU in a tiny Python loop (no code of the daemon's) for `seconds`."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+# What is cold after a sleep, for `advance` (timed alone, after an untimed step once awake):
+# `after_first`: advance run once on another tick first (its code warm, this tick's data as cold as
+# ever); `after_spin`: 1.5 ms of a tiny loop first (the CPU busy again, none of the daemon's code run);
+# `after_memset`: 20 MB zeroed first (what the caches held pushed out, again none of its code run).
+AFTER: dict[str, Callable[[Callable[[], None]], object]] = {
+    "after_first": lambda one: one(),
+    "after_spin": lambda one: spin(0.0015),
+    "after_memset": lambda one: bytes(20_000_000),
+}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--capture", help="BW_COST_CAPTURE pickle of the real daemon's ticks (for `advance`)")
@@ -141,12 +176,20 @@ def main() -> int:
         work["advance"] = advance_runs(args.capture)
     rows: dict[str, dict[str, list[float]]] = {"wake": {"cold": []}}
     rows.update({name: {"hot": [], "cold": []} for name in work})
+    if "advance" in work:
+        rows["advance"].update({kind: [] for kind in AFTER})
     for r in range(args.rounds):
         wake = per_run(lambda: None, args.runs, args.sleep)
         rows["wake"]["cold"].append(wake)
         for name, fn in work.items():
             rows[name]["hot"].append(per_run(fn, args.runs, 0.0))
             rows[name]["cold"].append(per_run(fn, args.runs, args.sleep) - wake)
+        if "advance" in work:
+            one = work["advance"]
+            for kind, before in AFTER.items():
+                rows["advance"][kind].append(
+                    timed_after(one, args.runs, args.sleep, lambda b=before, o=one: b(o))
+                )
         print(f"round {r}: wake {wake:.1f} us; " + "; ".join(
             f"{n} hot {rows[n]['hot'][-1]:.1f} cold {rows[n]['cold'][-1]:.1f} us" for n in work
         ))  # fmt: skip

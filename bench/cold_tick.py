@@ -38,17 +38,10 @@ import resource
 import statistics
 import sys
 import time
-import types
 from collections.abc import Callable
-from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-
-
-def mappingproxy_of(d: dict[Any, Any]) -> Any:
-    """Return a read-only view of d (how captured Snapshots' mapping fields are unpickled)."""
-    return types.MappingProxyType(d)
 
 
 def _cpu() -> float:
@@ -108,6 +101,7 @@ def null_tick() -> Callable[[], None]:
 
 def advance_runs(path: str) -> Callable[[], None]:
     """Return a function that runs the real advance on the next captured tick (in turn)."""
+    from bench.sidecar_cost import mappingproxy_of  # what the capture pickled its mapping fields with
     from exporter.analysis.pipeline import advance
 
     sys.modules["__main__"].mappingproxy_of = mappingproxy_of  # type: ignore[attr-defined]

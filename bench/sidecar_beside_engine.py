@@ -10,10 +10,15 @@ time per tick (`boundwatch_source_duration_seconds{source="nvml"}`).
     python3 bench/sidecar_beside_engine.py --out bench/results/sidecar_beside_engine_h200.json
     python3 bench/sidecar_beside_engine.py --trees .side-base,. --rounds 2 --seconds 45   # before/after, paired
     python3 bench/sidecar_beside_engine.py --trees .,.+BOUNDWATCH_NVML__GRAPHICS_ESTIMATE=true --rounds 2
+    python3 bench/sidecar_beside_engine.py --trees .,floor,floor:nvml,floor:engine,floor:procs,floor:none
 
 With `--trees`, each checkout's daemon runs in turn beside the one engine (same machine, same load),
 so a change's effect is a ratio taken in one run. A tree given as `PATH+KEY=VALUE[+...]` runs its
 daemon with those variables set (a setting that only one side knows: an older tree refuses it).
+`floor[:PARTS]` runs bench/read_floor.py in the daemon's place instead: the same inputs (NVML, the
+engine's page, the API servers' /proc and cgroup files; PARTS of `nvml,engine,procs,none`) read at the
+same cadence by one bare thread, so the daemon's CPU less the floor's is what the daemon's own design
+costs (no scrapes: the floor serves nothing).
 """
 
 from __future__ import annotations
@@ -81,10 +86,52 @@ def scrape(url: str) -> tuple[int, dict[str, float]]:
     return len(body), reads
 
 
+def measure_floor(
+    args: argparse.Namespace, env: dict[str, str], work: Path, spec: str, stack: Any
+) -> dict[str, Any]:
+    """Run bench/read_floor.py (`floor[:PARTS]`) beside the serving engine in the daemon's place; measure it."""
+    parts = spec.partition(":")[2] or "nvml,engine,procs"
+    if args.device == "cpu":  # no NVML here: the lab's stand-in answers for the GPU
+        parts = ",".join(x for x in parts.split(",") if x != "nvml") or "none"
+    cmd = [sys.executable, str(ROOT / "bench/read_floor.py"), "--parts", parts, "--report", "3600",
+           "--engine-url", f"http://127.0.0.1:{stack.port}/metrics", "--pids", ",".join(map(str, stack.api_pids))]  # fmt: skip
+    floor = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=ROOT, text=True
+    )
+    try:
+        time.sleep(args.warmup)
+        c0, t0 = cpu_seconds(floor.pid), time.monotonic()
+        time.sleep(args.seconds)
+        c1, t1 = cpu_seconds(floor.pid), time.monotonic()
+        r1 = rss_mib(floor.pid)
+    finally:
+        floor.terminate()
+        out, _ = floor.communicate(timeout=10)
+    last = (
+        json.loads(out.strip().splitlines()[-1]) if out.strip().startswith("{") else {"output": out[-2000:]}
+    )
+    return {
+        "tree": spec,
+        "seconds": round(t1 - t0, 2),
+        "daemon_cpu_share": round((c1 - c0) / (t1 - t0), 5),
+        "rss_mib": [r1, r1],
+        "floor_parts": parts,
+        "floor_last": last,
+    }
+
+
 def measure(
-    args: argparse.Namespace, url: str, port: int, env: dict[str, str], work: Path, spec: str
+    args: argparse.Namespace,
+    url: str,
+    port: int,
+    env: dict[str, str],
+    work: Path,
+    spec: str,
+    stack: Any = None,
 ) -> dict[str, Any]:
     """Start the daemon of one tree (`PATH[+KEY=VALUE...]`) beside the serving engine, measure it, stop it."""
+    if spec == "floor" or spec.startswith("floor:"):
+        return measure_floor(args, env, work, spec, stack)
     path, *assigned = spec.split("+")
     tree = (ROOT / path).resolve()
     env = {**env, **dict(a.split("=", 1) for a in assigned)}
@@ -188,10 +235,10 @@ def main(argv: list[str] | None = None) -> int:
         stack.send("load short 32 -")
         for _ in range(args.rounds):
             for tree in trees:
-                runs.append(measure(args, url, port, env, work, tree))
+                runs.append(measure(args, url, port, env, work, tree, stack))
                 print(
                     json.dumps(
-                        {k: runs[-1][k] for k in ("tree", "daemon_cpu_share", "source_read_ms_median")}
+                        {k: runs[-1].get(k) for k in ("tree", "daemon_cpu_share", "source_read_ms_median")}
                     )
                 )
         result.update(runs[0] if len(runs) == 1 else {"runs": runs})

@@ -108,6 +108,7 @@ class Stack:
         ]  # fmt: skip
         if args.engine_json:
             cmd += ["--engine-json", args.engine_json]
+        self.port = port  # where the engine's page is served
         self.log_path = work / "serve.log"
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(self.log_path, "w"),

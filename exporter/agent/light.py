@@ -24,9 +24,11 @@ from exporter.agent.timer import WakeTimer
 
 STEPS_PER_MESSAGE = 8
 QUIET_AFTER = 2  # ticks in a row with nothing the hooks see, then the agent goes quiet
-# a quiet agent says so again this often, so that a sidecar started (or restarted) while the engine
-# idles finds it: one wake-up of the agent's thread (its GIL take and one small send) per beat
-QUIET_BEAT_S = 30.0
+QUIET_BEAT_MIN_S = 0.2  # a quiet beat (settings.quiet_beat_s) comes no more often than this
+NEVER_NS = 1 << 62  # an idle wake of "never": a timer ~146 years ahead (as an absolute timerfd time)
+# steps counted before the engine stopped and sent when it steps again are dropped past this age (the
+# sidecar refuses steps that end over 600 s before it receives them: exporter.sources.agent_feed)
+STALE_STEPS_S = 300.0
 HEARTBEAT_S = 1.0  # a tick that counted nothing sends at most this often (a heartbeat)
 PHASE_YIELD_S = 50e-6  # the agent's thread sleeps this long between its tick's phases (the GIL handed back)
 
@@ -62,6 +64,7 @@ class LightAgent:
         self.idle_ticks = 0  # ticks in a row that saw no step, replay or capture
         self._seen = hooks.counts()
         self.quiets = 0  # times the agent went quiet
+        self.steps_stale = 0  # step records dropped as older than STALE_STEPS_S when taken (a long stop)
         # how long the sidecar may hear nothing from a running agent before it reads it as quiet: a
         # message goes out each tick that counted anything (a step, a replay, a capture), and the
         # thread does not wake to say the engine stopped (idle_wake_s): two ticks and a quarter second
@@ -134,14 +137,18 @@ class LightAgent:
         and go quiet: the hooks stay in, nothing is swapped or sent, and this thread sleeps until a
         driving call (an engine step, a replay) resumes the cycle on the engine's own thread.
 
-        With idle_wake_s (the default), the drives of an engine that steps fast (switch.FAST_STEP_NS)
-        keep this thread's timer at least half that far ahead (set again only once it comes nearer:
-        each set is a syscall): it wakes only once the engine has not stepped for between half that
-        and that long, then ticks once (what was counted before the engine stopped) and goes quiet at
-        once. An engine that stops and spins in Python loses no GIL to this thread in that time;
-        one that steps again before it catches up on its own call (exporter.agent.switch). A slow
-        engine keeps the timer a margin past each due (one step may outlast a slice). The sidecar
-        reads a light agent silent past the silent_ms of its messages, its process alive, as quiet.
+        With idle_wake_s, the drives of an engine that steps fast (switch.FAST_STEP_NS) keep this
+        thread's timer at least half that far ahead (set again only once it comes nearer: each set is
+        a syscall): it wakes only once the engine has not stepped for between half that and that
+        long, then ticks once (what was counted before the engine stopped) and goes quiet at once.
+        By default the idle wake is never: the timer is set once, ~146 years ahead, and this thread
+        takes no GIL from an engine that stopped stepping (each take cost the engine's thread a
+        0.1-0.2 ms pause on the lent H200 and H100: bench/README.md, session 27); the engine's next
+        step catches up on its own call (exporter.agent.switch) and sends what was counted before
+        the stop (dropped past STALE_STEPS_S). A slow engine keeps the timer a margin past each due
+        (one step may outlast a slice). The sidecar reads a light agent silent past the silent_ms of
+        its messages, its process alive, as quiet; the quiet beat (settings.quiet_beat_s, off by
+        default) says so again for a sidecar started while the engine idles.
         """
         timer = self._timer = self._timer or WakeTimer.make()
         if timer is None:
@@ -150,7 +157,7 @@ class LightAgent:
         # how late the engine's step may come before this thread swaps: half a slice (31 ms by default),
         # so an engine stepping faster than that never has this thread take the GIL from it
         margin = max(int(in_s * 1e9) // 2, 5_000_000)
-        idle_wake = int(self.settings.idle_wake_s * 1e9)
+        idle_wake = _ns(self.settings.idle_wake_s)
         args: tuple[int, int, int, Any, Any] = (
             int(out_s * 1e9),
             int(in_s * 1e9),
@@ -173,7 +180,8 @@ class LightAgent:
                 if hooks.counts() != self._seen:  # the hooks (in) saw something no driver site did
                     self._tick_timed()
                 self._say_quiet()
-                timer.at(time.monotonic_ns() + int(QUIET_BEAT_S * 1e9))
+                beat = self._beat_ns()
+                timer.at(time.monotonic_ns() + beat if beat else 0)
                 continue
             due, idle = sw.due[0], sw.idle_armed
             sw.drive(by_thread=True)  # the engine did not step past the due: swap (and tick) from here
@@ -190,7 +198,12 @@ class LightAgent:
         self.switch.finish_pending()
         self._say_quiet()
         self.quiets += 1
-        self.switch.drive_inline(*args, quiet=True, beat_ns=int(QUIET_BEAT_S * 1e9), idle_wake_ns=idle_wake)
+        self.switch.drive_inline(*args, quiet=True, beat_ns=self._beat_ns(), idle_wake_ns=idle_wake)
+
+    def _beat_ns(self) -> int:
+        """Return the quiet beat's period in ns (settings.quiet_beat_s, at least QUIET_BEAT_MIN_S), 0 for none."""
+        beat = self.settings.quiet_beat_s
+        return int(max(beat, QUIET_BEAT_MIN_S) * 1e9) if beat > 0 else 0
 
     def _say_quiet(self) -> None:
         try:
@@ -220,6 +233,8 @@ class LightAgent:
         yield
         yield from plugins.flush_phases(self.steps, 0)  # every engine's steps since the last hand-over
         steps = yield from self.steps.take_phased(scale)
+        if steps:
+            steps = self._fresh(steps)
         seen = hooks.counts()
         counted = bool(steps) or seen != self._seen
         self.idle_ticks = 0 if counted else self.idle_ticks + 1
@@ -233,6 +248,13 @@ class LightAgent:
         graphs = self.graph_counts(scale)
         yield
         yield from self._sends(steps, graphs)
+
+    def _fresh(self, steps: list[wire.Steps]) -> list[wire.Steps]:
+        """Drop the step records that ended over STALE_STEPS_S ago (counted before a long stop), counting them."""
+        oldest = time.time_ns() - int(STALE_STEPS_S * 1e9)
+        fresh = [s for s in steps if not s.t1 or s.t1 >= oldest]
+        self.steps_stale += len(steps) - len(fresh)
+        return fresh
 
     def _inline_tick(self) -> Iterator[None]:
         """The tick as the engine's thread runs it (exporter.agent.switch), its failure kept as detail."""
@@ -344,4 +366,10 @@ class LightAgent:
             "phases_after_launch": self.switch.after_launch,
             "quiet": self.switch.quiet,
             "quiets": self.quiets,
+            "steps_stale": self.steps_stale,
         }
+
+
+def _ns(seconds: float) -> int:
+    """Return seconds in ns; an infinite time ("never") as NEVER_NS."""
+    return NEVER_NS if seconds == float("inf") else int(seconds * 1e9)

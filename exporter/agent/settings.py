@@ -39,8 +39,11 @@ def _env(name: str, default: str) -> str:
 
 
 def _envf(name: str, default: float) -> float:
+    raw = _env(name, str(default))
+    if raw.lower() == "never":
+        return math.inf  # what UNBOUNDED settings take for "never"; any other setting rejects it
     try:
-        return float(_env(name, str(default)))
+        return float(raw)
     except ValueError:
         return math.nan  # not a number: from_env's bounds give it its default and name it rejected
 
@@ -67,8 +70,16 @@ class Settings:
     inline: str = "on"
     # once the engine's own step drives fast (switch.FAST_STEP_NS), the agent's thread sleeps until no
     # step has driven for this long (then it ticks once and goes quiet): it takes no GIL from an engine
-    # that stopped stepping and spins | 0: it wakes a margin past each missed swap, as for a slow engine
-    idle_wake_s: float = 30.0
+    # that stopped stepping and spins | never (inf, the default): it sleeps until the engine steps again,
+    # whose own step then sends what was counted before the stop | 0: it wakes a margin past each
+    # missed swap, as for a slow engine
+    idle_wake_s: float = math.inf
+    # a quiet agent says so again this often (one wake-up of its thread, a GIL take of ~0.1-0.2 ms from
+    # the engine's, and one small send), so that a sidecar (re)started while the engine idles finds it
+    # before the engine steps again | 0 (the default): no beat; the sidecar reads an agent that went
+    # silent while its process lives as quiet (its messages' silent_ms), so only a sidecar started
+    # during the idle waits for the first step to learn of the agent
+    quiet_beat_s: float = 0.0
     lag_s: float = 1.0
     lag_max_s: float = 3.0  # windows wait up to this long for records that arrive late (core._hold_ns)
     buffer_kib: int = 1024  # raw mode copies a buffer in ~0.1 ms; object mode needs <= 256 KiB
@@ -101,7 +112,8 @@ class Settings:
             flush_s=_envf("FLUSH_S", 0.5),
             hook_share=_envf("HOOK_SHARE", 0.125),
             inline=_env("INLINE", "on"),
-            idle_wake_s=_envf("IDLE_WAKE_S", 30.0),
+            idle_wake_s=_envf("IDLE_WAKE_S", math.inf),
+            quiet_beat_s=_envf("QUIET_BEAT_S", 0.0),
             lag_s=_envf("LAG_S", 1.0),
             lag_max_s=_envf("LAG_MAX_S", 3.0),
             buffer_kib=_envi("BUFFER_KIB", 1024),
@@ -138,7 +150,8 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "window_s": (0.05, 60.0),
     "flush_s": (0.05, 60.0),
     "hook_share": (0.01, 1.0),
-    "idle_wake_s": (0.0, 3600.0),
+    "idle_wake_s": (0.0, 3600.0),  # or inf: never (UNBOUNDED)
+    "quiet_beat_s": (0.0, 86400.0),
     "lag_s": (0.0, 60.0),
     "lag_max_s": (0.0, 600.0),
     "buffer_kib": (8, 65536),
@@ -151,6 +164,9 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "kernel_trim_ns": (0, 100_000),
 }
 
+
+# numeric settings that may also be infinite: "never" (or "inf")
+UNBOUNDED: frozenset[str] = frozenset({"idle_wake_s"})
 
 # settings that take one of a few words: another value gets the default, counted as rejected
 CHOICES: dict[str, tuple[str, ...]] = {"inline": ("on", "off")}
@@ -169,6 +185,8 @@ def _bound(s: Settings) -> list[str]:
         lo, hi = BOUNDS[f.name]
         value = getattr(s, f.name)
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if f.name in UNBOUNDED and value == math.inf:
+            continue
         if not (ok and lo <= value <= hi):
             setattr(s, f.name, f.default)
             reset.append(f.name)

@@ -718,8 +718,8 @@ class AgentFeed:
 
         A quiet agent sends nothing until its process does something its hooks see, so its silence is
         no sign of trouble while the process lives: looked up at most once per stale_seconds. A light
-        agent says nothing either once its engine stops stepping (its thread does not wake for
-        idle_wake_s, exporter.agent.light): silent for longer than it said it would be while its engine
+        agent says nothing either once its engine stops stepping (its thread does not wake: by default
+        never, else for its idle_wake_s, exporter.agent.light): silent for longer than it said it would be while its engine
         steps (its messages' silent_ms), it is quiet while its process runs.
         """
         msg = a.msg

@@ -167,6 +167,63 @@ def test_the_inline_switch_takes_on_or_off_and_counts_anything_else_as_rejected(
     assert s.inline == "off" and s.rejected == () and not LightAgent(s).inline
 
 
+def test_the_idle_wake_is_never_by_default_a_number_or_never_when_set_and_the_quiet_beat_off(
+    monkeypatch,
+) -> None:  # type: ignore[no-untyped-def]
+    s = Settings.from_env()
+    assert s.idle_wake_s == float("inf") and s.quiet_beat_s == 0.0 and s.rejected == ()
+    monkeypatch.setenv("BOUNDWATCH_AGENT_IDLE_WAKE_S", "30")
+    monkeypatch.setenv("BOUNDWATCH_AGENT_QUIET_BEAT_S", "60")
+    s = Settings.from_env()
+    assert (s.idle_wake_s, s.quiet_beat_s, s.rejected) == (30.0, 60.0, ())
+    monkeypatch.setenv("BOUNDWATCH_AGENT_IDLE_WAKE_S", "NEVER")
+    assert Settings.from_env().idle_wake_s == float("inf")
+    # "never" is the idle wake's alone; a beat or any other setting refuses it (and 1e9 s, and a negative)
+    monkeypatch.setenv("BOUNDWATCH_AGENT_QUIET_BEAT_S", "never")
+    monkeypatch.setenv("BOUNDWATCH_AGENT_FLUSH_S", "inf")
+    s = Settings.from_env()
+    assert (s.quiet_beat_s, s.flush_s) == (0.0, 0.5) and set(s.rejected) == {"quiet_beat_s", "flush_s"}
+    monkeypatch.setenv("BOUNDWATCH_AGENT_IDLE_WAKE_S", "-1")
+    monkeypatch.setenv("BOUNDWATCH_AGENT_QUIET_BEAT_S", "1e9")
+    s = Settings.from_env()
+    assert (s.idle_wake_s, s.quiet_beat_s) == (float("inf"), 0.0)
+    assert {"idle_wake_s", "quiet_beat_s"} <= set(s.rejected)
+
+
+def test_steps_counted_before_a_long_stop_are_dropped_and_counted_not_sent_for_the_sidecar_to_refuse() -> (
+    None
+):
+    class Sender:
+        dropped = 0
+
+        def __init__(self) -> None:
+            self.sent: list[wire.Message] = []
+            self.seq = 0
+
+        def next_seq(self) -> int:
+            self.seq += 1
+            return self.seq
+
+        def encode(self, msg: wire.Message) -> wire.Message:
+            return msg
+
+        def send_data(self, msg: wire.Message) -> None:
+            self.sent.append(msg)
+
+    sender = Sender()
+    agent = LightAgent(Settings(socket=""), sender=sender)  # type: ignore[arg-type]
+    now = time.time_ns()
+    agent.steps.record("vllm", now - 400_000 * MS - MS, now - 400_000 * MS, tokens=8, seqs=8)  # 400 s ago
+    agent.tick(force=True)
+    assert agent.steps_stale == 1 and agent.describe()["steps_stale"] == 1
+    assert [m.steps for m in sender.sent] == [()], sender.sent  # the tick's message, without them
+    agent.steps.record("vllm", now - 2 * MS, now - MS, tokens=8, seqs=8)  # a step of now: sent
+    agent.tick(force=True)
+    assert agent.steps_stale == 1 and [(s.engine, s.n) for s in sender.sent[-1].steps] == [("vllm", 1)], (
+        sender.sent
+    )
+
+
 def test_the_light_agent_tells_the_sidecar_how_many_settings_it_rejected(tmp_path: Path) -> None:
     path = str(tmp_path / "agent.sock")
     rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)

@@ -289,7 +289,7 @@ print(json.dumps({"wakes": wakes, "ticks": len(in_at_tick) - 1, "in_at_tick": so
 """
 
 
-@pytest.mark.parametrize("idle_wake", ["30", "0"])
+@pytest.mark.parametrize("idle_wake", ["inf", "30", "0"])
 def test_with_no_engine_stepping_the_agents_thread_swaps_the_hooks_in_ticks_then_goes_quiet(
     tmp_path: Path, idle_wake: str
 ) -> None:
@@ -308,7 +308,7 @@ def test_with_no_engine_stepping_the_agents_thread_swaps_the_hooks_in_ticks_then
     assert out["in_at_tick"] == [False, True]
 
 
-@pytest.mark.parametrize("idle_wake", ["30", "0"])
+@pytest.mark.parametrize("idle_wake", ["inf", "30", "0"])
 def test_while_the_engine_steps_its_own_thread_drives_the_cycle_and_the_agent_sleeps(
     tmp_path: Path, idle_wake: str
 ) -> None:
@@ -535,16 +535,16 @@ def test_a_lower_rank_site_claims_the_drive_only_after_a_second_miss() -> None:
 
 
 BEAT = """
-import json, time
-from exporter.agent import hooks, light
+import json, os, time
+from exporter.agent import hooks
 from exporter.agent.light import LightAgent
 from exporter.agent.settings import Settings
 hooks.install()
 import torch
 from tests.agent.fresh import ListSender
-light.QUIET_BEAT_S = 0.25
 sender = ListSender()
-agent = LightAgent(Settings(socket="", flush_s=0.05, hook_share=0.25), sender=sender)
+agent = LightAgent(Settings(socket="", flush_s=0.05, hook_share=0.25, quiet_beat_s=float(os.environ["BEAT"])),
+                   sender=sender)
 agent.start()
 g = torch.cuda.CUDAGraph()
 time.sleep(0.3)  # two idle ticks: quiet
@@ -560,18 +560,33 @@ g.replay()  # the engine steps: the cycle resumes on its thread, the beat's time
 time.sleep(0.2)
 agent.stop()
 print(json.dumps({"beats": beats, "beat_wakes": beat_wakes, "captured": captured,
-                  "after": [m.state for m in sender.sent]}))
+                  "after": [m.state for m in sender.sent],
+                  "captures_sent": max((m.graphs.captures for m in sender.sent if m.graphs), default=0)}))
 """
 
 
-def test_a_quiet_agent_says_so_again_every_beat_so_a_restarted_sidecar_finds_it(tmp_path: Path) -> None:
-    out = run(tmp_path, BEAT)
+def test_a_quiet_agent_with_a_beat_says_so_again_every_beat_so_a_restarted_sidecar_finds_it(
+    tmp_path: Path,
+) -> None:
+    out = run_fresh(tmp_path, BEAT, [fake_torch, fake_vllm], {"BEAT": "0.25"}, timeout=120)
     # one message and one wake-up a beat (a sidecar started while the engine idles learns of it)
     assert out["beats"] == ["quiet"] * len(out["beats"]) and 3 <= len(out["beats"]) <= 5, out
     assert 3 <= out["beat_wakes"] <= 5, out
     # a capture while quiet (no step, no replay): the next beat sends it, then says quiet again
     assert out["captured"][:2] == [["running", 1], ["quiet", None]], out
     assert out["after"][-2] == "running", out  # resumed by the replay (then stop()'s last message)
+
+
+def test_a_quiet_agent_without_a_beat_the_default_never_wakes_and_a_capture_waits_for_the_next_step(
+    tmp_path: Path,
+) -> None:
+    out = run_fresh(tmp_path, BEAT, [fake_torch, fake_vllm], {"BEAT": "0"}, timeout=120)
+    # quiet: no message and no wake-up of the agent's thread (each a GIL take from the engine's)
+    assert out["beats"] == [] and out["beat_wakes"] == 0, out
+    # a capture while quiet is counted by the hooks (in) and sent once the engine steps again: the
+    # replay resumes the cycle and stop()'s tick sends the capture with it
+    assert out["captured"] == [] and out["captures_sent"] == 1, out
+    assert out["after"][-2] == "running", out
 
 
 def test_a_driver_of_self_alone_gets_checks_of_that_signature_others_pass_everything_through() -> None:
@@ -843,12 +858,12 @@ print(json.dumps({"spin_wakes": spin_wakes, "quiet": quiet, "replays": replays,
 """
 
 
-@pytest.mark.parametrize("idle_wake", ["30", "0.3"])
+@pytest.mark.parametrize("idle_wake", ["inf", "30", "0.3"])
 def test_an_engine_that_stops_and_spins_loses_no_gil_to_the_agent_until_the_idle_wake(
     tmp_path: Path, idle_wake: str
 ) -> None:
     out = run_fresh(tmp_path, SPIN, [fake_torch], {"IDLE_WAKE": idle_wake}, timeout=120)
-    if idle_wake == "30":  # the spin is shorter than the idle wake: the agent's thread never woke
+    if idle_wake != "0.3":  # never (the default), or the spin is shorter than it: the thread never woke
         assert out["spin_wakes"] == 0 and not out["quiet"] and "quiet" not in out["states"], out
     else:  # it woke once, 0.3 s after the last step: caught up, said quiet and slept
         assert out["spin_wakes"] == 1 and out["quiet"] and "quiet" in out["states"], out

@@ -66,11 +66,12 @@ def test_field_lab_recording_replayed_every_scenario_right(recording):
 
 
 H200 = sorted(RESULTS.glob("scenarios-h200-*.jsonl.gz"))
+LENT = H200 + sorted(RESULTS.glob("scenarios-h100-*.jsonl.gz"))
 
 
-@pytest.mark.parametrize("recording", H200, ids=[p.name for p in H200])
-def test_field_lab_h200_recording_replays_at_least_as_right_as_it_ran(recording):
-    """Each scenario of the H200 field-lab runs (bench/README.md) replays no worse than it scored live."""
+@pytest.mark.parametrize("recording", LENT, ids=[p.name for p in LENT])
+def test_field_lab_recording_on_a_lent_gpu_replays_at_least_as_right_as_it_ran(recording):
+    """Each scenario of the field-lab runs on the lent H200 and H100 (bench/README.md) replays no worse than it scored live."""
     live = json.loads(recording.with_name(recording.name.replace(".jsonl.gz", ".json")).read_text())
     head, ticks = _replayed(recording)
     segments = [Segment(**s) for s in head["schedule"]]

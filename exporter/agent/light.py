@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from exporter import wire
@@ -42,8 +42,11 @@ class LightAgent:
         steps: StepTracker | None = None,
         sender: Sender | None = None,
         switch: Switch | None = None,
+        wall_ns: Callable[[], int] = time.time_ns,
     ) -> None:
+        """wall_ns: the clock the steps' ends are on (CLOCK_REALTIME), against which stale ones are dropped."""
         self.settings = settings or Settings.from_env()
+        self._wall_ns = wall_ns
         self.state = "stopped"
         self.mode = "light"
         self.detail = self.settings.rejected_detail()
@@ -251,7 +254,7 @@ class LightAgent:
 
     def _fresh(self, steps: list[wire.Steps]) -> list[wire.Steps]:
         """Drop the step records that ended over STALE_STEPS_S ago (counted before a long stop), counting them."""
-        oldest = time.time_ns() - int(STALE_STEPS_S * 1e9)
+        oldest = self._wall_ns() - int(STALE_STEPS_S * 1e9)
         fresh = [s for s in steps if not s.t1 or s.t1 >= oldest]
         self.steps_stale += len(steps) - len(fresh)
         return fresh

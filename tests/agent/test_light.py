@@ -211,8 +211,8 @@ def test_steps_counted_before_a_long_stop_are_dropped_and_counted_not_sent_for_t
             self.sent.append(msg)
 
     sender = Sender()
-    agent = LightAgent(Settings(socket=""), sender=sender)  # type: ignore[arg-type]
-    now = time.time_ns()
+    now = T0 + 3_600_000 * MS  # the agent's wall clock, an hour past T0
+    agent = LightAgent(Settings(socket=""), sender=sender, wall_ns=lambda: now)  # type: ignore[arg-type]
     agent.steps.record("vllm", now - 400_000 * MS - MS, now - 400_000 * MS, tokens=8, seqs=8)  # 400 s ago
     agent.tick(force=True)
     assert agent.steps_stale == 1 and agent.describe()["steps_stale"] == 1

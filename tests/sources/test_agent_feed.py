@@ -224,7 +224,10 @@ async def test_light_agent_round_trip_fills_engine_steps_and_graph_use(feed: Age
     from exporter.agent.light import LightAgent
     from exporter.agent.settings import Settings
 
-    agent = LightAgent(Settings(socket=feed.cfg.socket, role="vllm_engine", flush_s=0.02))
+    # the steps below end at T0 + 10-40 ms: the agent's wall clock is the feed's, near them
+    agent = LightAgent(
+        Settings(socket=feed.cfg.socket, role="vllm_engine", flush_s=0.02), wall_ns=lambda: T0 + 50 * MS
+    )
     agent.start()
     try:
         # a served sequence: (step end ms, running, waiting) read after each 10 ms step

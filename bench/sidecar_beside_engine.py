@@ -87,7 +87,7 @@ def scrape(url: str) -> tuple[int, dict[str, float]]:
 
 
 def measure_floor(
-    args: argparse.Namespace, env: dict[str, str], work: Path, spec: str, stack: Any
+    args: argparse.Namespace, env: dict[str, str], spec: str, stack: lab.Stack
 ) -> dict[str, Any]:
     """Run bench/read_floor.py (`floor[:PARTS]`) beside the serving engine in the daemon's place; measure it."""
     parts = spec.partition(":")[2] or "nvml,engine,procs"
@@ -127,11 +127,12 @@ def measure(
     env: dict[str, str],
     work: Path,
     spec: str,
-    stack: Any = None,
+    stack: lab.Stack | None = None,
 ) -> dict[str, Any]:
     """Start the daemon of one tree (`PATH[+KEY=VALUE...]`) beside the serving engine, measure it, stop it."""
     if spec == "floor" or spec.startswith("floor:"):
-        return measure_floor(args, env, work, spec, stack)
+        assert stack is not None, "a floor reads the engine's page and API servers: it needs the stack"
+        return measure_floor(args, env, spec, stack)
     path, *assigned = spec.split("+")
     tree = (ROOT / path).resolve()
     env = {**env, **dict(a.split("=", 1) for a in assigned)}

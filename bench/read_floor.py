@@ -178,6 +178,7 @@ class Procs:
                 self._pread(cgroup)
         self.last = {
             "cpu_ticks": cpu,
+            "hottest_sched_ns": busiest,  # each server's hottest thread's CPU + wait (what saturation reads)
             "threads_hot": {p: len(t) for p, t in self.hot_tids.items()},
             "cgroups": sum(c is not None for c in self.cgroups.values()),
         }

@@ -244,6 +244,15 @@ AGENT_UNSENT_MESSAGES = _m(
     ["gpu"],
     "busy",
 )
+AGENT_STALE_STEPS = _m(
+    "boundwatch_agent_stale_steps",
+    "gauge",
+    "Engine step records (an engine core's steps over one agent tick) the light agents counted before a "
+    "stop of over 300 s and dropped as stale when the engine stepped again (the sidecar would refuse "
+    "them), summed over the agents on each GPU.",
+    ["gpu"],
+    "busy",
+)
 AGENT_MESSAGES_TOTAL = _m(
     "boundwatch_agent_messages_total", "counter", "Agent messages received.", [], "busy"
 )

@@ -15,10 +15,10 @@ A message is one agent's report since its last one:
                 "graph": n, "eager": n, "run_ns": n, "wait_ns": n, "running": n, "waiting": n,
                 "max_seqs": n, "dp": n, "owner": pid}],
      "graphs": {"t0": ns, "t1": ns, "replays": n, "captures": n, "dev": n, "uuid": "GPU-..."},
-     "sent_dropped": n, "silent_ms": ms}
+     "sent_dropped": n, "steps_stale": n, "silent_ms": ms}
 
-The light-agent keys of "steps" and "graphs" are optional: an older sidecar ignores them, and a
-message without them decodes to their defaults.
+The light-agent keys of "steps" and "graphs", and the message's "steps_stale", are optional: an older
+sidecar ignores them, and a message without them decodes to their defaults.
 
 `iv` is the window's busy interval list in microseconds relative to t0, alternating
 (offset, length, gap, length, ...), so the sidecar can union several processes sharing a GPU;
@@ -178,6 +178,7 @@ class Message:
     windows: tuple[Window, ...] = ()
     steps: tuple[Steps, ...] = ()
     sent_dropped: int = 0  # messages this agent could not send since it started
+    steps_stale: int = 0  # step records the light agent dropped since it started, too old to send
     settings_rejected: int = 0  # its BOUNDWATCH_AGENT_* settings out of bounds (their defaults serve)
     graphs: GraphCounts | None = None  # light hooks' counts (key "graphs"; absent from older agents)
     # a light agent silent this long while its process runs has nothing to report (its engine stopped
@@ -229,6 +230,7 @@ _STEPS_JSON = (
 _STEPS_LIGHT_JSON = tuple(f',"{key}":%d' for key in _STEPS_LIGHT_DEFAULTS)  # each only when not its default
 _MESSAGE_JSON = '{"v":%d,"pid":%d,"seq":%d,"state":%s,"role":%s'
 _DROPPED_JSON = ',"sent_dropped":%d'
+_STALE_JSON = ',"steps_stale":%d'
 _REJECTED_JSON = ',"settings_rejected":%d'
 _SILENT_JSON = ',"silent_ms":%d'
 _GRAPHS_JSON = '{"t0":%d,"t1":%d,"replays":%d,"captures":%d%s}'
@@ -284,6 +286,8 @@ def encode(msg: Message) -> bytes:
             parts.append(',"steps":[' + ",".join([_steps_json(s) for s in msg.steps]) + "]")
         if msg.sent_dropped:
             parts.append(_DROPPED_JSON % msg.sent_dropped)
+        if msg.steps_stale:
+            parts.append(_STALE_JSON % msg.steps_stale)
         if msg.settings_rejected:
             parts.append(_REJECTED_JSON % msg.settings_rejected)
         if msg.silent_ms:
@@ -592,6 +596,7 @@ def _message_plain(body: Any) -> Message | None:
         get("pid"),
         get("seq", 0),
         get("sent_dropped", 0),
+        get("steps_stale", 0),
         get("settings_rejected", 0),
         get("silent_ms", 0),
     )
@@ -601,16 +606,15 @@ def _message_plain(body: Any) -> Message | None:
         or min(ints) < 0
         or max(ints) > MAX_INT
         or ints[1] > 2**31
-        or ints[4] > MAX_SETTINGS_REJECTED
-        or ints[5] > MAX_SILENT_MS
+        or ints[5] > MAX_SETTINGS_REJECTED
+        or ints[6] > MAX_SILENT_MS
     ):
         return None
     strs = (get("state"), get("role", "generic"), get("detail", ""), get("lib", ""), get("mode", ""))
-    if set(map(type, strs)) != _ONLY_STR:
-        return None
     state, role, detail, lib, mode = strs
     if (
-        state not in STATES
+        set(map(type, strs)) != _ONLY_STR  # first: the checks after it are a str's
+        or state not in STATES
         or role not in ROLES
         or len(detail) > 256
         or len(lib) > 256
@@ -650,9 +654,10 @@ def _message_plain(body: Any) -> Message | None:
             "windows": tuple(windows),
             "steps": steps,
             "sent_dropped": ints[3],
-            "settings_rejected": ints[4],
+            "steps_stale": ints[4],
+            "settings_rejected": ints[5],
             "graphs": graphs,
-            "silent_ms": ints[5],
+            "silent_ms": ints[6],
             "v": VERSION,
         },
     )
@@ -834,6 +839,7 @@ def _message(body: Any) -> Message:
             "windows": tuple([_window(w) for w in windows_raw]),
             "steps": tuple([_steps(s) for s in steps_raw]),
             "sent_dropped": _int(body, "sent_dropped", 0),
+            "steps_stale": _int(body, "steps_stale", 0),
             "settings_rejected": _int(body, "settings_rejected", 0, hi=MAX_SETTINGS_REJECTED),
             "graphs": _graph_counts(body),
             "silent_ms": _int(body, "silent_ms", 0, hi=MAX_SILENT_MS),

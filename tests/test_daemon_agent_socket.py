@@ -251,6 +251,52 @@ def test_what_an_agent_could_not_send_while_the_queue_was_full_is_shown_per_gpu(
     assert samples(page, "boundwatch_agent_unsent_messages") == {'{gpu="0"}': 200 - went}
 
 
+def test_the_stale_steps_agents_dropped_are_summed_per_gpu_and_a_bad_count_is_refused(tmp_path: Path) -> None:
+    """Each message says how many step records its agent dropped as stale since it started; /metrics sums them."""
+    bad = json.loads(agent_message(9, UUID_A, 100 * MS))
+    bad["steps_stale"] = -1
+    with running_daemon(tmp_path, engine_pages=()) as daemon:
+        blast(
+            str(tmp_path / "agent.sock"),
+            [
+                agent_message(5, UUID_A, 100 * MS, steps_stale=1),
+                agent_message(8, UUID_B, 100 * MS, steps_stale=5),
+                agent_message(5, UUID_A, 100 * MS, steps_stale=3),  # the same agent's newer count stands
+                json.dumps(bad).encode(),
+                agent_message(7, UUID_A, 100 * MS, steps_stale=4, sent_dropped=2),
+            ],
+        )
+
+        def summed() -> str:
+            page = scrape(daemon)
+            return page if sorted(samples(page, "boundwatch_agent_stale_steps").values()) == [5, 7] else ""
+
+        page = wait_until(summed, 15, 0.25, "GPU A's agents' stale steps summed (3 + 4), GPU B's 5")
+    stale = samples(page, "boundwatch_agent_stale_steps")
+    a = next(gpu for gpu, n in stale.items() if n == 7)  # the pipeline gives each UUID its index
+    assert set(stale) == {'{gpu="0"}', '{gpu="1"}'}
+    assert samples(page, "boundwatch_agent_unsent_messages") == {gpu: 2 if gpu == a else 0 for gpu in stale}
+    assert samples(page, "boundwatch_agent_bad_messages_total")[""] == 1
+
+
+def test_a_light_agents_stale_steps_dropped_after_a_long_stop_reach_metrics(tmp_path: Path) -> None:
+    """The real light agent drops a step record that ended 400 s ago and its next message carries the count."""
+    from exporter.agent.light import LightAgent
+    from exporter.agent.settings import Settings
+
+    with running_daemon(tmp_path, engine_pages=()) as daemon:
+        agent = LightAgent(Settings(socket=str(tmp_path / "agent.sock"), flush_s=0.05))
+        ended = time.time_ns() - 400 * 10**9  # a step before a stop of 400 s, taken at the agent's first tick
+        agent.steps.record("vllm", ended - 10 * MS, ended, tokens=8, seqs=8)
+        agent.start()
+        try:
+            page = wait_for(daemon, "boundwatch_agent_stale_steps", '{gpu=""}', 1)
+        finally:
+            agent.stop()
+    assert agent.steps_stale == 1
+    assert samples(page, "boundwatch_agent_stale_steps") == {'{gpu=""}': 1}  # a light agent names no GPU
+
+
 # --- row 3 -------------------------------------------------------------------------------------
 
 

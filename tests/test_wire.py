@@ -331,3 +331,72 @@ def test_bad_graph_counts_are_refused(graphs: object) -> None:
     body = {"v": 1, "pid": 1, "state": "running", "graphs": graphs}
     with pytest.raises(wire.WireError):
         wire.decode(json.dumps(body).encode())
+
+
+def test_the_stale_steps_a_light_agent_dropped_round_trip_beside_its_unsent_messages() -> None:
+    msg = wire.Message(
+        pid=4242, state="running", mode="light", steps=(LIGHT_STEPS,), sent_dropped=3, steps_stale=2
+    )
+    data = wire.encode(msg)
+    assert json.loads(data)["steps_stale"] == 2
+    back = wire.decode(data)
+    assert back == msg and (back.sent_dropped, back.steps_stale) == (3, 2)
+    assert list(vars(back)) == list(vars(msg))
+    # none dropped: the key is left off the wire, and an agent from before it decodes as none dropped
+    assert "steps_stale" not in json.loads(wire.encode(wire.Message(pid=1, state="running")))
+    old = b'{"v":1,"pid":7,"seq":1,"state":"running","role":"generic","mode":"light","sent_dropped":3}'
+    assert (wire.decode(old).sent_dropped, wire.decode(old).steps_stale) == (3, 0)
+
+
+@pytest.mark.parametrize("key", ["sent_dropped", "steps_stale"])
+@pytest.mark.parametrize(
+    "value, why",
+    [
+        (-1, "{key} is negative"),
+        (1.5, "{key} is not an integer"),
+        (True, "{key} is not an integer"),
+        ("3", "{key} is not an integer"),
+        ([3], "{key} is not an integer"),
+        (None, "missing {key}"),
+        (wire.MAX_INT + 1, "{key} is over"),
+        (10**30, "{key} is over"),
+    ],
+)
+def test_a_bad_count_of_what_an_agent_dropped_refuses_the_message_with_its_reason(
+    key: str, value: object, why: str
+) -> None:
+    body = {"v": 1, "pid": 7, "state": "running", "mode": "light", key: value}
+    with pytest.raises(wire.WireError, match=why.format(key=key)):
+        wire.decode(json.dumps(body).encode())
+
+
+def test_the_previous_decoder_reads_a_message_with_stale_steps() -> None:
+    """Load wire.py as it was before steps_stale (git history): a new agent's datagram decodes, the key ignored."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run(
+        ["git", "-C", str(root), "show", "2dc9391:exporter/wire.py"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    if r.returncode != 0:
+        pytest.skip("git history unavailable")
+    spec = importlib.util.spec_from_loader("old_wire", loader=None)
+    assert spec is not None
+    old = importlib.util.module_from_spec(spec)
+    sys.modules["old_wire"] = old
+    try:
+        exec(compile(r.stdout, "old_wire.py", "exec"), old.__dict__)
+        assert "steps_stale" not in old.Message.__dataclass_fields__
+        msg = wire.Message(
+            pid=9, state="running", mode="light", steps=(LIGHT_STEPS,), sent_dropped=4, steps_stale=2
+        )
+        back = old.decode(wire.encode(msg))
+    finally:
+        del sys.modules["old_wire"]
+    (s,) = back.steps
+    assert (back.pid, back.sent_dropped, s.n, s.tokens) == (9, 4, 12, 96)

@@ -230,6 +230,8 @@ def reference_body(msg: wire.Message) -> dict:  # type: ignore[type-arg]
         ]
     if msg.sent_dropped:
         body["sent_dropped"] = msg.sent_dropped
+    if msg.steps_stale:
+        body["steps_stale"] = msg.steps_stale
     if msg.settings_rejected:
         body["settings_rejected"] = msg.settings_rejected
     if msg.silent_ms:
@@ -258,7 +260,8 @@ messages = st.builds(
     wire.Message,
     pid=small, state=st.sampled_from(wire.STATES), seq=small, role=st.sampled_from(wire.ROLES), detail=texts,
     lib=texts, mode=texts, devices=st.lists(st.tuples(st.integers(0, 9), texts), max_size=2).map(tuple),
-    steps=st.lists(steps_st, max_size=3).map(tuple), sent_dropped=small, settings_rejected=st.integers(0, 9),
+    steps=st.lists(steps_st, max_size=3).map(tuple), sent_dropped=small, steps_stale=small,
+    settings_rejected=st.integers(0, 9),
     silent_ms=st.integers(0, wire.MAX_SILENT_MS),
     graphs=st.none() | st.builds(wire.GraphCounts, t0=small, t1=small, replays=small, captures=small,
                                  dev=st.integers(-1, 3), uuid=texts),
@@ -336,6 +339,7 @@ KEYS = [
     "windows",
     "steps",
     "sent_dropped",
+    "steps_stale",
     "settings_rejected",
     "silent_ms",
     "graphs",
@@ -479,3 +483,46 @@ def test_the_plain_path_takes_the_light_agents_datagrams() -> None:
         got = wire._message_plain(body)
         assert got == msg and repr(got) == repr(msg)
         assert got is not None and list(vars(got.steps[0])) == list(vars(msg.steps[0]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(0, wire.MAX_INT),
+    st.integers(0, wire.MAX_INT),
+    st.integers(0, wire.MAX_SETTINGS_REJECTED),
+    st.integers(0, wire.MAX_SILENT_MS),
+)
+def test_what_an_agent_says_of_itself_round_trips_through_both_paths(
+    sent_dropped: int, steps_stale: int, settings_rejected: int, silent_ms: int
+) -> None:
+    msg = wire.Message(
+        pid=4242,
+        state="running",
+        role="vllm_engine",
+        mode="light",
+        sent_dropped=sent_dropped,
+        steps_stale=steps_stale,
+        settings_rejected=settings_rejected,
+        silent_ms=silent_ms,
+    )
+    data = wire.encode(msg)
+    assert wire.decode(data) == msg
+    assert wire._message_plain(json.loads(data)) == msg  # the plain path takes it
+    assert outcome(data) == checked_outcome(data) == repr(msg)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(max_value=-1)
+    | st.integers(min_value=wire.MAX_INT + 1)
+    | st.floats(allow_nan=True)
+    | st.booleans()
+    | st.text(max_size=4)
+    | st.lists(st.integers(0, 9), max_size=2)
+    | st.none()
+)
+def test_a_bad_stale_steps_count_is_refused_as_a_bad_sent_dropped_is(value: object) -> None:
+    body = {"v": 1, "pid": 7, "state": "running", "mode": "light"}
+    stale = outcome(json.dumps({**body, "steps_stale": value}, allow_nan=True).encode())
+    dropped = outcome(json.dumps({**body, "sent_dropped": value}, allow_nan=True).encode())
+    assert stale.startswith("WireError: ") and stale == dropped.replace("sent_dropped", "steps_stale")

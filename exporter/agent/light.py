@@ -67,7 +67,8 @@ class LightAgent:
         self.idle_ticks = 0  # ticks in a row that saw no step, replay or capture
         self._seen = hooks.counts()
         self.quiets = 0  # times the agent went quiet
-        self.steps_stale = 0  # step records dropped as older than STALE_STEPS_S when taken (a long stop)
+        # step records dropped as older than STALE_STEPS_S when taken (a long stop); each message carries it
+        self.steps_stale = 0
         # how long the sidecar may hear nothing from a running agent before it reads it as quiet: a
         # message goes out each tick that counted anything (a step, a replay, a capture), and the
         # thread does not wake to say the engine stopped (idle_wake_s): two ticks and a quarter second
@@ -313,6 +314,7 @@ class LightAgent:
             steps=tuple(steps),
             graphs=graphs,
             sent_dropped=self.sender.dropped,
+            steps_stale=self.steps_stale,
             settings_rejected=len(self.settings.rejected),
             silent_ms=self.silent_ms,
         )

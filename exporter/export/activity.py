@@ -60,9 +60,11 @@ def per_gpu_sum(spec: c.MetricSpec, value: Callable[[AgentState], int]) -> Calla
 
 FAMILIES: tuple[Family, ...] = (
     Family(c.AGENTS, agents),
-    # an agent's out-of-bounds settings; the messages it dropped rather than block (the sidecar's queue full)
+    # an agent's out-of-bounds settings; the messages it dropped rather than block (the sidecar's queue full);
+    # the steps a light agent counted before a long stop and dropped as too old to send
     Family(c.AGENT_SETTINGS_REJECTED, per_gpu_sum(c.AGENT_SETTINGS_REJECTED, lambda a: a.settings_rejected)),
     Family(c.AGENT_UNSENT_MESSAGES, per_gpu_sum(c.AGENT_UNSENT_MESSAGES, lambda a: a.dropped_messages)),
+    Family(c.AGENT_STALE_STEPS, per_gpu_sum(c.AGENT_STALE_STEPS, lambda a: a.stale_steps)),
 )
 INTEGRATED: tuple[Family, ...] = (
     counters(c.GPU_GRAPH_BUSY_SECONDS_TOTAL, lambda t: t.busy.graph_busy_seconds),

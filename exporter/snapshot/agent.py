@@ -90,6 +90,7 @@ class AgentState:
     lib: str = ""  # which libcupti / cupti-python the agent found
     mode: str = ""  # raw|objects [+graph_trace] [+sampling], or steps
     dropped_messages: int = 0  # datagrams the agent could not send
+    stale_steps: int = 0  # step records the light agent dropped as too old to send (a long stop)
     settings_rejected: int = 0  # its settings out of bounds, defaults used (the detail names them)
 
 

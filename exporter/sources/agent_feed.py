@@ -756,6 +756,7 @@ class AgentFeed:
                 msg.lib,
                 msg.mode,
                 msg.sent_dropped,
+                msg.steps_stale,
                 msg.settings_rejected,
             )
             hit = kept.get(pid)

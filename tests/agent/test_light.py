@@ -194,6 +194,8 @@ def test_steps_counted_before_a_long_stop_are_dropped_and_counted_not_sent_for_t
     None
 ):
     class Sender:
+        """The agent's datagrams through the real wire format, kept as the sidecar decodes them."""
+
         dropped = 0
 
         def __init__(self) -> None:
@@ -204,24 +206,28 @@ def test_steps_counted_before_a_long_stop_are_dropped_and_counted_not_sent_for_t
             self.seq += 1
             return self.seq
 
-        def encode(self, msg: wire.Message) -> wire.Message:
-            return msg
+        def encode(self, msg: wire.Message) -> bytes:
+            return wire.encode(msg)
 
-        def send_data(self, msg: wire.Message) -> None:
-            self.sent.append(msg)
+        def send_data(self, data: bytes) -> None:
+            self.sent.append(wire.decode(data))
 
     sender = Sender()
     now = T0 + 3_600_000 * MS  # the agent's wall clock, an hour past T0
     agent = LightAgent(Settings(socket=""), sender=sender, wall_ns=lambda: now)  # type: ignore[arg-type]
+    agent.tick(force=True)
+    assert [m.steps_stale for m in sender.sent] == [0], sender.sent  # nothing dropped yet
     agent.steps.record("vllm", now - 400_000 * MS - MS, now - 400_000 * MS, tokens=8, seqs=8)  # 400 s ago
     agent.tick(force=True)
     assert agent.steps_stale == 1 and agent.describe()["steps_stale"] == 1
-    assert [m.steps for m in sender.sent] == [()], sender.sent  # the tick's message, without them
+    # the tick's message, without them, says so (the sidecar exports it: boundwatch_agent_stale_steps)
+    assert [(m.steps, m.steps_stale) for m in sender.sent[1:]] == [((), 1)], sender.sent
     agent.steps.record("vllm", now - 2 * MS, now - MS, tokens=8, seqs=8)  # a step of now: sent
     agent.tick(force=True)
     assert agent.steps_stale == 1 and [(s.engine, s.n) for s in sender.sent[-1].steps] == [("vllm", 1)], (
         sender.sent
     )
+    assert sender.sent[-1].steps_stale == 1  # a count since the agent started, on every message
 
 
 def test_the_light_agent_tells_the_sidecar_how_many_settings_it_rejected(tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """The sidecar's agent feed on a real unix datagram socket: raw windows handed out when ready, through the union, states."""
 
 import dataclasses
+import json
 import os
 import socket
 import time
@@ -346,10 +347,32 @@ def test_an_agents_state_is_handed_out_again_while_it_stays_the_same(tmp_path: P
     (eight, nine) = f.collect().agents
     assert eight is first[0] and nine is not first[1] and nine.dropped_messages == 2
     assert nine == AgentState(9, 0, "running", role="generic", uuid=UUID, dropped_messages=2)
+    f.receive(message(9, sent_dropped=2, steps_stale=3))  # the stale steps it dropped moved alone
+    (eight, again) = f.collect().agents
+    assert eight is first[0] and again is not nine and (again.dropped_messages, again.stale_steps) == (2, 3)
+    assert again == AgentState(9, 0, "running", role="generic", uuid=UUID, dropped_messages=2, stale_steps=3)
     clock.t += 6  # both stale
     assert [a.state for a in f.collect().agents] == ["stale", "stale"]
     clock.t += 120  # both forgotten, and their kept states with them
     assert f.collect().agents == () and f._kept_states == {}
+
+
+@pytest.mark.parametrize("key", ["sent_dropped", "steps_stale"])
+def test_a_bad_count_of_what_an_agent_dropped_is_a_bad_message_and_its_last_state_stands(
+    tmp_path: Path, key: str
+) -> None:
+    f = AgentFeed(
+        AgentFeedConfig(socket=str(tmp_path / "x.sock"), stale_seconds=5.0), clock=Clock(wall_ns=RECEIVED)
+    )
+    f.receive(message(9, sent_dropped=4, steps_stale=2))
+    for bad in (-1, 2.5, True, "4", [4], None, wire.MAX_INT + 1):
+        body = json.loads(message(9, sent_dropped=5, steps_stale=3))
+        body[key] = bad
+        f.receive(json.dumps(body).encode())
+    reading = f.collect()
+    assert (reading.messages, reading.bad_messages) == (8, 7) and key in f.last_error
+    (nine,) = reading.agents
+    assert (nine.dropped_messages, nine.stale_steps) == (4, 2)
 
 
 def test_a_quiet_agent_that_captured_graphs_counts_zero_replays_while_it_stays_quiet(tmp_path: Path) -> None:

@@ -279,13 +279,16 @@ def test_the_stale_steps_agents_dropped_are_summed_per_gpu_and_a_bad_count_is_re
     assert samples(page, "boundwatch_agent_bad_messages_total")[""] == 1
 
 
-def test_a_light_agents_stale_steps_dropped_after_a_long_stop_reach_metrics(tmp_path: Path) -> None:
+@pytest.mark.parametrize("role", ["generic", "vllm_engine"])  # vLLM's EngineCore: its steps, no GPU
+def test_a_light_agents_stale_steps_dropped_after_a_long_stop_reach_metrics(
+    tmp_path: Path, role: str
+) -> None:
     """The real light agent drops a step record that ended 400 s ago and its next message carries the count."""
     from exporter.agent.light import LightAgent
     from exporter.agent.settings import Settings
 
     with running_daemon(tmp_path, engine_pages=()) as daemon:
-        agent = LightAgent(Settings(socket=str(tmp_path / "agent.sock"), flush_s=0.05))
+        agent = LightAgent(Settings(socket=str(tmp_path / "agent.sock"), role=role, flush_s=0.05))
         ended = time.time_ns() - 400 * 10**9  # a step before a stop of 400 s, taken at the agent's first tick
         agent.steps.record("vllm", ended - 10 * MS, ended, tokens=8, seqs=8)
         agent.start()

@@ -15,15 +15,19 @@ from exporter.snapshot.agent import AgentState
 STATES = ("running", "quiet", "preempted", "unavailable", "stale")
 
 
-def _placed(snap: Snapshot) -> list[tuple[str, AgentState]]:
-    """Return each agent with the GPU label it reports under ('' while it names no GPU yet)."""
+def _placed(snap: Snapshot, engine_cores: bool = False) -> list[tuple[str, AgentState]]:
+    """Return each agent with the GPU label it reports under ('' while it names no GPU yet).
+
+    A steps-only agent in vLLM's EngineCore drives no GPU: left out, unless `engine_cores` (what it
+    dropped or refused is summed under '' with the other agents that name no GPU).
+    """
     if snap.agent is None:
         return []
     by_uuid = {g.uuid: g.index for g in snap.gpus}
     out = []
     for a in snap.agent.agents:
-        if a.role == "vllm_engine" and a.gpu < 0:
-            continue  # a steps-only agent in vLLM's EngineCore drives no GPU
+        if a.role == "vllm_engine" and a.gpu < 0 and not engine_cores:
+            continue
         out.append((str(by_uuid.get(a.uuid, a.gpu)) if a.gpu >= 0 or a.uuid in by_uuid else "", a))
     return out
 
@@ -44,12 +48,16 @@ def agents(snap: Snapshot) -> Metric:
 
 
 def per_gpu_sum(spec: c.MetricSpec, value: Callable[[AgentState], int]) -> Callable[[Snapshot], Metric]:
-    """Return a renderer of the gauge `spec`{gpu}: value(agent) summed over the agents reporting on each GPU."""
+    """Return a renderer of the gauge `spec`{gpu}: value(agent) summed over the agents reporting on each GPU.
+
+    vLLM's EngineCore agents count too, under gpu '': theirs are the light agents' steps, and so most of
+    the stale ones.
+    """
 
     def render(snap: Snapshot) -> Metric:
         family = c.gauge(spec)
         totals: Counter[str] = Counter()
-        for gpu, a in _placed(snap):
+        for gpu, a in _placed(snap, engine_cores=True):
             totals[gpu] += value(a)
         for gpu in sorted(totals):
             family.add_metric([gpu], totals[gpu])

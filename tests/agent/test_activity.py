@@ -96,3 +96,33 @@ def test_steps_timed_where_cupti_saw_no_gpu_work_add_no_step_gpu_seconds() -> No
     inc = activity.accumulate(snap, Config()).engine
     assert inc.steps[EngineMethod("vllm", "agent")] == 139
     assert "vllm" not in inc.step_gpu_seconds
+
+
+def test_what_the_agents_dropped_is_summed_per_gpu_vllm_engine_cores_under_no_gpu() -> None:
+    """A light agent names no GPU; vLLM's EngineCore one (whose steps go stale) is left out of the states only."""
+    gpus = (GpuReading(index=3, uuid=UUID, name="NVIDIA H200", driver="580.159.04"),)
+    agents = (
+        AgentState(pid=10, gpu=0, state="running", role="vllm_worker", uuid=UUID, dropped_messages=1),
+        AgentState(
+            pid=11,
+            gpu=-1,
+            state="running",
+            role="vllm_engine",
+            mode="light",
+            dropped_messages=3,
+            stale_steps=2,
+        ),
+        AgentState(pid=12, gpu=-1, state="running", role="sglang_scheduler", mode="light", stale_steps=1),
+    )
+    snap = Snapshot(
+        seq=1, at=0.0, mono=0.0, interval=0.5, dt=0.5, gpus=gpus, agent=AgentReading(agents=agents)
+    )
+    rendered = {
+        f.spec.name: {s.labels["gpu"]: s.value for s in f.render(snap).samples}
+        for f in export_activity.FAMILIES[1:]
+    }
+    assert rendered["boundwatch_agent_stale_steps"] == {"3": 0, "": 3}
+    assert rendered["boundwatch_agent_unsent_messages"] == {"3": 1, "": 3}
+    states = {(s.labels["gpu"], s.labels["state"]): s.value for s in export_activity.agents(snap).samples}
+    # the EngineCore's agent is not among the states: the SGLang scheduler's alone is on no GPU
+    assert states[("3", "running")] == 1 and states[("", "running")] == 1

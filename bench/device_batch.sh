@@ -60,7 +60,7 @@ for step in ${STEPS:-env}; do
       tag=${step#periods}; tag=${tag#:}
       if [ -n "$tag" ]; then wl=${PERIODS_TREE_WORKLOADS:-decode_b1}; tree=(--tree ".$tag" --aa 0); else wl=${PERIODS_WORKLOADS:-decode_b1,decode_b8,decode_8b,eager}; tree=(--aa "${PERIODS_AA:-3}"); fi
       timeout "${PERIODS_T:-400}" python3 bench/light_agent_periods.py --workloads "$wl" --pairs "${PERIODS_PAIRS:-6}" \
-        --period "${PERIODS_SECONDS:-2}" "${tree[@]}" ${PERIODS_ARGS:-} --out "$O/light_periods_h200${tag:+_$tag}.json" > "/tmp/periods$tag.log" 2>&1
+        --period "${PERIODS_SECONDS:-2}" --budget $(( ${PERIODS_T:-400} - 15 )) "${tree[@]}" ${PERIODS_ARGS:-} --out "$O/light_periods_h200${tag:+_$tag}.json" > "/tmp/periods$tag.log" 2>&1
       echo "periods $tag rc=$?"; tail -8 "/tmp/periods$tag.log" ;;
     phases)
       timeout "${PHASES_T:-200}" python3 bench/agent_phases.py --rounds "${PHASES_ROUNDS:-3}" --seconds "${PHASES_SECONDS:-6}" \

@@ -20,6 +20,7 @@ decode_8b (a Llama-3-8B-shaped decode step at batch 1, captured), eager (a launc
 9): <= 0.1% throughput on decode.
 
     python3 bench/light_agent_periods.py --out /tmp/periods.json [--pairs 8] [--aa 4] [--period 2] [--settle 0.6]
+        [--budget S]   (fewer pairs rather than nothing where the run would outlast S seconds)
 """
 
 from __future__ import annotations
@@ -306,10 +307,17 @@ def pairs(
     aa: bool,
     stamps: Stamps | None,
     classes: StepClasses | None = None,
+    until: float = math.inf,
 ) -> list[dict[str, Any]]:
-    """Run n pairs (ABBA; both sides off for the A/A); return each pair's figures, on and off."""
+    """Run n pairs (ABBA; both sides off for the A/A); return each pair's figures, on and off.
+
+    until: a time.time() past which no pair starts that could not end before it (fewer pairs, kept).
+    """
     out = []
+    pair_s = 2 * (period + settle) * 1.25
     for i in range(n):
+        if time.time() + pair_s > until:
+            break
         order = (True, False) if i % 2 == 0 else (False, True)
         got: dict[str, Any] = {}
         for on in order:
@@ -408,7 +416,10 @@ def child(
     pause_s: float,
     per_step: bool = False,
     swap_parts: bool = False,
+    deadline: float = 0.0,
 ) -> dict[str, Any]:
+    """Run one workload's pairs, pause probes and A/A in this process; `deadline` (time.time(), 0: none):
+    the on/off pairs stop early enough for the rest to end before it."""
     sys.path.insert(0, ROOT)
     if tree:  # another tree's exporter (the code before a change), this tree's bench
         sys.path.insert(0, os.path.abspath(tree))
@@ -429,7 +440,13 @@ def child(
     res: dict[str, Any] = {"workload": name, "what": what, "pid": os.getpid(), "exporter": exporter.__file__}
     t0 = time.perf_counter()
     classes = StepClasses(state.switch) if per_step else None
-    res["pairs"] = pairs(step, state, n, period, settle, aa=False, stamps=stamps, classes=classes)
+    # what follows the on/off pairs: two steady stretches, the pause probes, the A/A pairs, the exit
+    tail_s = 2 * (settle + period) + 2 * pause_s + 2.5 * n_aa * (period + settle) + 5.0
+    until = deadline - tail_s if deadline > 0 else math.inf
+    res["pairs"] = pairs(
+        step, state, n, period, settle, aa=False, stamps=stamps, classes=classes, until=until
+    )
+    res["pairs_asked"] = n
     # the engine's thread stops stepping and spins in Python: the agent's thread then swaps and ticks for
     # it until it goes quiet; each of its wake-ups can take the GIL from the spinning thread
     state.set(True)
@@ -487,6 +504,14 @@ def main() -> int:
         metavar="BOUNDWATCH_AGENT_<NAME>=<value>",
         help="a setting for the agent in each workload's process (repeatable), e.g. BOUNDWATCH_AGENT_INLINE=off",
     )
+    ap.add_argument(
+        "--budget",
+        type=float,
+        default=0.0,
+        help="seconds the whole run may take (0: no limit): each workload gets an even share of what is "
+        "left and takes fewer on/off pairs where its share would run out, so a caller's timeout keeps them",
+    )
+    ap.add_argument("--deadline", type=float, default=0.0, help=argparse.SUPPRESS)
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     opts = ["--pairs", str(args.pairs), "--aa", str(args.aa), "--period", str(args.period), "--settle",
@@ -502,6 +527,7 @@ def main() -> int:
             args.pause,
             args.per_step,
             args.swap_parts,
+            args.deadline,
         )
         print("RESULT " + json.dumps(r), flush=True)
         return 0
@@ -533,9 +559,16 @@ def main() -> int:
                 json.dump(result, fh, indent=2)
             os.replace(args.out + ".part", args.out)
 
+    if args.budget < 0:
+        ap.error("--budget takes seconds, 0 for no limit")
+    end = time.time() + args.budget if args.budget > 0 else 0.0
     try:
-        for name in names:
-            r = run_fresh(__file__, "workload", name, opts, agent_env, listener.path, timeout=child_s)
+        for k, name in enumerate(names):
+            timeout, extra = child_s, []
+            if end:  # an even share of what is left; the child stops taking pairs in time for its tail
+                share = (end - time.time()) / (len(names) - k)
+                timeout, extra = max(share, 1.0) + 20.0, ["--deadline", f"{time.time() + share:.3f}"]
+            r = run_fresh(__file__, "workload", name, opts + extra, agent_env, listener.path, timeout=timeout)
             runs.append(r)
             save()
             if "cost" in r:

@@ -4,6 +4,7 @@ import ast
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -277,16 +278,15 @@ def test_defaults_are_left_off_the_wire_so_old_sidecars_see_the_old_shape() -> N
     assert "graphs" not in body
 
 
-def test_the_previous_decoder_reads_a_light_message() -> None:
-    """Load wire.py as it was before the light keys (git history) and decode a new datagram with it."""
+def _old_decode(commit: str, data: bytes) -> Any:
+    """Decode `data` with exporter/wire.py as it was at `commit` (git history; skip without it)."""
     import importlib.util
     import subprocess
     import sys
-    from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
     r = subprocess.run(
-        ["git", "-C", str(root), "show", "5f6513a:exporter/wire.py"],
+        ["git", "-C", str(root), "show", f"{commit}:exporter/wire.py"],
         capture_output=True,
         text=True,
         timeout=30,
@@ -299,11 +299,18 @@ def test_the_previous_decoder_reads_a_light_message() -> None:
     sys.modules["old_wire"] = old
     try:
         exec(compile(r.stdout, "old_wire.py", "exec"), old.__dict__)
-        g = wire.GraphCounts(t0=1, t1=2, replays=3, captures=4, dev=0)
-        data = wire.encode(wire.Message(pid=9, state="running", mode="light", steps=(LIGHT_STEPS,), graphs=g))
         back = old.decode(data)
+        assert type(back).__name__ == "Message"
+        return back
     finally:
         del sys.modules["old_wire"]
+
+
+def test_the_previous_decoder_reads_a_light_message() -> None:
+    """Load wire.py as it was before the light keys (git history) and decode a new datagram with it."""
+    g = wire.GraphCounts(t0=1, t1=2, replays=3, captures=4, dev=0)
+    data = wire.encode(wire.Message(pid=9, state="running", mode="light", steps=(LIGHT_STEPS,), graphs=g))
+    back = _old_decode("5f6513a", data)
     (s,) = back.steps
     assert (back.pid, s.n, s.tokens, s.wall) == (9, 12, 96, 600_000_000)
 
@@ -372,31 +379,10 @@ def test_a_bad_count_of_what_an_agent_dropped_refuses_the_message_with_its_reaso
 
 def test_the_previous_decoder_reads_a_message_with_stale_steps() -> None:
     """Load wire.py as it was before steps_stale (git history): a new agent's datagram decodes, the key ignored."""
-    import importlib.util
-    import subprocess
-    import sys
-
-    root = Path(__file__).resolve().parents[1]
-    r = subprocess.run(
-        ["git", "-C", str(root), "show", "2dc9391:exporter/wire.py"],
-        capture_output=True,
-        text=True,
-        timeout=30,
+    msg = wire.Message(
+        pid=9, state="running", mode="light", steps=(LIGHT_STEPS,), sent_dropped=4, steps_stale=2
     )
-    if r.returncode != 0:
-        pytest.skip("git history unavailable")
-    spec = importlib.util.spec_from_loader("old_wire", loader=None)
-    assert spec is not None
-    old = importlib.util.module_from_spec(spec)
-    sys.modules["old_wire"] = old
-    try:
-        exec(compile(r.stdout, "old_wire.py", "exec"), old.__dict__)
-        assert "steps_stale" not in old.Message.__dataclass_fields__
-        msg = wire.Message(
-            pid=9, state="running", mode="light", steps=(LIGHT_STEPS,), sent_dropped=4, steps_stale=2
-        )
-        back = old.decode(wire.encode(msg))
-    finally:
-        del sys.modules["old_wire"]
+    back = _old_decode("2dc9391", wire.encode(msg))
+    assert not hasattr(back, "steps_stale")
     (s,) = back.steps
     assert (back.pid, back.sent_dropped, s.n, s.tokens) == (9, 4, 12, 96)

@@ -339,11 +339,11 @@ def cost(ps: list[dict[str, Any]]) -> dict[str, Any]:
     the host added to a step, the graph's own time (and its drift) left out.
     """
 
-    def stats(rel: list[float]) -> dict[str, float]:
-        se = statistics.stdev(rel) / math.sqrt(len(rel)) if len(rel) > 1 else float("nan")
+    def stats(rel: list[float]) -> dict[str, float | None]:
+        se = statistics.stdev(rel) / math.sqrt(len(rel)) if len(rel) > 1 else None  # one pair: no spread
         return {
             "mean": round(statistics.fmean(rel), 4),
-            "se": round(se, 4),
+            "se": round(se, 4) if se is not None else None,
             "median": round(statistics.median(rel), 4),
         }
 
@@ -366,7 +366,7 @@ def cost(ps: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def by_class(ps: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+def by_class(ps: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Split on - off by the classes of `--per-step` (us a step, mean and se over the pairs).
 
     For each class c of the on period: `steps` (mean a period), `vs_on_out` (its mean step against the
@@ -375,9 +375,9 @@ def by_class(ps: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     gc's is net of the off period's own collections). The `added` figures sum to on - off.
     """
 
-    def ms(xs: list[float]) -> dict[str, float]:
-        se = statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else float("nan")
-        return {"mean": round(statistics.fmean(xs), 3), "se": round(se, 3)}
+    def ms(xs: list[float]) -> dict[str, float | None]:
+        se = statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else None
+        return {"mean": round(statistics.fmean(xs), 3), "se": round(se, 3) if se is not None else None}
 
     names = sorted({c for p in ps for c in p["on"]["per_class"]})
     out: dict[str, dict[str, Any]] = {}
@@ -465,7 +465,7 @@ def child(
     res["seconds"] = round(time.perf_counter() - t0, 1)
     if parts is not None:
         res["swap_parts"] = parts.result()
-    res["cost"] = cost(res["pairs"])
+    res["cost"] = cost(res["pairs"]) if res["pairs"] else {"pairs": 0}  # a budget too short for one pair
     if len(res["aa_pairs"]) > 1:
         res["aa"] = cost(res["aa_pairs"])
     res["agent_starts"] = state.starts

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import resource
 import signal
@@ -18,46 +17,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.fakes.promserver import ENGINE_FIXTURE, ROOT, Daemon, _stop, _wait_http, free_port, http_get
+from tests.fakes.promserver import ENGINE_FIXTURE, Daemon, free_port, http_get
+from tests.fakes.standin_daemon import standin_daemon
 from tests.fakes.wait import wait_until
 
 pytestmark = pytest.mark.timeout(90)
-
-
-@contextlib.contextmanager
-def standin_daemon(
-    workdir: Path,
-    gpus: int = 1,
-    args: tuple[str, ...] = ("--no-engine",),
-    env: dict[str, str] | None = None,
-    preexec: Callable[[], None] | None = None,
-    context: ssl.SSLContext | None = None,
-) -> Iterator[Daemon]:
-    """Run the daemon with `gpus` stand-in GPUs until the block exits."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    log = workdir / "boundwatch.log"
-    cmd = [sys.executable, "-m", "tests.fakes.standin_daemon", str(gpus), "run", "--address", "127.0.0.1"]
-    cmd += ["--port", str(port), "--agent-socket", str(workdir / "agent.sock"), "--log-format", "json"]
-    cmd += list(args)
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("BOUNDWATCH_")}
-    environ["PYTHONPATH"] = str(ROOT)
-    environ.update(env or {})
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=environ, stdout=out, stderr=subprocess.STDOUT, preexec_fn=preexec
-        )
-    daemon = Daemon(port, log, proc, "https" if context is not None else "http")
-    try:
-        _wait_http(proc, daemon.metrics_url, log, 60.0, context)
-        yield daemon
-    finally:
-        _stop(proc)
 
 
 def _events(log: Path) -> list[dict]:

@@ -249,8 +249,8 @@ AGENT_STALE_STEPS = _m(
     "gauge",
     "Engine step records (an engine core's steps over one agent tick) the light agents counted before a "
     "stop of over 300 s and dropped as stale when the engine stepped again (the sidecar would refuse "
-    "them), summed over the agents on each GPU (the label empty for agents that name no GPU, as light "
-    "agents do).",
+    "them), summed over the agents on each GPU (the label empty for agents whose process has no CUDA "
+    "device, as vLLM's EngineCore).",
     ["gpu"],
     "busy",
 )

@@ -297,7 +297,38 @@ def test_a_light_agents_stale_steps_dropped_after_a_long_stop_reach_metrics(
         finally:
             agent.stop()
     assert agent.steps_stale == 1
-    assert samples(page, "boundwatch_agent_stale_steps") == {'{gpu=""}': 1}  # a light agent names no GPU
+    assert samples(page, "boundwatch_agent_stale_steps") == {'{gpu=""}': 1}  # no CUDA in this process: no GPU
+
+
+def test_light_agents_are_counted_for_the_gpu_their_graph_counts_name(tmp_path: Path) -> None:
+    """Two GPU workers' light agents (no windows) on two stand-in GPUs: each under its own GPU on /metrics.
+
+    Before, every light agent counted under gpu="", so BoundwatchAgentMissing (per gpu) could not see
+    one of eight workers' agents go. One that names no device yet stays under "".
+    """
+    from tests.fakes.standin_daemon import standin_daemon
+
+    now = time.time_ns()
+
+    def light(pid: int, uuid: str, dev: int) -> bytes:
+        graphs = wire.GraphCounts(t0=now - 500 * MS, t1=now, replays=40, captures=1, dev=dev, uuid=uuid)
+        return wire.encode(
+            wire.Message(pid=pid, state="running", role="vllm_worker", mode="light", graphs=graphs)
+        )
+
+    second = (
+        "GPU-8f3c0d5e-0000-0000-0000-000000000002"  # the stand-in's GPU 1 (tests/fakes/standin_daemon.py)
+    )
+    with standin_daemon(tmp_path, gpus=2) as daemon:
+
+        def placed() -> str:
+            blast(str(tmp_path / "agent.sock"), [light(41, second, 0), light(42, "", -1)])
+            page = scrape(daemon)
+            return page if samples(page, "boundwatch_agents").get('{gpu="1",state="running"}') == 1 else ""
+
+        page = wait_until(placed, 15, 0.25, "the light agent on the stand-in's GPU 1 counted there")
+    running = {k: v for k, v in samples(page, "boundwatch_agents").items() if 'state="running"' in k}
+    assert running == {'{gpu="",state="running"}': 1, '{gpu="1",state="running"}': 1}
 
 
 # --- row 3 -------------------------------------------------------------------------------------

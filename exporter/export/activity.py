@@ -18,17 +18,29 @@ STATES = ("running", "quiet", "preempted", "unavailable", "stale")
 def _placed(snap: Snapshot, engine_cores: bool = False) -> list[tuple[str, AgentState]]:
     """Return each agent with the GPU label it reports under ('' while it names no GPU yet).
 
-    A steps-only agent in vLLM's EngineCore drives no GPU: left out, unless `engine_cores` (what it
-    dropped or refused is summed under '' with the other agents that name no GPU).
+    A CUPTI agent names its GPU by its windows' devices (`uuid`, `gpu`); a light agent, which sends
+    none, by the device its graph counts name (`graphs_uuid`, NVML's index for it), so that each GPU
+    worker's agent counts for its own GPU (an agent gone from one of eight GPUs is missed there).
+    A steps-only agent in vLLM's EngineCore drives no GPU (its process has no CUDA device): left out,
+    unless `engine_cores` (what it dropped or refused is summed under '' with the other agents that
+    name no GPU).
     """
     if snap.agent is None:
         return []
-    by_uuid = {g.uuid: g.index for g in snap.gpus}
+    by_uuid = {g.uuid: g.index for g in snap.gpus if g.uuid}
     out = []
     for a in snap.agent.agents:
-        if a.role == "vllm_engine" and a.gpu < 0 and not engine_cores:
+        if a.uuid in by_uuid:
+            gpu = str(by_uuid[a.uuid])
+        elif a.gpu >= 0:
+            gpu = str(a.gpu)
+        elif a.graphs_uuid in by_uuid:
+            gpu = str(by_uuid[a.graphs_uuid])
+        elif a.role == "vllm_engine" and not engine_cores:
             continue
-        out.append((str(by_uuid.get(a.uuid, a.gpu)) if a.gpu >= 0 or a.uuid in by_uuid else "", a))
+        else:
+            gpu = ""
+        out.append((gpu, a))
     return out
 
 
@@ -50,7 +62,7 @@ def agents(snap: Snapshot) -> Metric:
 def per_gpu_sum(spec: c.MetricSpec, value: Callable[[AgentState], int]) -> Callable[[Snapshot], Metric]:
     """Return a renderer of the gauge `spec`{gpu}: value(agent) summed over the agents reporting on each GPU.
 
-    vLLM's EngineCore agents count too, under gpu '': theirs are the light agents' steps, and so most of
+    vLLM's EngineCore agents count too, under gpu '': theirs are the light agents' steps there, and so
     the stale ones.
     """
 

@@ -758,6 +758,7 @@ class AgentFeed:
                 msg.sent_dropped,
                 msg.steps_stale,
                 msg.settings_rejected,
+                a.graphs[2] if a.graphs is not None else "",
             )
             hit = kept.get(pid)
             if hit is None or hit[0] != fields:  # an agent's state most often stays what it was: shared

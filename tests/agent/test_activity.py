@@ -126,3 +126,51 @@ def test_what_the_agents_dropped_is_summed_per_gpu_vllm_engine_cores_under_no_gp
     states = {(s.labels["gpu"], s.labels["state"]): s.value for s in export_activity.agents(snap).samples}
     # the EngineCore's agent is not among the states: the SGLang scheduler's alone is on no GPU
     assert states[("3", "running")] == 1 and states[("", "running")] == 1
+
+
+def test_light_agents_count_for_the_gpu_their_graph_counts_name_so_one_gone_is_missed_there() -> None:
+    """Eight GPU workers' light agents (no windows, so no `uuid`) each name their device in their graph counts.
+
+    Each counts for its own GPU, so BoundwatchAgentMissing (per gpu) sees one of them go; one whose
+    device NVML does not know, and one with no device yet, stay under ''; vLLM's EngineCore agent
+    (no CUDA device) stays out of the states, and one in an EngineCore that runs the model (its
+    device named) counts for that GPU.
+    """
+    uuids = [f"GPU-{i:08x}-0000-4000-8000-000000000000" for i in range(8)]
+    gpus = tuple(
+        GpuReading(index=i, uuid=u, name="NVIDIA H100", driver="580.159.04") for i, u in enumerate(uuids)
+    )
+
+    def light(pid: int, role: str, graphs_uuid: str, state: str = "running", stale: int = 0) -> AgentState:
+        return AgentState(
+            pid=pid, gpu=-1, state=state, role=role, mode="light", graphs_uuid=graphs_uuid, stale_steps=stale
+        )
+
+    workers = [light(100 + i, "vllm_worker", u, stale=i) for i, u in enumerate(uuids) if i != 5]
+    workers.append(light(105, "vllm_worker", uuids[5], state="stale"))
+    others = (
+        light(200, "generic", "GPU-not-on-this-host"),
+        light(201, "generic", ""),
+        light(300, "vllm_engine", "", stale=7),
+        light(301, "vllm_engine", uuids[2]),
+    )
+    snap = Snapshot(
+        seq=1,
+        at=0.0,
+        mono=0.0,
+        interval=0.5,
+        dt=0.5,
+        gpus=gpus,
+        agent=AgentReading(agents=(*workers, *others)),
+    )
+    states = {(s.labels["gpu"], s.labels["state"]): s.value for s in export_activity.agents(snap).samples}
+    running = {gpu: n for (gpu, state), n in states.items() if state == "running"}
+    assert running == {"0": 1, "1": 1, "2": 2, "3": 1, "4": 1, "5": 0, "6": 1, "7": 1, "": 2}
+    assert states[("5", "stale")] == 1
+    stale = {
+        s.labels["gpu"]: s.value
+        for s in export_activity.per_gpu_sum(export_activity.c.AGENT_STALE_STEPS, lambda a: a.stale_steps)(
+            snap
+        ).samples
+    }
+    assert stale == {"0": 0, "1": 1, "2": 2, "3": 3, "4": 4, "5": 0, "6": 6, "7": 7, "": 7}

@@ -327,6 +327,36 @@ async def test_mapping_failure_says_no_gpu_mapping_instead_of_summing_engines():
 
 
 @needs_namespace
+async def test_two_tp4_engines_in_a_container_mapped_by_their_workers_light_agents_devices():
+    """The mapping failure's shape (no process list, no CUDA_VISIBLE_DEVICES: a pod's sidecar), but each
+    worker runs the default light agent, whose graph counts name its CUDA device: both engines placed."""
+    found = tree(_two_engines(cvd=False))
+    engines, agent = _probe_scene(found)
+    workers = [
+        AgentState(
+            pid=pid_of(found[name], f"VLLM::Worker_TP{i}"),
+            gpu=-1,
+            state="running",
+            role="vllm_worker",
+            mode="light",
+            graphs_uuid=UUIDS[i + 4 * k],
+        )
+        for k, name in enumerate(("vllm:8000", "vllm:8001"))
+        for i in range(4)
+    ]
+    agent = dataclasses.replace(agent, agents=tuple(workers))
+    fake = gpus({**{i: 0.27 for i in range(4)}, **{i: 0.97 for i in range(4, 8)}})  # NVML lists no process
+    snap, page = await run(fake, engines, agent)
+    _assert_probe(snap, page, "agent")
+    running = {
+        dict(k[1])["gpu"]: v
+        for k, v in page.items()
+        if k[0] == "boundwatch_agents" and dict(k[1])["state"] == "running"
+    }
+    assert running == {str(i): 1 for i in range(8)}  # each worker's agent counted for its own GPU
+
+
+@needs_namespace
 async def test_data_parallel_ranks_each_drive_their_own_four_gpus():
     spec = [vllm(8000, [core(4, "0,1,2,3", dp=0), core(4, "4,5,6,7", dp=1)], ("--data-parallel-size", "2"))]
     found = tree(spec)["vllm:8000"]

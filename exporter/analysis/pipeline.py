@@ -124,7 +124,8 @@ def _visible(spec: str, snap: Snapshot) -> tuple[int, ...]:
 
 def _process_gpus(e: EngineReading, snap: Snapshot) -> tuple[str, dict[int, set[int]]]:
     """Return how an engine's processes were placed and each one's GPUs: NVML's process lists, else
-    each process's CUDA_VISIBLE_DEVICES and ordinal, else the UUIDs its agents report."""
+    each process's CUDA_VISIBLE_DEVICES and ordinal, else the UUIDs its agents report (a CUPTI
+    agent's windows' devices; a light agent's CUDA device, the one its graph counts name)."""
     on_nvml: dict[int, set[int]] = {}
     own = set(e.pids)
     for g in snap.gpus:
@@ -144,10 +145,11 @@ def _process_gpus(e: EngineReading, snap: Snapshot) -> tuple[str, dict[int, set[
     agents: dict[int, set[int]] = {}
     indices: dict[str, int] | None = None  # every UUID's index, made once (not once per agent)
     for s in snap.agent.agents if snap.agent is not None else ():
-        if s.pid in own and s.uuid:
+        uuid = s.uuid or s.graphs_uuid
+        if s.pid in own and uuid:
             if indices is None:
                 indices = gpu_indices(snap)
-            if (index := indices.get(s.uuid)) is not None:
+            if (index := indices.get(uuid)) is not None:
                 agents.setdefault(s.pid, set()).add(index)
     return ("agent", agents) if agents else ("", {})
 

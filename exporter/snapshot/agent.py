@@ -92,8 +92,9 @@ class AgentState:
     dropped_messages: int = 0  # datagrams the agent could not send
     stale_steps: int = 0  # step records the light agent dropped as too old to send (a long stop)
     settings_rejected: int = 0  # its settings out of bounds, defaults used (the detail names them)
-    # the GPU a light agent's graph counts name (its process's CUDA device), for its metrics' gpu label
-    # alone: a light agent sends no windows, so `uuid` stays '' and the verdict's placement is unchanged
+    # the GPU a light agent's graph counts name (its process's CUDA device): a light agent sends no
+    # windows, so `uuid` stays ''; this places the agent's metrics and, where NVML's process lists and
+    # CUDA_VISIBLE_DEVICES cannot, its engine (pipeline.place_engine)
     graphs_uuid: str = ""
 
 

@@ -331,6 +331,47 @@ def test_light_agents_are_counted_for_the_gpu_their_graph_counts_name(tmp_path: 
     assert running == {'{gpu="",state="running"}': 1, '{gpu="1",state="running"}': 1}
 
 
+_NAMESPACED_SENDER = """
+import os, socket, sys, time
+from exporter import wire
+assert os.getpid() == 1, os.getpid()  # PID 1 of a namespace of its own, as an engine container's first process
+data = wire.encode(wire.Message(pid=os.getpid(), state="running", mode="light"))
+with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+    for _ in range(60):  # a message every 0.25 s until killed
+        s.sendto(data, sys.argv[1])
+        time.sleep(0.25)
+"""
+
+
+@pytest.mark.skipif(
+    shutil.which("unshare") is None or os.geteuid() != 0, reason="needs unshare and root for PID namespaces"
+)
+def test_two_containers_agents_that_both_say_pid_1_are_two_agents(tmp_path: Path) -> None:
+    """Two senders, each PID 1 of a PID namespace of its own, both say pid 1: the daemon tells them apart.
+
+    Before, both were one agent (keyed by the pid each message states); now an agent whose message's pid
+    is its pid in another namespace is keyed by the pid this daemon sees (the kernel's peer).
+    """
+    with running_daemon(tmp_path, engine_pages=()) as daemon:
+        sock = str(tmp_path / "agent.sock")
+        cmd = ["unshare", "--pid", "--kill-child", sys.executable, "-c", _NAMESPACED_SENDER, sock]
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        senders = [subprocess.Popen(cmd, env=env) for _ in range(2)]
+        try:
+
+            def two() -> str:
+                page = scrape(daemon)
+                return page if samples(page, "boundwatch_agents").get('{gpu="",state="running"}') == 2 else ""
+
+            page = wait_until(two, 15, 0.25, "two running agents from the two namespaces")
+        finally:
+            for p in senders:
+                p.kill()
+                p.wait(5)
+    assert samples(page, "boundwatch_agent_messages_total")[""] >= 2
+    assert samples(page, "boundwatch_agent_bad_messages_total")[""] == 0
+
+
 # --- row 3 -------------------------------------------------------------------------------------
 
 

@@ -46,7 +46,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import structlog
 
@@ -122,6 +122,7 @@ class _Agent:
     alive_at: float = float("-inf")  # when a quiet agent's process was last seen alive
     graphs: tuple[int, int, str] | None = None  # its newest graph counts' (captures, dev, uuid)
     quiet_ns: int = 0  # time counted for it as quiet since its last graph counts (zero replays)
+    parent: int = -1  # from another PID namespace: its parent's pid as this daemon sees it (-1: not read)
 
 
 @dataclass
@@ -152,6 +153,32 @@ def _pid_alive(pid: int) -> bool:
     return pid > 0 and os.path.exists(f"/proc/{pid}")
 
 
+def _inner_pid(pid: int) -> int:
+    """Return a process's pid in its own PID namespace where that is not this daemon's (0: the same one,
+    or unknown): the last of its NSpid (/proc/<pid>/status lists it in each namespace, outermost first)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            data = f.read(4096)
+    except OSError:
+        return 0
+    at = data.find(b"\nNSpid:")
+    if at < 0:
+        return 0
+    ids = data[at + 7 : data.find(b"\n", at + 1)].split()
+    return int(ids[-1]) if len(ids) > 1 and ids[-1].isdigit() else 0
+
+
+def _parent_pid(pid: int) -> int:
+    """Return a process's parent pid as this daemon's /proc sees it (0: unknown)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read(1024)
+    except OSError:
+        return 0
+    fields = data[data.rfind(b")") + 2 :].split()  # "pid (comm) state ppid ...": comm may hold anything
+    return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else 0
+
+
 class AgentFeed:
     """The agent feed source: `await start()`, then `await read()` every tick."""
 
@@ -164,11 +191,16 @@ class AgentFeed:
         merge_wait_s: float = 1.0,
         wall_ns: Callable[[], int] = time.time_ns,
         alive: Callable[[int], bool] | None = None,
+        parent: Callable[[int], int] | None = None,
+        inner: Callable[[int], int] | None = None,
     ) -> None:
         self.cfg = cfg
         self.clock = clock
         self.wall_ns = wall_ns
         self.alive = alive or _pid_alive  # whether a quiet agent's process still runs
+        self.parent = parent or _parent_pid  # a process's parent pid, for agents in other PID namespaces
+        self.inner = inner or _inner_pid  # a process's pid in its own PID namespace (0: this daemon's)
+        self._inner: dict[tuple[int, int], bool] = {}  # (peer pid, its message's pid) -> foreign (bounded)
         self.merge_wait_s = merge_wait_s
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -416,7 +448,16 @@ class AgentFeed:
         self._log_refused(reason=reason, error=why)
 
     def _take(self, msg: wire.Message, peer: int, now: float, wall: int) -> None:
-        """Take one decoded message from sender pid `peer` (0: unknown), received at `now` (clock()) and `wall` (wall_ns())."""
+        """Take one decoded message from sender pid `peer` (0: unknown), received at `now` (clock()) and `wall` (wall_ns()).
+
+        A sender whose own pid is not its peer pid runs in another PID namespace (an engine's container
+        beside a sidecar with the host's): its pids mean nothing here, so the message is taken as this
+        daemon sees it (`_seen_here`), or two containers' agents with the same pid would be one agent and
+        none would join its engine's processes.
+        """
+        foreign = 0 < peer != msg.pid and self._foreign(peer, msg.pid)
+        if foreign:
+            msg = replace(msg, pid=peer)
         agent = self._agents.get(msg.pid)
         if agent is None:
             if len(self._agents) >= MAX_AGENTS:
@@ -432,6 +473,8 @@ class AgentFeed:
             )
             return
         self._agents[msg.pid] = agent
+        if foreign and any(s.owner for s in msg.steps):
+            msg = self._seen_here(agent, msg)
         agent.last_seen, agent.msg, agent.alive_at = now, msg, now
         agent.peer = peer or agent.peer
         agent.uuids.update(dict(msg.devices))
@@ -449,6 +492,29 @@ class AgentFeed:
             del self._steps[:-10_000]
         if msg.graphs is not None:
             self._take_graphs(agent, msg.graphs)
+
+    def _foreign(self, peer: int, pid: int) -> bool:
+        """Say whether a sender whose pid says `pid` and whose peer pid is `peer` runs in another PID
+        namespace, where `pid` is its own (read once per peer and pid). In this daemon's namespace the
+        message's pid stands as it did (the same process, say, or a test's)."""
+        known = self._inner.get((peer, pid))
+        if known is None:
+            if len(self._inner) >= 4 * MAX_AGENTS:
+                self._inner.clear()
+            known = self._inner[(peer, pid)] = self.inner(peer) == pid
+        return known
+
+    def _seen_here(self, agent: _Agent, msg: wire.Message) -> wire.Message:
+        """Return a foreign agent's steps with their engine core named by this daemon's pid for it.
+
+        A GPU worker names its engine core by its own parent's pid (`owner`, getppid() in its namespace);
+        here that is the parent of the peer process, read once per agent. Unknown (the process gone,
+        no /proc), the steps stay the worker's own (owner 0) rather than name an unrelated pid here.
+        """
+        if agent.parent < 0:
+            agent.parent = self.parent(agent.pid)
+        owner = agent.parent
+        return replace(msg, steps=tuple(replace(s, owner=owner) if s.owner else s for s in msg.steps))
 
     def _gpu(self, key: str, dev: int, now: float) -> _Gpu | None:
         """Return the GPU entry of a key, giving a new key a stable free index (None: no room)."""

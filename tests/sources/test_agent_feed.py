@@ -262,6 +262,35 @@ def test_steps_are_named_by_engine_core_not_by_kind(tmp_path: Path) -> None:
     assert by[100, 1].running == 6.0
 
 
+def test_agents_in_other_pid_namespaces_are_named_by_the_pids_this_daemon_sees(tmp_path: Path) -> None:
+    """Two engine containers' agents both say pid 7 (their own namespaces'); the kernel's peer pids differ.
+
+    Each is its own agent under its peer pid, and a worker's steps name its engine core by the peer's
+    parent here (its getppid() means nothing in this namespace). A sender in this daemon's namespace
+    whose pid differs from its peer (the process forked, a test) keeps the pid it says.
+    """
+    from exporter.sources.unixsock import Peer
+
+    inner = {5001: 7, 6001: 7, 6002: 9}  # what /proc/<peer>/status NSpid ends with
+    parents = {6002: 6001}  # a GPU worker forked by its container's engine core
+    f = AgentFeed(
+        AgentFeedConfig(socket=str(tmp_path / "x.sock")),
+        wall_ns=lambda: 1_000_000,
+        inner=lambda pid: inner.get(pid, 0),
+        parent=lambda pid: parents.get(pid, 0),
+    )
+    f.receive(light(7, vsteps(3, running=4, waiting=1)), Peer(5001, 0, 0))
+    f.receive(light(7, vsteps(5, running=2, waiting=0)), Peer(6001, 0, 0))
+    f.receive(light(9, vsteps(0, graph=4, eager=1, owner=1)), Peer(6002, 0, 0))  # owner: its getppid() there
+    f.receive(light(4242, vsteps(1, running=1, waiting=0)), Peer(os.getpid(), 0, 0))  # this namespace
+    reading = f.collect()
+    assert sorted(a.pid for a in reading.agents) == [4242, 5001, 6001, 6002]
+    by = {s.pid: s for s in reading.steps}
+    assert set(by) == {5001, 6001, 4242}
+    assert (by[5001].steps, by[5001].running) == (3, 4.0)
+    assert (by[6001].steps, by[6001].running, by[6001].graph_steps, by[6001].eager_steps) == (5, 2.0, 4, 1)
+
+
 def test_newest_counts_win_and_implausible_values_are_clamped(tmp_path: Path) -> None:
     f = AgentFeed(AgentFeedConfig(socket=str(tmp_path / "x.sock")), wall_ns=lambda: 1_000_000)
     f.receive(light(1, vsteps(1, running=9, waiting=9, t1=20)))

@@ -164,7 +164,8 @@ def _inner_pid(pid: int) -> int:
     at = data.find(b"\nNSpid:")
     if at < 0:
         return 0
-    ids = data[at + 7 : data.find(b"\n", at + 1)].split()
+    end = data.find(b"\n", at + 1)
+    ids = data[at + 7 : end if end >= 0 else None].split()
     return int(ids[-1]) if len(ids) > 1 and ids[-1].isdigit() else 0
 
 
@@ -450,10 +451,10 @@ class AgentFeed:
     def _take(self, msg: wire.Message, peer: int, now: float, wall: int) -> None:
         """Take one decoded message from sender pid `peer` (0: unknown), received at `now` (clock()) and `wall` (wall_ns()).
 
-        A sender whose own pid is not its peer pid runs in another PID namespace (an engine's container
-        beside a sidecar with the host's): its pids mean nothing here, so the message is taken as this
-        daemon sees it (`_seen_here`), or two containers' agents with the same pid would be one agent and
-        none would join its engine's processes.
+        A sender whose message's pid is its pid in another PID namespace (an engine's container beside a
+        sidecar with the host's: `_foreign`) is taken under its peer pid, its workers' steps under the
+        pids this daemon sees (`_seen_here`); else two containers' agents with the same pid would be one
+        agent, and none would join its engine's processes.
         """
         foreign = 0 < peer != msg.pid and self._foreign(peer, msg.pid)
         if foreign:

@@ -53,7 +53,7 @@ import structlog
 from exporter import wire
 from exporter.config import AgentFeedConfig
 from exporter.snapshot.agent import AgentReading, AgentState, AgentWindow, EngineSteps, GpuWindows, GraphUse
-from exporter.sources import unixsock
+from exporter.sources import procs, unixsock
 from exporter.sources.base import SourceUnavailable, name_os_thread
 
 log = structlog.get_logger("boundwatch.agent")
@@ -153,31 +153,10 @@ def _pid_alive(pid: int) -> bool:
     return pid > 0 and os.path.exists(f"/proc/{pid}")
 
 
-def _inner_pid(pid: int) -> int:
-    """Return a process's pid in its own PID namespace where that is not this daemon's (0: the same one,
-    or unknown): the last of its NSpid (/proc/<pid>/status lists it in each namespace, outermost first)."""
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            data = f.read(4096)
-    except OSError:
-        return 0
-    at = data.find(b"\nNSpid:")
-    if at < 0:
-        return 0
-    end = data.find(b"\n", at + 1)
-    ids = data[at + 7 : end if end >= 0 else None].split()
-    return int(ids[-1]) if len(ids) > 1 and ids[-1].isdigit() else 0
-
-
 def _parent_pid(pid: int) -> int:
     """Return a process's parent pid as this daemon's /proc sees it (0: unknown)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read(1024)
-    except OSError:
-        return 0
-    fields = data[data.rfind(b")") + 2 :].split()  # "pid (comm) state ppid ...": comm may hold anything
-    return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else 0
+    stat = procs.read_stat("/proc", pid)
+    return stat.ppid if stat is not None else 0
 
 
 class AgentFeed:
@@ -200,7 +179,9 @@ class AgentFeed:
         self.wall_ns = wall_ns
         self.alive = alive or _pid_alive  # whether a quiet agent's process still runs
         self.parent = parent or _parent_pid  # a process's parent pid, for agents in other PID namespaces
-        self.inner = inner or _inner_pid  # a process's pid in its own PID namespace (0: this daemon's)
+        self.inner = (
+            inner or unixsock.inner_pid
+        )  # a process's pid in its own PID namespace (0: this daemon's)
         self._inner: dict[tuple[int, int], bool] = {}  # (peer pid, its message's pid) -> foreign (bounded)
         self.merge_wait_s = merge_wait_s
         self._sock: socket.socket | None = None

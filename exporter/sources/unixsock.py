@@ -206,16 +206,31 @@ def remove_if_ours(path: str, st: os.stat_result) -> None:
             os.unlink(path)
 
 
-def _proc_groups(pid: int) -> frozenset[int]:
-    """Return a process's supplementary groups from /proc/<pid>/status (empty when unreadable)."""
+def _proc_status(pid: int, key: bytes) -> list[bytes]:
+    """Return the values of one /proc/<pid>/status line (`key` with its colon; empty when unreadable)."""
     try:
         with open(f"/proc/{pid}/status", "rb") as fh:
             for line in fh:
-                if line.startswith(b"Groups:"):
-                    return frozenset(int(g) for g in line.split()[1:])
-    except (OSError, ValueError):
+                if line.startswith(key):
+                    return line.split()[1:]
+    except OSError:
         pass
-    return frozenset()
+    return []
+
+
+def _proc_groups(pid: int) -> frozenset[int]:
+    """Return a process's supplementary groups from /proc/<pid>/status (empty when unreadable)."""
+    try:
+        return frozenset(int(g) for g in _proc_status(pid, b"Groups:"))
+    except ValueError:
+        return frozenset()
+
+
+def inner_pid(pid: int) -> int:
+    """Return a process's pid in its own PID namespace where that is not this daemon's (0: the same one,
+    or unknown): the last of its NSpid (/proc/<pid>/status lists it in each namespace, outermost first)."""
+    ids = _proc_status(pid, b"NSpid:")
+    return int(ids[-1]) if len(ids) > 1 and ids[-1].isdigit() else 0
 
 
 @dataclass

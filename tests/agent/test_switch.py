@@ -972,3 +972,70 @@ def test_self_only_reads_the_code_not_a_signature_the_function_claims() -> None:
     assert not self_only(
         types.SimpleNamespace(__code__=step.__code__)
     )  # a code object alone is not a function
+
+
+def shim_graph_and_step_sites(
+    direct: bool,
+) -> tuple[type, types.SimpleNamespace, Clock, Switch, list[str]]:
+    """Return a torch-shaped graph class (its replay the shim over a base) held by a switch beside an engine
+    step (rank 2), the step's owner, the clock, the switch cycling, and the log of what ran; direct: the
+    replay site takes the base's call for exactly the class (`hooks.base_call`), as the hooks add it."""
+    from exporter.agent import hooks
+
+    log: list[str] = []
+
+    class _Graph:
+        def replay(self) -> None:
+            log.append("base replay")
+
+    class Graph(_Graph):
+        def replay(self) -> None:
+            super().replay()
+
+    own_replay = Graph.__dict__["replay"]
+    found = hooks.base_call(Graph, "replay")
+    assert found is not None
+    clock = Clock(1_000 * MS)
+    sw = Switch(clock)
+    mod = types.SimpleNamespace(step=lambda: log.append("own step"))
+    mod.own_step = own_step = mod.step
+
+    def counted_replay(self: Graph) -> None:
+        log.append("counted replay")
+        found.base(self)
+
+    sw.add(Graph, "replay", own_replay, counted_replay, rank=1, launches=True, direct=found if direct else None)
+    sw.add(mod, "step", own_step, lambda: log.append("hooked step"), rank=2)
+    assert sw.start_cycle()
+    return Graph, mod, clock, sw, log
+
+
+def test_a_replay_whose_check_takes_torchs_frames_place_drives_before_the_engine_step() -> None:
+    Graph, mod, clock, sw, log = shim_graph_and_step_sites(direct=True)
+    assert sw.drive_inline(40 * MS, 10 * MS, 5 * MS, lambda: iter(()), lambda w: None)
+    assert sw._driver == 0 and sw._rank > 2  # the replay site drives, though added first and ranked 1
+    g = Graph()
+    for _ in range(12):  # steps 5 ms apart, one replay each: in for 10 ms, out for 40
+        clock.t += 5 * MS
+        mod.step()
+        g.replay()
+    assert not sw.hooks_in  # the replay's check swapped them out, on the engine's thread
+    assert mod.step is mod.own_step  # out of a slice the step is the engine's own: no frame of ours on it
+    log.clear()
+    mod.step()
+    g.replay()
+    assert log == ["own step", "base replay"]  # torch's shim skipped: the check in its place
+    # an eager stretch: no replay calls the check; the agent's thread swaps for it twice, then the step
+    # site claims the drive (a lower rank: at the second miss) and drives from there
+    for _ in range(2):
+        clock.t = sw.due[0] + 5 * MS
+        sw.drive(by_thread=True)
+    assert sw._missed == 2 and sw.hooks_in
+    mod.step()
+    assert sw._driver == 1 and sw._rank == 2 and not sw._missed
+
+
+def test_a_replay_without_the_direct_call_leaves_the_drive_to_the_engine_step() -> None:
+    Graph, mod, clock, sw, log = shim_graph_and_step_sites(direct=False)
+    assert sw.drive_inline(40 * MS, 10 * MS, 5 * MS, lambda: iter(()), lambda w: None)
+    assert sw._driver == 1 and sw._rank == 2  # its check would be a frame on top of torch's: the step's

@@ -357,6 +357,29 @@ async def test_two_tp4_engines_in_a_container_mapped_by_their_workers_light_agen
 
 
 @needs_namespace
+async def test_steps_no_engine_owns_count_for_the_gpu_their_light_agent_names():
+    """Two vLLM engines (steps named by kind alone cannot tell whose); steps from processes that neither
+    engine lists join neither. Each came from a light agent whose graph counts name its device: they
+    count for that GPU alone (resolve_agent_gpus names the agent's GPU), as a CUPTI agent's would."""
+    found = tree(_two_engines(cvd=True))
+    engines, _ = _probe_scene(found)
+    strangers = (990_001, 990_002)  # not among either engine's processes
+    agent = AgentReading(
+        steps=(steps(strangers[0], 7, 0.072), steps(strangers[1], 25, 0.020)),
+        agents=tuple(
+            AgentState(pid=pid, gpu=-1, state="running", role="generic", mode="light", graphs_uuid=UUIDS[gpu])
+            for pid, gpu in zip(strangers, (1, 6), strict=True)
+        ),
+    )
+    fake = gpus({**{i: 0.27 for i in range(4)}, **{i: 0.97 for i in range(4, 8)}})
+    snap, _ = await run(fake, engines, agent)
+    assert evidence(snap, 1)["step_seconds"] == pytest.approx(0.072)
+    assert evidence(snap, 6)["step_seconds"] == pytest.approx(0.020)
+    for gpu in (0, 2, 3, 4, 5, 7):  # the same engines' other GPUs: no agent of theirs sent these steps
+        assert "step_seconds" not in evidence(snap, gpu), gpu
+
+
+@needs_namespace
 async def test_data_parallel_ranks_each_drive_their_own_four_gpus():
     spec = [vllm(8000, [core(4, "0,1,2,3", dp=0), core(4, "4,5,6,7", dp=1)], ("--data-parallel-size", "2"))]
     found = tree(spec)["vllm:8000"]

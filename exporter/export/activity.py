@@ -19,8 +19,9 @@ def _placed(snap: Snapshot, engine_cores: bool = False) -> list[tuple[str, Agent
     """Return each agent with the GPU label it reports under ('' while it names no GPU yet).
 
     A CUPTI agent names its GPU by its windows' devices (`uuid`, `gpu`); a light agent, which sends
-    none, by the device its graph counts name (`graphs_uuid`, NVML's index for it), so that each GPU
-    worker's agent counts for its own GPU (an agent gone from one of eight GPUs is missed there).
+    none, by the device its graph counts name (`graphs_uuid`, resolved into `gpu` by
+    analysis.pipeline.resolve_agent_gpus), so that each GPU worker's agent counts for its own GPU (an
+    agent gone from one of eight GPUs is missed there).
     A steps-only agent in vLLM's EngineCore drives no GPU (its process has no CUDA device): left out,
     unless `engine_cores` (what it dropped or refused is summed under '' with the other agents that
     name no GPU).
@@ -34,8 +35,6 @@ def _placed(snap: Snapshot, engine_cores: bool = False) -> list[tuple[str, Agent
             gpu = str(by_uuid[a.uuid])
         elif a.gpu >= 0:
             gpu = str(a.gpu)
-        elif a.graphs_uuid in by_uuid:
-            gpu = str(by_uuid[a.graphs_uuid])
         elif a.role == "vllm_engine" and not engine_cores:
             continue
         else:

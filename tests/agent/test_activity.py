@@ -1,6 +1,6 @@
 """From the agents' reading to counters, histograms, the CUPTI busy ratio and the agents gauge."""
 
-from exporter.analysis import activity
+from exporter.analysis import activity, pipeline
 from exporter.config import Config
 from exporter.export import activity as export_activity
 from exporter.snapshot import Snapshot
@@ -131,8 +131,9 @@ def test_what_the_agents_dropped_is_summed_per_gpu_vllm_engine_cores_under_no_gp
 def test_light_agents_count_for_the_gpu_their_graph_counts_name_so_one_gone_is_missed_there() -> None:
     """Eight GPU workers' light agents (no windows, so no `uuid`) each name their device in their graph counts.
 
-    Each counts for its own GPU, so BoundwatchAgentMissing (per gpu) sees one of them go; one whose
-    device NVML does not know, and one with no device yet, stay under ''; vLLM's EngineCore agent
+    Each counts for its own GPU (resolved as the daemon's pipeline does), so BoundwatchAgentMissing (per
+    gpu) sees one of them go; one whose device NVML does not know gets that device's index past NVML's,
+    as a CUPTI agent's windows would, and one with no device yet stays under ''; vLLM's EngineCore agent
     (no CUDA device) stays out of the states, and one in an EngineCore that runs the model (its
     device named) counts for that GPU.
     """
@@ -163,9 +164,10 @@ def test_light_agents_count_for_the_gpu_their_graph_counts_name_so_one_gone_is_m
         gpus=gpus,
         agent=AgentReading(agents=(*workers, *others)),
     )
+    snap = pipeline.resolve_agent_gpus(snap)
     states = {(s.labels["gpu"], s.labels["state"]): s.value for s in export_activity.agents(snap).samples}
     running = {gpu: n for (gpu, state), n in states.items() if state == "running"}
-    assert running == {"0": 1, "1": 1, "2": 2, "3": 1, "4": 1, "5": 0, "6": 1, "7": 1, "": 2}
+    assert running == {"0": 1, "1": 1, "2": 2, "3": 1, "4": 1, "5": 0, "6": 1, "7": 1, "8": 1, "": 1}
     assert states[("5", "stale")] == 1
     stale = {
         s.labels["gpu"]: s.value
@@ -173,4 +175,4 @@ def test_light_agents_count_for_the_gpu_their_graph_counts_name_so_one_gone_is_m
             snap
         ).samples
     }
-    assert stale == {"0": 0, "1": 1, "2": 2, "3": 3, "4": 4, "5": 0, "6": 6, "7": 7, "": 7}
+    assert stale == {"0": 0, "1": 1, "2": 2, "3": 3, "4": 4, "5": 0, "6": 6, "7": 7, "8": 0, "": 7}

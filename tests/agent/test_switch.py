@@ -1004,7 +1004,9 @@ def shim_graph_and_step_sites(
         log.append("counted replay")
         found.base(self)
 
-    sw.add(Graph, "replay", own_replay, counted_replay, rank=1, launches=True, direct=found if direct else None)
+    sw.add(
+        Graph, "replay", own_replay, counted_replay, rank=1, launches=True, direct=found if direct else None
+    )
     sw.add(mod, "step", own_step, lambda: log.append("hooked step"), rank=2)
     assert sw.start_cycle()
     return Graph, mod, clock, sw, log
@@ -1036,6 +1038,6 @@ def test_a_replay_whose_check_takes_torchs_frames_place_drives_before_the_engine
 
 
 def test_a_replay_without_the_direct_call_leaves_the_drive_to_the_engine_step() -> None:
-    Graph, mod, clock, sw, log = shim_graph_and_step_sites(direct=False)
+    sw = shim_graph_and_step_sites(direct=False)[3]
     assert sw.drive_inline(40 * MS, 10 * MS, 5 * MS, lambda: iter(()), lambda w: None)
     assert sw._driver == 1 and sw._rank == 2  # its check would be a frame on top of torch's: the step's

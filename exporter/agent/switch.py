@@ -16,8 +16,8 @@ read at every tick and integrated over real time, never sampled.
 Who swaps. Each wake-up of the agent's thread takes the GIL from the engine's thread, and the engine's
 thread then waits for the OS to wake it again: 130-145 us a wake-up on the H200's VM, even where the
 engine lets go of the GIL in each op (bench/README.md, session 10). So once `drive_inline` is on, the
-engine's own step drives the cycle: the highest-ranked site (a graph replay whose check takes the
-place of torch's own frame, else an engine step, else any graph replay) keeps a thin check while out (`thin`: one frame and a clock read; for torch's CUDAGraph.replay, whose
+engine's own step drives the cycle: the highest-ranked site (an engine step, else a graph replay)
+keeps a thin check while out (`thin`: one frame and a clock read; for torch's CUDAGraph.replay, whose
 own frame is a shim over the C++ call, the check calls that and takes the shim's place: `direct`)
 and a checked hook while in; the
 first call at or past `due` swaps the hooks in or out right there (and, at a slice's end, runs the
@@ -68,11 +68,6 @@ MAX_BOUND = 64  # instances whose attributes hold a bound hook (an engine core's
 # do but the idle wake; a slower engine (a 70B model's decode, long prefill chunks) keeps the thread's
 # rescue a margin past each due, since one step may outlast a whole slice
 FAST_STEP_NS = 20_000_000
-# the rank of a driving site whose check takes the place of a frame the engine runs anyway (torch's
-# replay shim, `Direct`): out of a slice it costs the engine next to nothing, so it drives before an
-# engine step (rank 2), whose check is a frame more; where it is not called (an eager engine), the
-# step site claims the drive after the agent's thread has twice done the swap for it (`_claim`)
-RANK_IN_PLACE = 3
 SWITCHED = "__boundwatch_switched__"  # set on a hook this module swaps
 # Python 3.13 gives each class at most 1,000 type versions (CPython's MAX_VERSIONS_PER_CLASS), and every
 # change of a class attribute uses one (of the class and of each subclass) when it is next used: past
@@ -181,9 +176,6 @@ class Switch:
         """Manage owner.name (a class attribute or module global) that holds hook in place of original.
 
         rank: how well the site can drive the cycle (2: once an engine step, 1: a graph replay, 0: not).
-        A driving site with a `direct` call ranks above them all (RANK_IN_PLACE): its check takes the
-        place of a frame the engine runs anyway, where a step site's adds one (~1.1-1.5 us a step
-        after a sync, most of the light agent's cost on a decode step: bench/README.md, session 29).
         launches: the original returns once it has queued GPU work (a graph replay): the tick's phases
         run right after it, while the GPU runs what it queued (the first such site).
         direct: where original only defers to its base class's method (torch's `CUDAGraph.replay`,
@@ -194,11 +186,8 @@ class Switch:
             if len(self._sites) >= MAX_SWITCHES:
                 self._hold("too many hook sites")
                 return
-            rank = max(0, int(rank))
-            if rank > 0 and direct is not None and self_only(original):
-                rank = RANK_IN_PLACE
             self._sites.append((owner, name, original, hook))
-            self._ranks.append(rank)
+            self._ranks.append(max(0, int(rank)))
             self._direct.append(direct)
             if launches and self._launch < 0:
                 self._launch = len(self._sites) - 1

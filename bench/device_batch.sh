@@ -8,6 +8,7 @@
 #   two        bench/two_engines_one_gpu.py (two agents, one GPU)  -> two_engines_one_gpu_h200.json
 #   light      bench/light_agent_overhead.py --rounds 2 (LIGHT_ARGS: e.g. --agent-env BOUNDWATCH_AGENT_INLINE=off) -> light_overhead_h200.json
 #   lab:MODE   bench/scenarios/lab.py --agent MODE (SCALE, 0.7)    -> scenarios-h200-MODE.{json,jsonl.gz,log}
+#   lab:MODE:T the same with the agent and daemon from .T/'s exporter/ (a branch beside main) -> scenarios-h200-MODE-T.*
 #   twolab     bench/two_engines_lab.py (two lab engines, one GPU) -> two_engines_lab_h200.json
 #   side       bench/sidecar_beside_engine.py (real NVML, 15 s scrapes; SIDE_ARGS: e.g. --trees .side-base,. --rounds 2, SIDE_T;
 #              --cost-stats "$OUT/side_stats" for the daemon's parts, a separate run: the timing adds CPU) -> sidecar_beside_engine_h200.json
@@ -82,13 +83,15 @@ for step in ${STEPS:-env}; do
       timeout 240 python3 bench/probe_h200.py --sidecar --seconds "${PROBE_SECONDS:-3}" --out "$O/probe_h200.json" \
         > /tmp/probe.log 2>&1; echo "probe rc=$?"; tail -12 /tmp/probe.log ;;
     lab:*)
-      mode=${step#lab:}
+      mode=${step#lab:}; tag=""
+      case "$mode" in *:*) tag=${mode#*:}; mode=${mode%%:*} ;; esac
+      name="scenarios-h200-$mode${tag:+-$tag}"
       timeout "${LAB_T:-330}" python3 bench/scenarios/lab.py --agent "$mode" --scale "$SCALE" \
-        --name "scenarios-h200-$mode" --out "$O" ${LAB_ARGS:-} > "/tmp/lab-$mode.log" 2>&1
-      echo "lab $mode rc=$?"
-      tail -c 40000 "/tmp/lab-$mode.log" > "$O/scenarios-h200-$mode.log"
-      grep -E "API-server cost|Traceback|Error|failed" "/tmp/lab-$mode.log" | cut -c1-600 | head -8
-      grep -E "^\||^agent:" "/tmp/lab-$mode.log" ;;
+        ${tag:+--tree ".$tag"} --name "$name" --out "$O" ${LAB_ARGS:-} > "/tmp/$name.log" 2>&1
+      echo "lab $mode${tag:+ on .$tag} rc=$?"
+      tail -c 40000 "/tmp/$name.log" > "$O/$name.log"
+      grep -E "API-server cost|Traceback|Error|failed" "/tmp/$name.log" | cut -c1-600 | head -8
+      grep -E "^\||^agent:" "/tmp/$name.log" ;;
     *) echo "unknown step $step" ;;
   esac
   echo "== $step took $(( $(date +%s) - t0 )) s"

@@ -514,6 +514,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--engine-json", default="", help="engine settings to override (JSON, see engine.DEFAULTS)"
     )
+    p.add_argument(
+        "--tree",
+        default="",
+        help="a checkout whose exporter/ the engine's agent and the daemon import (a before/after; the lab's "
+        "own bench/ stays this tree's)",
+    )
     return p.parse_args(argv)
 
 
@@ -529,10 +535,14 @@ def main(argv: list[str] | None = None) -> int:
     url = f"http://127.0.0.1:{(bw_port := free_port())}"
     quota = Quota(work)
     log(f"quota: {quota.mode}: {quota.detail}")
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    tree = Path(args.tree).resolve() if args.tree else ROOT
+    if not (tree / "exporter" / "__init__.py").is_file():
+        raise SystemExit(f"--tree {args.tree}: no exporter/ package there")
+    paths = [str(tree)] * (tree != ROOT) + [str(ROOT), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}  # the tree's exporter/ first, then this bench/
     env.update(PYTHONUNBUFFERED="1", BOUNDWATCH_AGENT_SOCKET=str(work / "agent.sock"))
     results: dict[str, Any] = {"name": name, "started": time.time(), "host": platform.node(), **gpu_info(),
-                               "agent_mode": args.agent, "device": args.device,
+                               "agent_mode": args.agent, "device": args.device, "tree": args.tree,
                                "daemon_env": {k: v for k, v in sorted(os.environ.items())
                                               if k.startswith("BOUNDWATCH_") and not any(w in k for w in SECRET_WORDS)}}  # fmt: skip
     stack: Stack | None = None
@@ -546,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
         results["us_per_token"] = round(cost, 3)
         log(f"API-server cost: {cost:.3f} us per prompt token (target busy {args.saturated_busy})")
         quota.prepare(stack.pids())
-        daemon = start_daemon(args, bw_port, {**env, **quota.daemon_env()}, work)
+        daemon = start_daemon(args, bw_port, {**env, **quota.daemon_env()}, work, tree=tree)
         wait_for("the daemon", lambda: daemon_answers(url), 60)
         wait_for("the daemon to find the API server", lambda: api_servers_seen(url, 1), 30)
         if args.agent != "none":

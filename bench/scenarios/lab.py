@@ -538,8 +538,9 @@ def main(argv: list[str] | None = None) -> int:
     tree = Path(args.tree).resolve() if args.tree else ROOT
     if not (tree / "exporter" / "__init__.py").is_file():
         raise SystemExit(f"--tree {args.tree}: no exporter/ package there")
-    paths = [str(tree)] * (tree != ROOT) + [str(ROOT), os.environ.get("PYTHONPATH", "")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}  # the tree's exporter/ first, then this bench/
+    paths = ([str(tree)] if tree != ROOT else []) + [str(ROOT), os.environ.get("PYTHONPATH", "")]
+    # the tree's exporter/ first, then this checkout's bench/ (no empty entry: it would add the cwd)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
     env.update(PYTHONUNBUFFERED="1", BOUNDWATCH_AGENT_SOCKET=str(work / "agent.sock"))
     results: dict[str, Any] = {"name": name, "started": time.time(), "host": platform.node(), **gpu_info(),
                                "agent_mode": args.agent, "device": args.device, "tree": args.tree,

@@ -18,22 +18,18 @@ STATES = ("running", "quiet", "preempted", "unavailable", "stale")
 def _placed(snap: Snapshot, engine_cores: bool = False) -> list[tuple[str, AgentState]]:
     """Return each agent with the GPU label it reports under ('' while it names no GPU yet).
 
-    A CUPTI agent names its GPU by its windows' devices (`uuid`, `gpu`); a light agent, which sends
-    none, by the device its graph counts name (`graphs_uuid`, resolved into `gpu` by
-    analysis.pipeline.resolve_agent_gpus), so that each GPU worker's agent counts for its own GPU (an
-    agent gone from one of eight GPUs is missed there).
+    The label is the agent's `gpu` as analysis.pipeline.resolve_agent_gpus named it: a CUPTI agent's
+    windows' device, a light agent's the device its graph counts name (it sends no windows), so that
+    each GPU worker's agent counts for its own GPU (an agent gone from one of eight GPUs is missed there).
     A steps-only agent in vLLM's EngineCore drives no GPU (its process has no CUDA device): left out,
     unless `engine_cores` (what it dropped or refused is summed under '' with the other agents that
     name no GPU).
     """
     if snap.agent is None:
         return []
-    by_uuid = {g.uuid: g.index for g in snap.gpus if g.uuid}
     out = []
     for a in snap.agent.agents:
-        if a.uuid in by_uuid:
-            gpu = str(by_uuid[a.uuid])
-        elif a.gpu >= 0:
+        if a.gpu >= 0:
             gpu = str(a.gpu)
         elif a.role == "vllm_engine" and not engine_cores:
             continue

@@ -179,9 +179,8 @@ class AgentFeed:
         self.wall_ns = wall_ns
         self.alive = alive or _pid_alive  # whether a quiet agent's process still runs
         self.parent = parent or _parent_pid  # a process's parent pid, for agents in other PID namespaces
-        self.inner = (
-            inner or unixsock.inner_pid
-        )  # a process's pid in its own PID namespace (0: this daemon's)
+        # a process's pid in its own PID namespace (0: this daemon's)
+        self.inner = inner or unixsock.inner_pid
         self._inner: dict[tuple[int, int], bool] = {}  # (peer pid, its message's pid) -> foreign (bounded)
         self.merge_wait_s = merge_wait_s
         self._sock: socket.socket | None = None

@@ -7,6 +7,7 @@ from exporter.snapshot import Snapshot
 from exporter.snapshot.agent import AgentReading, AgentState, EngineSteps, GpuActivity
 from exporter.snapshot.gpu import GpuReading
 from exporter.snapshot.totals import EngineMethod, GpuKind, GpuSource, Totals
+from tests.fakes.snapshots import first_tick
 
 MS = 1_000_000
 UUID = "GPU-6f5e2c1a-0b7d-4c39-9d0e-2f1a3b4c5d6e"
@@ -81,7 +82,9 @@ def test_no_agent_reading_means_no_increments() -> None:
 def test_agents_gauge_counts_states_per_nvml_index() -> None:
     snap = seed_snapshot()
     gpus = (GpuReading(index=3, uuid=UUID, name="NVIDIA H200", driver="580.159.04"),)
-    snap = Snapshot(seq=1, at=0.0, mono=0.0, interval=0.5, dt=0.5, gpus=gpus, agent=snap.agent)
+    snap = pipeline.resolve_agent_gpus(
+        first_tick(gpus=gpus, agent=snap.agent)
+    )  # as the daemon's pipeline does
     fam = export_activity.agents(snap)
     values = {(s.labels["gpu"], s.labels["state"]): s.value for s in fam.samples}
     assert values[("3", "running")] == 1 and values[("3", "stale")] == 1
@@ -114,9 +117,7 @@ def test_what_the_agents_dropped_is_summed_per_gpu_vllm_engine_cores_under_no_gp
         ),
         AgentState(pid=12, gpu=-1, state="running", role="sglang_scheduler", mode="light", stale_steps=1),
     )
-    snap = Snapshot(
-        seq=1, at=0.0, mono=0.0, interval=0.5, dt=0.5, gpus=gpus, agent=AgentReading(agents=agents)
-    )
+    snap = pipeline.resolve_agent_gpus(first_tick(gpus=gpus, agent=AgentReading(agents=agents)))
     rendered = {
         f.spec.name: {s.labels["gpu"]: s.value for s in f.render(snap).samples}
         for f in export_activity.FAMILIES[1:]
@@ -155,16 +156,7 @@ def test_light_agents_count_for_the_gpu_their_graph_counts_name_so_one_gone_is_m
         light(300, "vllm_engine", "", stale=7),
         light(301, "vllm_engine", uuids[2]),
     )
-    snap = Snapshot(
-        seq=1,
-        at=0.0,
-        mono=0.0,
-        interval=0.5,
-        dt=0.5,
-        gpus=gpus,
-        agent=AgentReading(agents=(*workers, *others)),
-    )
-    snap = pipeline.resolve_agent_gpus(snap)
+    snap = pipeline.resolve_agent_gpus(first_tick(gpus=gpus, agent=AgentReading(agents=(*workers, *others))))
     states = {(s.labels["gpu"], s.labels["state"]): s.value for s in export_activity.agents(snap).samples}
     running = {gpu: n for (gpu, state), n in states.items() if state == "running"}
     assert running == {"0": 1, "1": 1, "2": 2, "3": 1, "4": 1, "5": 0, "6": 1, "7": 1, "8": 1, "": 1}

@@ -1,9 +1,9 @@
 """The pipeline's own steps: which GPUs an engine drives, and the busy source it prefers."""
 
 from exporter.analysis.pipeline import pick_busy, resolve_engine_gpus
-from exporter.snapshot import Snapshot
 from exporter.snapshot.engine import EngineReading
 from exporter.snapshot.gpu import GpmRatios, GpuReading
+from tests.fakes.snapshots import first_tick
 
 
 def _gpu(i, pids=(), util=None, gpm=None):
@@ -13,7 +13,7 @@ def _gpu(i, pids=(), util=None, gpm=None):
 
 
 def _snap(gpus, engines):
-    return Snapshot(seq=1, at=0.0, mono=0.0, interval=0.5, dt=0.5, gpus=tuple(gpus), engines=tuple(engines))
+    return first_tick(gpus=tuple(gpus), engines=tuple(engines))
 
 
 def test_engine_drives_the_gpus_its_processes_run_on():
@@ -45,12 +45,7 @@ def test_busy_prefers_gpm_over_nvml_utilization():
 def test_gpu_indices_give_each_uuid_its_gpu_index():
     from exporter.analysis.pipeline import gpu_index, gpu_indices
 
-    snap = Snapshot(
-        seq=1,
-        at=0.0,
-        mono=0.0,
-        interval=0.5,
-        dt=0.5,
+    snap = first_tick(
         gpus=(_gpu(0), _gpu(3), _gpu(1)),
         gpu_uuids=("MIG-a", "GPU-1aaa", "MIG-b", "MIG-a"),  # one NVML's, one twice
     )

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, Listener, wait
 from typing import Any
 
+from bench.scenarios import cpugraphs
 from bench.scenarios.titles import set_title
 
 DEFAULTS: dict[str, Any] = {
@@ -55,6 +56,7 @@ DEFAULTS: dict[str, Any] = {
     "calibrate": True,
     "cpu_decode_ms": 4.0,  # device="cpu": "GPU" time of a decode step at the largest batch
     "cpu_prefill_ms": 4.5,
+    "cpu_graphs": True,  # device="cpu": graph-mode steps replay stand-in CUDA graphs (bench/scenarios/cpugraphs)
     "cpu_eager_ms": 6.0,  # device="cpu": wall time of an eager decode step (spins), 78% of it "GPU"
     "truth_path": "",
     "standin_path": "",  # device="cpu": where the cumulative busy time goes for the NVML stand-in
@@ -146,9 +148,12 @@ class Truth:
 class CpuModel:
     """A stand-in without torch: a step sleeps for its GPU time (an eager decode step spins)."""
 
-    def __init__(self, cfg: dict[str, Any], truth: Truth) -> None:
+    def __init__(self, cfg: dict[str, Any], truth: Truth, cuda: Any = None) -> None:
+        """cuda: the stand-in torch.cuda (bench/scenarios/cpugraphs), whose graphs graph-mode steps replay."""
         self.cfg, self.truth = cfg, truth
-        self.info: dict[str, Any] = {"weight_bytes": 0}
+        self.caps = tuple(sorted(cfg["capture_sizes"]))
+        self.graphs = cpugraphs.capture(cuda, (*self.caps, 0))  # 0: the prefill chunk's graph
+        self.info: dict[str, Any] = {"weight_bytes": 0, "cpu_graphs": len(self.graphs)}
 
     def calibrate(self) -> None:
         """Nothing to calibrate."""
@@ -170,6 +175,10 @@ class CpuModel:
             t1 = time.time()
             self.truth.gpu(t1 - gpu, t1, (t0, t1), graph=False)
         else:
+            if self.graphs and b:  # the padded batch's graph, as vLLM's capture sizes
+                self.graphs[next((c for c in self.caps if c >= b), self.caps[-1])].replay()
+            if self.graphs and prefill:
+                self.graphs[0].replay()
             time.sleep(gpu)
             t1 = time.time()
             self.truth.gpu(t1 - gpu, t1, (t0, t1), graph=True)
@@ -351,8 +360,9 @@ def run(ctl: Connection, address: str, overrides: dict[str, Any]) -> None:
 
         engine.model = GpuModel(cfg, engine.truth)
     else:
+        cuda = cpugraphs.install() if cfg["cpu_graphs"] else None  # before the agent, as torch's import
         info["agent"] = _agent_start(cfg["agent"])
-        engine.model = CpuModel(cfg, engine.truth)
+        engine.model = CpuModel(cfg, engine.truth, cuda)  # its graphs captured with the hooks in
     t = time.perf_counter()
     engine.model.calibrate()
     info["calibrate_seconds"] = round(time.perf_counter() - t, 3)

@@ -2,10 +2,14 @@
 
 `install()` patches `torch.cuda.CUDAGraph` now if torch is imported, else right after `import torch`
 (exporter.agent.importhook), so captures are seen from import time. A replay costs one list-item
-increment on top of torch's own call: no lock, no allocation beyond the int; the replay hook is in
-only for a slice of each agent tick (exporter.agent.switch). Where torch's `replay` is its 2.x shim
-(`super().replay()`, `base_call`), the hooks call the C++ replay themselves for a CUDAGraph, so the
-frame they add takes the place of torch's. The device is learnt on
+increment on top of torch's own call: no lock, no allocation beyond the int. Where torch's `replay`
+is its 2.x shim (`super().replay()`, `base_call`), the hooks call the C++ replay themselves for a
+CUDAGraph, so the frame they add takes the place of torch's: the replay hook then stays in, every
+replay is counted (`replays_exact`), and only the driver's check swaps (exporter.agent.switch).
+Elsewhere the replay hook is in only for a slice of each agent tick and the count is a sample the
+agent scales. A sample misses work that comes in bursts in step with the agent's ticks (a request
+at a time, API servers throttled in a cgroup's 100 ms periods) and would read an engine that
+replays its graphs as one that decodes eager (bench/README.md, session 30). The device is learnt on
 the capturing thread (torch.cuda.current_device(), CUDA is initialised there by definition); this
 module never initialises CUDA itself.
 """
@@ -211,7 +215,7 @@ def patch_graph_class(cls: Any) -> bool:
         if name == "replay":  # on every step's path: in for a slice of each tick (exporter.agent.switch)
             # a replay can drive the cycle (no step hook: a torch engine), and it queues the graph:
             # a pending tick's phases run right after it, while the GPU runs the graph
-            SWITCH.add(cls, name, old, new, rank=1, launches=True, direct=direct)
+            SWITCH.add(cls, name, old, new, rank=1, launches=True, direct=direct, counter=counts)
         else:  # captures: off the steps' path, always counted (graphs_so_far)
             setattr(cls, name, new)
     setattr(cls, MARK, True)
@@ -247,6 +251,11 @@ def replay_direct(cls: Any = None) -> bool:
     patch: once patched, its replay is the hook, which `base_call` no longer reads as a shim.
     """
     return bool(_direct_replays) if cls is None else cls in _direct_replays
+
+
+def replays_exact() -> bool:
+    """Say whether every replay is counted (the hooks patched a shim, in and out), not a sample of them."""
+    return SWITCH.exact(_counts)
 
 
 def graphs_so_far() -> str:
@@ -321,8 +330,10 @@ class GraphReader:
         self._replays = 0  # scaled replays counted since the last take
 
     def count(self, scale: float = 1.0) -> None:
-        """Add the replays counted since the last call, times scale, to the window (each agent tick)."""
+        """Add the replays counted since the last call, times scale (1 where every replay is counted), to the window."""
         replays = _counts[0]
+        if scale != 1.0 and replays_exact():
+            scale = 1.0
         self._replays += self._carry(("replays",), max(0, replays - self._last_replays), scale)
         self._last_replays = replays
 

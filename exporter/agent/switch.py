@@ -151,6 +151,10 @@ class Switch:
         self._plan: Any = None  # ((sites, driving, driver, claiming), [(owner, name, in, out)]) for _set
         self._ranks: list[int] = []  # each site's rank (add's)
         self._direct: list[Direct | None] = []  # each site's direct call (add's), or None
+        # each site's counter where every call is counted, in or out (add's `counter`), or None; and the
+        # counter each site was given, whether or not it can count every call (no direct call)
+        self._counters: list[list[int] | None] = []
+        self._given: list[list[int] | None] = []
         self._claims: dict[int, Any] = {}  # a driver site's claiming hook, by index (made on first use)
         self._missed = 0  # the agent's thread swapped or ticked for the engine since it last drove (max 2)
         self._launch = -1  # index in _sites of the site whose original queues GPU work (a replay), -1: none
@@ -172,6 +176,7 @@ class Switch:
         rank: int = 0,
         launches: bool = False,
         direct: Direct | None = None,
+        counter: list[int] | None = None,
     ) -> None:
         """Manage owner.name (a class attribute or module global) that holds hook in place of original.
 
@@ -181,6 +186,10 @@ class Switch:
         direct: where original only defers to its base class's method (torch's `CUDAGraph.replay`,
         `hooks.base_call`): for an instance of exactly that class the driver's check calls the
         base's method instead, one frame fewer than the engine's own call (see `_driving_pair`).
+        counter: with `direct`, the hook only adds 1 to counter[0] and makes that direct call, one
+        frame as the engine's own: the site then holds its hook out as well as in (never swapped), and
+        the driver's checks count the calls they make without it, so every call is counted (exact, not
+        sampled: `exact`). Without `direct` it is ignored (the hook out would be a frame more).
         """
         with self._lock:
             if len(self._sites) >= MAX_SWITCHES:
@@ -189,6 +198,8 @@ class Switch:
             self._sites.append((owner, name, original, hook))
             self._ranks.append(max(0, int(rank)))
             self._direct.append(direct)
+            self._counters.append(counter if direct is not None else None)
+            self._given.append(counter)
             if launches and self._launch < 0:
                 self._launch = len(self._sites) - 1
             try:
@@ -197,20 +208,24 @@ class Switch:
                 pass
             if rank > 0 and rank > self._rank:
                 self._driver, self._rank = len(self._sites) - 1, rank
-                self._wrapped = self._driving_pair(original, hook, direct)
+                self._wrapped = self._driving_pair(original, hook, direct, self._counters[-1])
                 self._place_all()
             else:
                 self._place(len(self._sites) - 1)
 
-    def _driving_pair(self, original: Any, hook: Any, direct: Direct | None = None) -> tuple[Any, Any]:
+    def _driving_pair(
+        self, original: Any, hook: Any, direct: Direct | None = None, counter: list[int] | None = None
+    ) -> tuple[Any, Any]:
         """Return the driver site's functions: out, the engine's own behind a check; in, the hook behind one.
 
         With `direct` (add's) and original a method of `self` alone, the check calls the base's
         method itself for an instance of exactly that class (original for any other): the engine's
         own call is then one frame (torch's shim) the check takes the place of, so while the hooks
-        are out the driver costs the engine the check's clock read alone, not a frame more.
+        are out the driver costs the engine the check's clock read alone, not a frame more. With
+        `counter` (add's), a call the check makes without the hook adds 1 to counter[0] as the hook would.
         """
         due, clock, drive, calls = self.due, self._clock, self.drive, self._calls
+        n = counter if counter is not None else [0]
 
         pair: tuple[Any, Any]
         if direct is not None and self_only(original):
@@ -219,6 +234,7 @@ class Switch:
             def thin_direct(self: Any) -> Any:
                 if due[0] and clock() >= due[0] and drive():
                     return hook(self)
+                n[0] += 1
                 if type(self) is exact and ok[0]:
                     base(self)  # what original does for exactly this class: `super().replay()`
                     return None
@@ -227,6 +243,7 @@ class Switch:
             def checked_direct(self: Any) -> Any:
                 calls[0] += 1
                 if due[0] and clock() >= due[0] and not drive():
+                    n[0] += 1
                     if type(self) is exact and ok[0]:
                         base(self)
                         return None
@@ -272,7 +289,17 @@ class Switch:
                 return self._wrapped[1] if hooks_in else self._wrapped[0]
             if hooks_in and self._missed and self._ranks[i] > 0:
                 return self._claim_fn(i)
-        return hook if hooks_in else original
+        return hook if hooks_in or self._counters[i] is not None else original
+
+    def exact(self, counter: list[int]) -> bool:
+        """Say whether every call of every site given `counter` (add's) is counted, hooks in or out.
+
+        False where none was added (none patched, or past MAX_SWITCHES) or one can count only while
+        its hook is in (no direct call): what the hooks count into `counter` is then a sample.
+        """
+        with self._lock:
+            mine = [i for i, c in enumerate(self._given) if c is counter]
+            return bool(mine) and all(self._counters[i] is counter for i in mine)
 
     def _claim_fn(self, i: int) -> Any:
         """Return site i's claiming hook: it takes the drive over if it may, then runs as the driver's check."""
@@ -303,7 +330,7 @@ class Switch:
                     return None
                 _, _, original, hook = self._sites[i]
                 self._driver, self._rank = i, rank
-                self._wrapped = self._driving_pair(original, hook, self._direct[i])
+                self._wrapped = self._driving_pair(original, hook, self._direct[i], self._counters[i])
             self._missed = 0
             self._place_all()
             return self._wrapped[1]
@@ -322,10 +349,9 @@ class Switch:
         self._put(owner, name, self._value(i, self.hooks_in))
 
     def _bound_value(self, original: Any, hook: Any, hooks_in: bool) -> Any:
-        if self.driving:
-            for i, site in enumerate(self._sites):
-                if site[2] is original:
-                    return self._value(i, hooks_in)
+        for i, site in enumerate(self._sites):
+            if site[2] is original and (self.driving or self._counters[i] is not None):
+                return self._value(i, hooks_in)
         return hook if hooks_in else original
 
     def adopt(self, obj: Any) -> None:

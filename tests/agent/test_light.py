@@ -436,3 +436,77 @@ print(json.dumps({"sent": sent, "silent_ms": agent.silent_ms,
     assert out["sent"] == [1, 2, 2, 2, 3], out  # the ticks with replays sent; the empty ones did not
     assert out["replays"][1:] == [3, 2], out
     assert out["silent_ms"] == 1250, out
+
+
+def test_replays_through_torchs_shim_are_all_counted_however_they_fall_against_the_hooks_slices(
+    tmp_path: Path,
+) -> None:
+    # Bursts of replays in step with the agent's ticks (a request at a time; API servers throttled in a
+    # cgroup's 100 ms periods) can fall between the sampled slices every time: a sample then reads an
+    # engine that replays its graphs as one that replays none (decodes eager). Where torch's replay is its
+    # 2.x shim the hook takes its place, in and out, so every replay is counted and sent unscaled.
+    code = (
+        """
+import json, time
+import torch
+"""
+        + fake_torch.INSTANCEMETHOD
+        + """
+class _CUDAGraph:
+    pass
+def _replay(self):
+    pass
+_CUDAGraph.replay = instancemethod(_replay)
+"""
+        + fake_torch.GRAPH_2_11
+        + """
+torch.cuda.CUDAGraph = CUDAGraph
+torch.cuda.init()
+from exporter.agent import hooks
+hooks.install()
+from exporter.agent.light import LightAgent
+from exporter.agent.settings import Settings
+from tests.agent.fresh import ListSender
+sender = ListSender()
+agent = LightAgent(Settings(socket="", flush_s=0.2, hook_share=0.125), sender=sender)
+agent.start()
+g = torch.cuda.CUDAGraph()
+made = 0
+for burst in range(8):       # 5 replays 10 ms apart, then 350 ms with none: a 0.4 s period, two ticks
+    for _ in range(5):
+        g.replay()
+        made += 1
+        time.sleep(0.01)
+    time.sleep(0.35)
+cycling = agent.describe()["hooks_cycling"]  # the hooks were sampled all along (stop puts them in)
+agent.stop()
+print(json.dumps({"made": made, "exact": hooks.replays_exact(), "cycling": cycling,
+                  "sent": sum(m.graphs.replays for m in sender.sent if m.graphs)}))
+"""
+    )
+    out = run(tmp_path, code)
+    assert out["exact"] is True and out["cycling"] is True, out
+    assert out["sent"] == out["made"] == 40, out
+
+
+def test_replays_of_a_graph_class_without_torchs_shim_are_a_sample() -> None:
+    from exporter.agent.switch import Switch
+
+    sw, counter = Switch(), [0]
+
+    class Plain:
+        def replay(self) -> None:
+            pass
+
+    original = Plain.replay
+
+    def hook(self: object) -> None:
+        counter[0] += 1
+        original(self)
+
+    assert not sw.exact(counter)  # nothing counts into it yet
+    sw.add(Plain, "replay", original, hook, rank=1, counter=counter)  # no direct call: a frame more out
+    assert not sw.exact(counter)
+    assert sw.start_cycle()
+    sw.set_in(False)
+    assert Plain.__dict__["replay"] is original  # out: the engine's own, uncounted

@@ -61,6 +61,10 @@ class LightAgent:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_send_ns = 0
+        # the last message carried counts: the first tick after it that counts nothing sends at once (the
+        # drop to nothing is news: an engine gone eager replays no graph, and its graph-step share reads
+        # 0 a heartbeat sooner: bench/README.md, session 29); the empty ticks after it wait for the heartbeat
+        self._counted_last = False
         self._timer: WakeTimer | None = None
         self.wakes = 0  # the agent thread's wake-ups (each takes the GIL from whoever runs)
         self.inline = self.settings.inline != "off"  # the engine's step drives the cycle where it can
@@ -195,6 +199,8 @@ class LightAgent:
                 self._go_quiet(args, idle_wake)
             elif sw.due[0] == due:  # nothing was due (the engine swapped meanwhile) or the lock was taken
                 timer.at(due + margin)
+            elif due == 1 and sw.due[0] > 1:  # this thread ran the rest of a tick the engine's step began:
+                timer.at(sw.due[0] + margin)  # the due it restored, no rearm with it (the engine stepped by)
         return self._stop.is_set()
 
     def _go_quiet(self, args: tuple[int, int, int, Any, Any], idle_wake: int = 0) -> None:
@@ -216,7 +222,8 @@ class LightAgent:
             pass
 
     def tick(self, force: bool = False, final: bool = False) -> None:
-        """Send what the hooks counted since the last tick (a heartbeat once a second when nothing).
+        """Send what the hooks counted since the last tick (the first tick that counts nothing after one that
+        counted too; then a heartbeat once a second while nothing).
 
         The GIL is handed back between phases (a short sleep: a thread waiting for it takes it at once),
         so no other thread waits on a whole tick (where the engine drives the cycle, its own thread runs
@@ -244,10 +251,15 @@ class LightAgent:
         self.idle_ticks = 0 if counted else self.idle_ticks + 1
         self._seen = seen
         now = time.monotonic_ns()
-        if not counted and not force and now - self._last_send_ns < HEARTBEAT_S * 1e9:
+        if (
+            not counted
+            and not force
+            and not self._counted_last
+            and now - self._last_send_ns < HEARTBEAT_S * 1e9
+        ):
             self.graphs.count(scale)  # sent with the next message, each tick's at its own scale
             return
-        self._last_send_ns = now
+        self._last_send_ns, self._counted_last = now, counted
         yield
         graphs = self.graph_counts(scale)
         yield

@@ -404,12 +404,13 @@ agent.stop()
     assert out["mode"].startswith("cupti:") or (out["state"], out["mode"]) == ("unavailable", "cupti")
 
 
-def test_every_tick_that_counted_a_replay_sends_and_an_empty_tick_waits_for_the_heartbeat(
+def test_every_tick_that_counted_a_replay_sends_and_so_does_the_first_empty_one_after_it(
     tmp_path: Path,
 ) -> None:
     # A light agent silent past its silent_ms (two ticks and a quarter second) reads quiet at the sidecar,
     # so a tick that counted something must send at once, not wait for the heartbeat (1 s) as a tick that
-    # counted nothing does.
+    # counted nothing does; the first empty tick after one that counted sends too (replays that stop are
+    # news: an engine gone eager), the empty ones after it wait for the heartbeat.
     code = """
 import json
 from exporter.agent import hooks
@@ -424,7 +425,7 @@ g = torch.cuda.CUDAGraph()
 sent = []
 agent.tick()                 # the first tick: nothing sent before, so the heartbeat is due
 sent.append(len(sender.sent))
-for replays in (3, 0, 0, 2):
+for replays in (3, 0, 0, 0, 2):
     for _ in range(replays):
         g.replay()
     agent.tick()             # all within a second of the first
@@ -433,9 +434,52 @@ print(json.dumps({"sent": sent, "silent_ms": agent.silent_ms,
                   "replays": [m.graphs.replays for m in sender.sent if m.graphs]}))
 """
     out = run(tmp_path, code)
-    assert out["sent"] == [1, 2, 2, 2, 3], out  # the ticks with replays sent; the empty ones did not
-    assert out["replays"][1:] == [3, 2], out
+    assert out["sent"] == [1, 2, 3, 3, 3, 4], out  # the ticks with replays sent, and the first empty one
+    assert out["replays"][1:] == [3, 0, 2], out  # the empty ticks after it went with the next message
     assert out["silent_ms"] == 1250, out
+
+
+def test_an_engine_gone_eager_sends_its_zero_replays_within_a_tick_not_a_heartbeat(tmp_path: Path) -> None:
+    # A torch engine whose graph replay drives the cycle (no step site), stepping every 25 ms (slower than
+    # switch.FAST_STEP_NS, as the lab's decode), stops replaying but keeps stepping (CUDA graphs off
+    # mid-run): no call drives, the agent's thread takes the cycle over a margin late, and its first tick,
+    # which counts nothing, is the news that the graph-step share fell to 0. It goes out at once rather
+    # than a heartbeat (1 s) after the last message (the lab's eager switch, session 29).
+    code = """
+import json, time
+from exporter.agent import hooks
+hooks.install()
+import torch
+from exporter.agent.light import LightAgent
+from exporter.agent.settings import Settings
+from tests.agent.fresh import ListSender
+
+class Timed(ListSender):
+    def send_data(self, data, windows=0):
+        self.sent.append((time.monotonic(), data))
+        return True
+
+sender = Timed()
+agent = LightAgent(Settings(socket="", flush_s=0.5), sender=sender)
+agent.start()
+g = torch.cuda.CUDAGraph()
+end = time.monotonic() + 1.6
+while time.monotonic() < end:   # graph steps, 25 ms apart: the replay drives the cycle
+    g.replay()
+    time.sleep(0.025)
+eager_at = time.monotonic()
+while time.monotonic() < eager_at + 2.0:   # eager steps: nothing the hooks see
+    time.sleep(0.025)
+agent.stop()
+after = [(t - eager_at, m.graphs.replays) for t, m in sender.sent if t > eager_at and m.graphs is not None]
+every = [(round(t - eager_at, 3), m.state, m.graphs.replays if m.graphs else None) for t, m in sender.sent]
+print(json.dumps({"after": after, "every": every, "wakes": agent.wakes}))
+"""
+    out = run(tmp_path, code)
+    zero = [t for t, replays in out["after"] if replays == 0]
+    # the slice under way when the replays stopped may still carry some; the first window with none is
+    # sent by the agent's thread's first tick: the next due (at most a cycle, 0.5 s), its slice and margin
+    assert zero and zero[0] < 0.85, out
 
 
 def test_replays_through_torchs_shim_are_all_counted_however_they_fall_against_the_hooks_slices(

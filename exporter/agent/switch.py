@@ -139,6 +139,7 @@ class Switch:
         # ahead is left standing (each set is a syscall through ctypes, ~32 us on the H200's VM)
         self._armed = (0, False)
         self._pending: Any = None  # a tick the engine's thread runs in phases, one a call (an iterator)
+        self._ticked_at = 0  # when the last tick began (on_out), for a tick overdue (`drive`)
         self._resume_due = 0  # the due to restore once the pending tick is done
         self._phase_lock = threading.Lock()  # one phase at a time (never held across calls)
         self._swapping = (
@@ -449,6 +450,7 @@ class Switch:
             self._margin = max(0, int(margin_ns))
             self._idle_wake = max(0, int(idle_wake_ns))
             self.driving, self.quiet = True, quiet
+            self._ticked_at = self._clock()
             # quiet: whichever driver site is called first resumes the cycle (the driver may never be)
             self._missed = 2 if quiet else 0
             if quiet:
@@ -518,8 +520,14 @@ class Switch:
                     # a swap costs the engine's thread its type caches) until a driver's call swaps again
                     self._next_period(now, due, by_thread)
                     ticks = True
+                # an engine whose work comes in bursts can call only while the hooks are out, each call
+                # after a slice it missed: no slice then ends with a call, and no tick sends what the
+                # hooks counted (every replay, where they count exactly) however long it steps. So a
+                # call a period or more after the last tick ticks too.
+                ticks = ticks or now - self._ticked_at >= self._slice[0] + self._slice[1]
                 wake, self.idle_armed = self._wake_at(now, by_thread)
                 if ticks and self._on_out is not None:
+                    self._ticked_at = now
                     self._pending, self._resume_due = self._on_out(), self.due[0]
                     self.due[0] = 1  # the next call runs the first phase
                     pending = self._pending if by_thread else None

@@ -554,3 +554,66 @@ def test_replays_of_a_graph_class_without_torchs_shim_are_a_sample() -> None:
     assert sw.start_cycle()
     sw.set_in(False)
     assert Plain.__dict__["replay"] is original  # out: the engine's own, uncounted
+
+
+def test_an_engine_stepping_in_short_bursts_keeps_its_agent_sending_within_its_silence(
+    tmp_path: Path,
+) -> None:
+    # A fast engine (steps a few ms apart) whose work comes in bursts shorter than the hooks' out slice
+    # calls only while they are out, each call after a slice it missed: no slice ends with a call. The
+    # agent's thread does not wake for a fast engine (its idle wake is never), so without a tick on a
+    # call a period after the last one the agent said nothing for seconds while its engine replayed, and
+    # the sidecar, past silent_ms, read it quiet: zero replays, its steps "eager".
+    code = (
+        """
+import json, time
+import torch
+"""
+        + fake_torch.INSTANCEMETHOD
+        + """
+class _CUDAGraph:
+    pass
+def _replay(self):
+    pass
+_CUDAGraph.replay = instancemethod(_replay)
+"""
+        + fake_torch.GRAPH_2_11
+        + """
+torch.cuda.CUDAGraph = CUDAGraph
+torch.cuda.init()
+from exporter.agent import hooks
+hooks.install()
+from exporter.agent.light import LightAgent
+from exporter.agent.settings import Settings
+from tests.agent.fresh import ListSender
+
+class Timed(ListSender):
+    def send_data(self, data, windows=0):
+        self.sent.append((time.monotonic(), data))
+        return True
+
+sender = Timed()
+agent = LightAgent(Settings(socket="", flush_s=0.2, hook_share=0.125), sender=sender)
+agent.start()
+g = torch.cuda.CUDAGraph()
+end = time.monotonic() + 1.0
+while time.monotonic() < end:        # steady and fast: the switch reads the engine as fast
+    g.replay(); time.sleep(0.004)
+t0, made = time.monotonic(), []
+for burst in range(12):              # then 5 replays 4 ms apart every 0.3 s: bursts of 20 ms
+    for _ in range(5):
+        g.replay(); made.append(time.monotonic()); time.sleep(0.004)
+    time.sleep(0.28)
+t1 = time.monotonic()
+fast = agent.switch.fast
+agent.stop()
+times = [t for t, m in sender.sent if t0 <= t <= t1 and m.state == "running"]
+edges = [t0] + times + [t1]
+silence = max(b - a for a, b in zip(edges, edges[1:]) if any(a <= t < b for t in made))
+print(json.dumps({"silence": silence, "silent_ms": agent.silent_ms, "messages": len(times), "fast": fast,
+                  "made": len(made) + 0, "sent": sum(m.graphs.replays for _, m in sender.sent if m.graphs)}))
+"""
+    )
+    out = run(tmp_path, code)
+    assert out["silent_ms"] == 650, out  # two ticks and a quarter second
+    assert out["silence"] * 1000 < out["silent_ms"], out

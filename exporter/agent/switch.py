@@ -296,11 +296,11 @@ class Switch:
         """Say whether every call of every site given `counter` (add's) is counted, hooks in or out.
 
         False where none was added (none patched, or past MAX_SWITCHES) or one can count only while
-        its hook is in (no direct call): what the hooks count into `counter` is then a sample.
+        its hook is in (no direct call): what the hooks count into `counter` is then a sample. No lock:
+        the sites are only ever appended (on the engine's thread, in a tick's phase, this never waits).
         """
-        with self._lock:
-            mine = [i for i, c in enumerate(self._given) if c is counter]
-            return bool(mine) and all(self._counters[i] is counter for i in mine)
+        mine = [i for i, c in enumerate(self._given) if c is counter]
+        return bool(mine) and all(self._counters[i] is counter for i in mine)
 
     def _claim_fn(self, i: int) -> Any:
         """Return site i's claiming hook: it takes the drive over if it may, then runs as the driver's check."""

@@ -482,6 +482,34 @@ print(json.dumps({"after": after, "every": every, "wakes": agent.wakes}))
     assert zero and zero[0] < 0.85, out
 
 
+# A fresh process's start: the fake torch's CUDAGraph made torch 2.x's (`replay` a shim over a C++-like
+# base, whose place the hooks take), CUDA up, the hooks in, and what a light agent needs imported.
+SHIM_AGENT = (
+    """
+import json, time
+import torch
+"""
+    + fake_torch.INSTANCEMETHOD
+    + """
+class _CUDAGraph:
+    pass
+def _replay(self):
+    pass
+_CUDAGraph.replay = instancemethod(_replay)
+"""
+    + fake_torch.GRAPH_2_11
+    + """
+torch.cuda.CUDAGraph = CUDAGraph
+torch.cuda.init()
+from exporter.agent import hooks
+hooks.install()
+from exporter.agent.light import LightAgent
+from exporter.agent.settings import Settings
+from tests.agent.fresh import ListSender
+"""
+)
+
+
 def test_replays_through_torchs_shim_are_all_counted_however_they_fall_against_the_hooks_slices(
     tmp_path: Path,
 ) -> None:
@@ -490,28 +518,8 @@ def test_replays_through_torchs_shim_are_all_counted_however_they_fall_against_t
     # engine that replays its graphs as one that replays none (decodes eager). Where torch's replay is its
     # 2.x shim the hook takes its place, in and out, so every replay is counted and sent unscaled.
     code = (
-        """
-import json, time
-import torch
-"""
-        + fake_torch.INSTANCEMETHOD
-        + """
-class _CUDAGraph:
-    pass
-def _replay(self):
-    pass
-_CUDAGraph.replay = instancemethod(_replay)
-"""
-        + fake_torch.GRAPH_2_11
-        + """
-torch.cuda.CUDAGraph = CUDAGraph
-torch.cuda.init()
-from exporter.agent import hooks
-hooks.install()
-from exporter.agent.light import LightAgent
-from exporter.agent.settings import Settings
-from tests.agent.fresh import ListSender
-sender = ListSender()
+        SHIM_AGENT
+        + """sender = ListSender()
 agent = LightAgent(Settings(socket="", flush_s=0.2, hook_share=0.125), sender=sender)
 agent.start()
 g = torch.cuda.CUDAGraph()
@@ -565,28 +573,8 @@ def test_an_engine_stepping_in_short_bursts_keeps_its_agent_sending_within_its_s
     # call a period after the last one the agent said nothing for seconds while its engine replayed, and
     # the sidecar, past silent_ms, read it quiet: zero replays, its steps "eager".
     code = (
-        """
-import json, time
-import torch
-"""
-        + fake_torch.INSTANCEMETHOD
+        SHIM_AGENT
         + """
-class _CUDAGraph:
-    pass
-def _replay(self):
-    pass
-_CUDAGraph.replay = instancemethod(_replay)
-"""
-        + fake_torch.GRAPH_2_11
-        + """
-torch.cuda.CUDAGraph = CUDAGraph
-torch.cuda.init()
-from exporter.agent import hooks
-hooks.install()
-from exporter.agent.light import LightAgent
-from exporter.agent.settings import Settings
-from tests.agent.fresh import ListSender
-
 class Timed(ListSender):
     def send_data(self, data, windows=0):
         self.sent.append((time.monotonic(), data))

@@ -144,3 +144,47 @@ def test_lab_on_cpu_scores_work_held_before_the_engine(tmp_path: Path) -> None:
         assert v is not None and v.edges  # no verdict, no estimate
         near += any(abs(g.gpm.graphics - e) <= 0.10 for e in v.edges)
     assert estimated > 0 and near == 0
+
+
+def _reason_ticks(recording: Path) -> dict[str, tuple[int, int]]:
+    """Return, per scenario, (ticks after its first 2 s, those whose verdict gives cuda_graph_fallback)."""
+    with gzip.open(recording, "rt") as fh:
+        head, it = read_lines(fh)
+        snaps = list(it)
+    out = {}
+    for sc in head["schedule"]:
+        ticks = [s for s in snaps if sc["start"] + 2 <= s.at <= sc["end"]]
+        fallback = [s for s in ticks if any("cuda_graph_fallback" in v.reasons for v in s.verdicts)]
+        out[sc["name"]] = (len(ticks), len(fallback))
+    return out
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare (util-linux)")
+def test_lab_on_cpu_with_the_light_agent_reads_eager_decode_and_no_fallback_where_graphs_replay(
+    tmp_path: Path,
+) -> None:
+    """The CPU engine replays stand-in CUDA graphs (bench/scenarios/cpugraphs) and the light agent counts them.
+
+    Eager decode replays none: `cuda_graph_fallback`. An engine held back by its API servers (one
+    saturated, or all throttled) steps a request at a time, in bursts: a sampled replay count missed
+    them and read that engine as eager too (bench/README.md, session 30); every replay is counted now.
+    """
+    done = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "bench/scenarios/lab.py",
+         "--device", "cpu", "--agent", "light", "--seconds", "9", "--out", str(tmp_path), "--name", "lab-light",
+         "--only", "api_server_saturated,eager_decode,quota_api_servers"],
+        capture_output=True, text=True, cwd=ROOT, timeout=400,
+        env={k: v for k, v in os.environ.items() if not k.startswith("BOUNDWATCH_")},
+    )  # fmt: skip
+    results = json.loads((tmp_path / "lab-light.json").read_text())
+    assert "error" not in results, results.get("error")
+    print(done.stdout[-3000:])
+    assert results["engine"]["cpu_graphs"] == 5 and results["engine"]["agent"] == "running", results["engine"]
+    ticks = _reason_ticks(tmp_path / "lab-light.jsonl.gz")
+    n, fallback = ticks["eager_decode"]
+    assert n >= 8 and fallback >= 0.8 * n, ticks
+    for name in ("api_server_saturated", "quota_api_servers"):
+        n, fallback = ticks[name]
+        assert n >= 8 and fallback == 0, (name, ticks)
+    rows = {r["scenario"]: r for r in results["scores"]}
+    assert rows["quota_api_servers"]["right_share"] >= 0.8, rows["quota_api_servers"]

@@ -368,6 +368,7 @@ class LightAgent:
             "state": self.state,
             "hooks": hooks.installed(),
             "replay_direct": hooks.replay_direct(),
+            "replays_exact": hooks.replays_exact(),  # every replay counted (not a sample of them)
             "graphs_so_far": hooks.graphs_so_far(),
             "replays": replays,
             "captures": captures,

@@ -532,7 +532,7 @@ for burst in range(8):       # 5 replays 10 ms apart, then 350 ms with none: a 0
     time.sleep(0.35)
 cycling = agent.describe()["hooks_cycling"]  # the hooks were sampled all along (stop puts them in)
 agent.stop()
-print(json.dumps({"made": made, "exact": hooks.replays_exact(), "cycling": cycling,
+print(json.dumps({"made": made, "exact": agent.describe()["replays_exact"], "cycling": cycling,
                   "sent": sum(m.graphs.replays for m in sender.sent if m.graphs)}))
 """
     )

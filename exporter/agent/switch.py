@@ -809,11 +809,20 @@ class Switch:
         self._bound = live
 
     def scale(self, now_ns: int | None = None) -> float:
-        """Return the span since the last call over the time the hooks were in during it (1.0 when always in)."""
+        """Return the span since the last call over the time the hooks were in during it (1.0 when always in).
+
+        Where they were out all along while the engine drives (a tick on a call that came a period
+        after the last tick, as the hooks go in), nothing was sampled: 1.0, and the span, up to two
+        periods, is carried into the next call's, so that the next slice's counts stand for it too
+        (else that stretch would count as none, and a slow engine whose calls come late would have its
+        step rates cut by the out share). A longer one is dropped, as `_catch_up` drops a stop's.
+        """
         with self._lock:
             now = self._clock() if now_ns is None else now_ns
             in_ns = self._in_ns + (now - self._since if self.hooks_in else 0)
             span = now - self._scaled_at
+            if in_ns <= 0 and 0 < span < 2 * (self._slice[0] + self._slice[1]) and not self.hooks_in:
+                return 1.0
             self._in_ns, self._scaled_at = 0, now
             if self.hooks_in:
                 self._since = now

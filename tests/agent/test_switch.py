@@ -112,6 +112,31 @@ def test_the_scale_is_the_span_over_the_time_the_hooks_were_in() -> None:
     assert abs(sw.scale() - 300 / 200) < 1e-9
 
 
+
+def test_a_tick_with_the_hooks_out_all_along_carries_its_span_to_the_next_slice_while_driving() -> None:
+    # A call a period after the last tick ticks (an engine in bursts): where that is as the hooks go in,
+    # nothing was sampled since, and the next slice's counts must stand for the whole stretch (a slow
+    # engine's late calls would otherwise have its step rates cut to the in share: 1/8).
+    clock = Clock(1_000 * MS)
+    sw = Switch(clock)
+    sw.add(types.SimpleNamespace(step=lambda: None), "step", lambda: None, lambda: None, rank=2)
+    assert sw.start_cycle()
+    assert sw.drive_inline(437 * MS, 63 * MS, 5 * MS, lambda: iter(()), lambda wake: None)
+    sw.set_in(False)
+    assert sw.scale() == 1.0
+    clock.t += 450 * MS  # out all along: a tick here says nothing, and keeps the span
+    assert sw.scale() == 1.0
+    sw.set_in(True)
+    clock.t += 63 * MS
+    sw.set_in(False)
+    assert abs(sw.scale() - 513 / 63) < 1e-9
+    clock.t += 5_000 * MS  # out past two periods (a stop): dropped, as a catch-up drops it
+    assert sw.scale() == 1.0
+    sw.set_in(True)
+    clock.t += 63 * MS
+    sw.set_in(False)
+    assert sw.scale() == 1.0
+
 def test_carry_scales_counts_to_integers_without_drift() -> None:
     c = Carry()
     got = sum(c(("k",), 7, 500 / 63) for _ in range(1000))

@@ -112,7 +112,6 @@ def test_the_scale_is_the_span_over_the_time_the_hooks_were_in() -> None:
     assert abs(sw.scale() - 300 / 200) < 1e-9
 
 
-
 def test_a_tick_with_the_hooks_out_all_along_carries_its_span_to_the_next_slice_while_driving() -> None:
     # A call a period after the last tick ticks (an engine in bursts): where that is as the hooks go in,
     # nothing was sampled since, and the next slice's counts must stand for the whole stretch (a slow
@@ -136,6 +135,7 @@ def test_a_tick_with_the_hooks_out_all_along_carries_its_span_to_the_next_slice_
     clock.t += 63 * MS
     sw.set_in(False)
     assert sw.scale() == 1.0
+
 
 def test_carry_scales_counts_to_integers_without_drift() -> None:
     c = Carry()

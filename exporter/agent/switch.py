@@ -152,10 +152,7 @@ class Switch:
         self._plan: Any = None  # ((sites, driving, driver, claiming), [(owner, name, in, out)]) for _set
         self._ranks: list[int] = []  # each site's rank (add's)
         self._direct: list[Direct | None] = []  # each site's direct call (add's), or None
-        # each site's counter where every call is counted, in or out (add's `counter`), or None; and the
-        # counter each site was given, whether or not it can count every call (no direct call)
-        self._counters: list[list[int] | None] = []
-        self._given: list[list[int] | None] = []
+        self._counters: list[list[int] | None] = []  # each site's counter (add's), or None
         self._claims: dict[int, Any] = {}  # a driver site's claiming hook, by index (made on first use)
         self._missed = 0  # the agent's thread swapped or ticked for the engine since it last drove (max 2)
         self._launch = -1  # index in _sites of the site whose original queues GPU work (a replay), -1: none
@@ -199,8 +196,7 @@ class Switch:
             self._sites.append((owner, name, original, hook))
             self._ranks.append(max(0, int(rank)))
             self._direct.append(direct)
-            self._counters.append(counter if direct is not None else None)
-            self._given.append(counter)
+            self._counters.append(counter)
             if launches and self._launch < 0:
                 self._launch = len(self._sites) - 1
             try:
@@ -209,7 +205,9 @@ class Switch:
                 pass
             if rank > 0 and rank > self._rank:
                 self._driver, self._rank = len(self._sites) - 1, rank
-                self._wrapped = self._driving_pair(original, hook, direct, self._counters[-1])
+                self._wrapped = self._driving_pair(
+                    original, hook, direct, self._counted(len(self._sites) - 1)
+                )
                 self._place_all()
             else:
                 self._place(len(self._sites) - 1)
@@ -290,7 +288,7 @@ class Switch:
                 return self._wrapped[1] if hooks_in else self._wrapped[0]
             if hooks_in and self._missed and self._ranks[i] > 0:
                 return self._claim_fn(i)
-        return hook if hooks_in or self._counters[i] is not None else original
+        return hook if hooks_in or self._counted(i) is not None else original
 
     def exact(self, counter: list[int]) -> bool:
         """Say whether every call of every site given `counter` (add's) is counted, hooks in or out.
@@ -299,8 +297,12 @@ class Switch:
         its hook is in (no direct call): what the hooks count into `counter` is then a sample. No lock:
         the sites are only ever appended (on the engine's thread, in a tick's phase, this never waits).
         """
-        mine = [i for i, c in enumerate(self._given) if c is counter]
-        return bool(mine) and all(self._counters[i] is counter for i in mine)
+        mine = [i for i, c in enumerate(self._counters) if c is counter]
+        return bool(mine) and all(self._counted(i) is counter for i in mine)
+
+    def _counted(self, i: int) -> list[int] | None:
+        """Return site i's counter where it counts every call (given one, with a direct call), else None."""
+        return self._counters[i] if self._direct[i] is not None else None
 
     def _claim_fn(self, i: int) -> Any:
         """Return site i's claiming hook: it takes the drive over if it may, then runs as the driver's check."""
@@ -331,7 +333,7 @@ class Switch:
                     return None
                 _, _, original, hook = self._sites[i]
                 self._driver, self._rank = i, rank
-                self._wrapped = self._driving_pair(original, hook, self._direct[i], self._counters[i])
+                self._wrapped = self._driving_pair(original, hook, self._direct[i], self._counted(i))
             self._missed = 0
             self._place_all()
             return self._wrapped[1]
@@ -351,7 +353,7 @@ class Switch:
 
     def _bound_value(self, original: Any, hook: Any, hooks_in: bool) -> Any:
         for i, site in enumerate(self._sites):
-            if site[2] is original and (self.driving or self._counters[i] is not None):
+            if site[2] is original and (self.driving or self._counted(i) is not None):
                 return self._value(i, hooks_in)
         return hook if hooks_in else original
 

@@ -43,7 +43,7 @@ def uuid_indices(snap: Snapshot, known: Sequence[str] = ()) -> tuple[str, ...]:
     table = [u for u in known if u not in nvml][:MAX_UUID_INDICES]
     seen = set(table)
     if snap.agent is not None:
-        found = [a.uuid for a in snap.agent.activity] + [s.uuid or s.graphs_uuid for s in snap.agent.agents]
+        found = [a.uuid for a in snap.agent.activity] + [s.device_uuid for s in snap.agent.agents]
         found += [u.uuid for u in snap.agent.graphs]
         for uuid in found:
             if uuid and uuid not in nvml and uuid not in seen and len(table) < MAX_UUID_INDICES:
@@ -73,7 +73,7 @@ def resolve_agent_gpus(snap: Snapshot, known: Sequence[str] = ()) -> Snapshot:
     """Name each agent GPU by its UUID: NVML's index, else a stable index of its own (see uuid_indices).
 
     An agent's UUID is its windows' device, else (a light agent, which sends no windows) the device its
-    graph counts name (`graphs_uuid`): every reader of an agent's GPU (its metrics' label, the engine
+    graph counts name (`device_uuid`): every reader of an agent's GPU (its metrics' label, the engine
     placed by its agents, the verdict's steps no engine owns) reads `gpu`, resolved here once.
     Two agents that each call their device CUDA ordinal 0 are two GPUs when their UUIDs differ.
     Activity whose UUID gets no index (past the bound) is dropped; without a UUID the ordinal stays.
@@ -89,10 +89,9 @@ def resolve_agent_gpus(snap: Snapshot, known: Sequence[str] = ()) -> Snapshot:
             activity_.append(a if index == a.gpu else replace(a, gpu=index))
     agents = []
     for s in snap.agent.agents:  # a light agent sends no windows: the device its graph counts name
-        uuid = s.uuid or s.graphs_uuid
-        index = indices.get(uuid) if uuid else None
+        index = indices.get(s.device_uuid) if s.device_uuid else None
         agents.append(replace(s, gpu=index) if index is not None and index != s.gpu else s)
-    by_pid = {s.pid: s.gpu for s in agents if s.uuid or s.graphs_uuid}
+    by_pid = {s.pid: s.gpu for s in agents if s.device_uuid}
     graphs = []
     for u in snap.agent.graphs:  # by its own UUID, else by its agent's
         index = indices.get(u.uuid) if u.uuid else by_pid.get(u.pid)
@@ -148,7 +147,7 @@ def _process_gpus(e: EngineReading, snap: Snapshot) -> tuple[str, dict[int, set[
         return "placement", placed
     agents: dict[int, set[int]] = {}
     for s in snap.agent.agents if snap.agent is not None else ():  # their GPUs named (resolve_agent_gpus)
-        if s.pid in own and (s.uuid or s.graphs_uuid) and s.gpu >= 0:
+        if s.pid in own and s.device_uuid and s.gpu >= 0:
             agents.setdefault(s.pid, set()).add(s.gpu)
     return ("agent", agents) if agents else ("", {})
 

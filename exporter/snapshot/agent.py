@@ -97,6 +97,11 @@ class AgentState:
     # CUDA_VISIBLE_DEVICES cannot, its engine (pipeline.place_engine)
     graphs_uuid: str = ""
 
+    @property
+    def device_uuid(self) -> str:
+        """Return the UUID of the agent's GPU: its windows' device, else the one its graph counts name ('')."""
+        return self.uuid or self.graphs_uuid
+
 
 @dataclass(frozen=True)
 class EngineSteps:

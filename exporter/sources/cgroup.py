@@ -123,27 +123,38 @@ def _v1_quota(base: Path, rel_path: str) -> float | None:
 
 
 QUOTA_EVERY_SECONDS = 10.0  # a quota (one file per ancestor) is read again this often; counters every call
-_quotas: dict[tuple[str, str], tuple[float, float | None]] = {}  # (root, path) -> (read at, cores)
+# (root, path) -> (read at, cores, the cgroup's nr_periods then)
+_quotas: dict[tuple[str, str], tuple[float, float | None, int | None]] = {}
 _MAX_QUOTAS = 1024
 
 
 def _quota_cached(
-    cgroup_root: str, rel_path: str, now: float | None, read: Callable[[], float | None]
+    cgroup_root: str,
+    rel_path: str,
+    now: float | None,
+    read: Callable[[], float | None],
+    periods: int | None = None,
 ) -> float | None:
     """Return a cgroup's effective quota, read from its ancestors at most every QUOTA_EVERY_SECONDS.
 
-    Without `now` it is read every call.
+    Without `now` it is read every call. A cached "no quota" is read again at once when the
+    cgroup's enforcement periods (`periods`, its nr_periods) have moved since: the kernel counts
+    them only under a quota, so one was set (`docker update --cpus`, a systemd CPUQuota=, a pod
+    resized in place; the lab's quota scenarios) and its throttling would otherwise show for up to
+    QUOTA_EVERY_SECONDS without the quota that it is measured against.
     """
     if now is None:
         return read()
     key = (cgroup_root, rel_path)
     hit = _quotas.get(key)
     if hit is not None and now - hit[0] < QUOTA_EVERY_SECONDS:
-        return hit[1]
+        _, quota, seen = hit
+        if quota is not None or periods is None or seen is None or periods == seen:
+            return quota
     if len(_quotas) >= _MAX_QUOTAS:
         _quotas.clear()
     quota = read()
-    _quotas[key] = (now, quota)
+    _quotas[key] = (now, quota, periods)
     return quota
 
 
@@ -187,7 +198,9 @@ def read_cgroup_cpu(
         stat = _stat(stat_text)
         return CgroupCpu(
             path=rel_path,
-            quota_cores=_quota_cached(cgroup_root, rel_path, now, lambda: _v2_quota(cgroup_root, rel_path)),
+            quota_cores=_quota_cached(
+                cgroup_root, rel_path, now, lambda: _v2_quota(cgroup_root, rel_path), stat.get("nr_periods")
+            ),
             usage_seconds=stat["usage_usec"] / 1e6 if "usage_usec" in stat else None,
             throttled_seconds=stat["throttled_usec"] / 1e6 if "throttled_usec" in stat else None,
             throttled_periods=stat.get("nr_throttled"),
@@ -207,7 +220,9 @@ def read_cgroup_cpu(
     usage = _read_str(usage_path, files) if usage_path is not None else None
     return CgroupCpu(
         path=rel_path,
-        quota_cores=_quota_cached(cgroup_root, rel_path, now, lambda: _v1_quota(base, rel_path)),
+        quota_cores=_quota_cached(
+            cgroup_root, rel_path, now, lambda: _v1_quota(base, rel_path), stat.get("nr_periods")
+        ),
         usage_seconds=int(usage) / 1e9 if usage and usage.isdigit() else None,
         throttled_seconds=stat["throttled_time"] / 1e9 if "throttled_time" in stat else None,
         throttled_periods=stat.get("nr_throttled"),

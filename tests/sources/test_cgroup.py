@@ -48,6 +48,29 @@ def test_a_v2_quota_is_read_again_only_after_its_interval_and_the_counters_every
     assert uncached.quota_cores == 0.25
 
 
+def test_a_quota_set_on_an_unlimited_cgroup_shows_once_its_periods_move_not_after_the_interval(tmp_path):
+    """A cached "no quota" is read again when nr_periods moves: the kernel counts periods only under a quota."""
+    import shutil
+
+    root = tmp_path / "v2"
+    shutil.copytree(FIX / "v2", root)
+    first = read_cgroup_cpu(str(root), "/", now=100.0)
+    (root / "cpu.max").write_text("20000 100000\n")
+    same = read_cgroup_cpu(str(root), "/", now=100.5)  # periods still 0: the cache holds
+    stat = (root / "cpu.stat").read_text()
+    (root / "cpu.stat").write_text(
+        stat.replace("nr_periods 0", "nr_periods 5").replace("nr_throttled 0", "nr_throttled 5")
+    )
+    moved = read_cgroup_cpu(str(root), "/", now=101.0)
+    assert first is not None and same is not None and moved is not None
+    assert (first.quota_cores, same.quota_cores) == (None, None)
+    assert moved.quota_cores == pytest.approx(0.2) and moved.throttled_periods == 5
+    # a quota known is not read again each tick while its periods move (the interval holds)
+    (root / "cpu.max").write_text("40000 100000\n")
+    (root / "cpu.stat").write_text(stat.replace("nr_periods 0", "nr_periods 9"))
+    assert read_cgroup_cpu(str(root), "/", now=101.5).quota_cores == pytest.approx(0.2)  # type: ignore[union-attr]
+
+
 def test_a_v1_quota_is_read_again_only_after_its_interval(tmp_path):
     import shutil
 

@@ -120,8 +120,8 @@ def test_lab_on_cpu_scores_work_held_before_the_engine(tmp_path: Path) -> None:
     assert len(rows["gpu_bound_decode"]["truth"]["api_main_cores"]) == 4
 
     # The verdicts: work stuck before the engine is host-bound, nothing offered is idle.
-    assert rows["idle"]["right_share"] >= 0.8, rows["idle"]
-    assert rows["api_server_saturated"]["right_share"] >= 0.8, rows["api_server_saturated"]
+    assert rows["idle"]["right_share"] >= 0.8, _why(rows["idle"])
+    assert rows["api_server_saturated"]["right_share"] >= 0.8, _why(rows["api_server_saturated"])
 
     rec = tmp_path / "lab-cpu.jsonl.gz"
     assert rec.stat().st_size < 2_000_000
@@ -144,6 +144,11 @@ def test_lab_on_cpu_scores_work_held_before_the_engine(tmp_path: Path) -> None:
         assert v is not None and v.edges  # no verdict, no estimate
         near += any(abs(g.gpm.graphics - e) <= 0.10 for e in v.edges)
     assert estimated > 0 and near == 0
+
+
+def _why(row: dict) -> tuple:
+    """Return what a failed share should show: the share, the wrong verdicts and what was said (a row's dict is cut)."""
+    return row["right_share"], row["ticks_scored"], row["wrong"], row["said"], row["right_after_seconds"]
 
 
 def _reason_ticks(recording: Path) -> dict[str, tuple[int, int]]:
@@ -187,4 +192,4 @@ def test_lab_on_cpu_with_the_light_agent_reads_eager_decode_and_no_fallback_wher
         n, fallback = ticks[name]
         assert n >= 8 and fallback == 0, (name, ticks)
     rows = {r["scenario"]: r for r in results["scores"]}
-    assert rows["quota_api_servers"]["right_share"] >= 0.8, rows["quota_api_servers"]
+    assert rows["quota_api_servers"]["right_share"] >= 0.8, _why(rows["quota_api_servers"])

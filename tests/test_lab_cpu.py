@@ -87,7 +87,7 @@ def test_serve_titles_processes_and_drives_vllm_gauges(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare (util-linux)")
 def test_lab_on_cpu_scores_work_held_before_the_engine(tmp_path: Path) -> None:
-    """Every scenario runs; the saturated API server and idle are scored against the truth."""
+    """Every scenario runs; the saturated API server, the container's quota and idle are scored against the truth."""
     done = subprocess.run(
         ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "bench/scenarios/lab.py",
          "--device", "cpu", "--seconds", "6", "--out", str(tmp_path), "--name", "lab-cpu"],
@@ -121,6 +121,11 @@ def test_lab_on_cpu_scores_work_held_before_the_engine(tmp_path: Path) -> None:
 
     # The verdicts: work stuck before the engine is host-bound, nothing offered is idle.
     assert rows["idle"]["right_share"] >= 0.8, _why(rows["idle"])
+    # The container's quota holds the engine's host side back (its graph steps spin their host part,
+    # bench/scenarios/engine.py cpu_host_ms) while its queue is full: the GPU idles, host-bound.
+    box = rows["quota_container"]["truth"]
+    assert box["busy"] < 0.6 and box["running_mean"] > 4, box
+    assert rows["quota_container"]["right_share"] >= 0.8, _why(rows["quota_container"])
     assert rows["api_server_saturated"]["right_share"] >= 0.8, _why(rows["api_server_saturated"])
 
     rec = tmp_path / "lab-cpu.jsonl.gz"

@@ -17,7 +17,8 @@ Truth: every step's GPU time (CUDA events around the step; for eager steps also 
 graph's GPU time for the same work, since events there include launch gaps), the scheduler's
 running / waiting, binned in 0.25 s of wall time into `truth_path` (JSON lines).
 
-With `device="cpu"` (no torch) a step sleeps for its GPU time (an eager step spins), and the
+With `device="cpu"` (no torch) a step sleeps for its GPU time (an eager step spins; a graph-mode
+step spins its host side, `cpu_host_ms`, while its GPU time runs), and the
 cumulative busy time goes to a small shared file that the lab's NVML stand-in reads
 (bench/scenarios/standin/pynvml.py), so the lab runs on a machine without a GPU.
 """
@@ -58,6 +59,9 @@ DEFAULTS: dict[str, Any] = {
     "cpu_prefill_ms": 4.5,
     "cpu_graphs": True,  # device="cpu": graph-mode steps replay stand-in CUDA graphs (bench/scenarios/cpugraphs)
     "cpu_eager_ms": 6.0,  # device="cpu": wall time of an eager decode step (spins), 78% of it "GPU"
+    # device="cpu": host CPU of a graph-mode decode step at the largest batch (scheduling, sampling, the
+    # launch), spun while its "GPU" time runs: what a CPU quota on the engine's process throttles
+    "cpu_host_ms": 1.5,
     "truth_path": "",
     "standin_path": "",  # device="cpu": where the cumulative busy time goes for the NVML stand-in
     "bin_seconds": 0.25,
@@ -146,7 +150,7 @@ class Truth:
 
 
 class CpuModel:
-    """A stand-in without torch: a step sleeps for its GPU time (an eager decode step spins)."""
+    """A stand-in without torch: a step sleeps for its GPU time less its host side, which spins (an eager decode step spins whole)."""
 
     def __init__(self, cfg: dict[str, Any], truth: Truth, cuda: Any = None) -> None:
         """cuda: the stand-in torch.cuda (bench/scenarios/cpugraphs), whose graphs graph-mode steps replay."""
@@ -175,11 +179,17 @@ class CpuModel:
             t1 = time.time()
             self.truth.gpu(t1 - gpu, t1, (t0, t1), graph=False)
         else:
+            start = time.perf_counter()
             if self.graphs and b:  # the padded batch's graph, as vLLM's capture sizes
                 self.graphs[next((c for c in self.caps if c >= b), self.caps[-1])].replay()
             if self.graphs and prefill:
                 self.graphs[0].replay()
-            time.sleep(gpu)
+            # the step's host side overlaps its GPU time (launched asynchronously); only a host side
+            # longer than the GPU's, or one held back by a CPU quota (Engine.throttle), idles the GPU
+            host = self.cfg["cpu_host_ms"] / 1000 * (0.5 + 0.5 * b / max(self.caps)) if b else 0.0
+            while time.perf_counter() < start + host:
+                pass
+            time.sleep(max(0.0, start + gpu - time.perf_counter()))
             t1 = time.time()
             self.truth.gpu(t1 - gpu, t1, (t0, t1), graph=True)
         return [7] * b

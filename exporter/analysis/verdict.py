@@ -912,8 +912,9 @@ def _graph_steps(
     """Return the share of engine steps that ran in a CUDA graph, from the light agent (no CUPTI).
 
     From step modes (graph_steps / (graph_steps + eager_steps)) where the agent tells them; else,
-    for a GPU whose processes captured graphs, replays over steps (agent steps, else the page's),
-    capped at 1: a process that captured graphs but replays none while steps run decodes eager.
+    for a GPU whose processes captured graphs, replays over steps (agent steps, else the page's in
+    the ticks the counts cover: `_covered_steps`), capped at 1: a process that captured graphs but
+    replays none while steps run decodes eager.
     Replays count graph pieces under vLLM PIECEWISE, so that figure is an upper bound.
     """
     f: dict[str, object] = {}
@@ -934,19 +935,65 @@ def _graph_steps(
     pids = {pid for v in vs for x in v for pid in x.reading.pids}
     replays = 0
     captured = False
+    covers: list[tuple[int, int]] = []
     for s in _inside(win):
         for use in s.agent.graphs if s.agent is not None else ():
             if use.gpu == gpu or (use.gpu < 0 and use.pid in pids):
                 replays += use.replays
                 captured = captured or use.captures > 0
+                if use.until_ns > use.since_ns > 0:
+                    covers.append((use.since_ns, use.until_ns))
     if not captured:
         return f
-    if not steps and span > 0:
+    if not steps and covers:
+        steps = _covered_steps(win, vs, covers)
+    elif not steps and span > 0:  # a recording from before the counts said what they cover
         steps = round((_counter_rate(win, vs, "steps") or 0.0) * span)
     if steps > 0:
         f["graph_step_share"] = min(1.0, replays / steps)
         f["graph_step_method"] = "replays"
     return f
+
+
+# A tick's page steps count against the agent's replays once its counts cover this much of the tick.
+_COVERED = 0.9
+
+
+def _covered_steps(
+    win: Sequence[Snapshot], vs: Sequence[Sequence[View]], covers: list[tuple[int, int]]
+) -> int:
+    """Return the page's steps, over engines, in the ticks that the agent's graph counts cover.
+
+    The agent sends what its hooks counted when the engine's next call comes a period after its
+    last send, so an engine that steps in short bursts (held back by its API servers, or its queue
+    nearly empty) has its last burst's replays sent only with the next burst, while the page shows
+    those steps at once. Steps at a time that no count covers yet are not known to have replayed
+    nothing: only ticks covered (`_COVERED` of them, wall time) by the counts' [since, until] (a
+    message's window, a quiet agent's ticks) are compared with the replays.
+    """
+    merged: list[list[int]] = []
+    for lo, hi in sorted(covers):
+        if merged and lo <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    last: dict[str, tuple[int, float]] = {}
+    total = 0.0
+    for snap, v in zip(win, vs, strict=True):
+        at = int(snap.at * 1e9)
+        for x in v:
+            b = _steps_total(x.reading) if x.reading.page_read else None
+            if b is None:
+                continue
+            prev = last.get(x.reading.name)
+            last[x.reading.name] = (at, b)
+            if prev is None or at <= prev[0] or b < prev[1]:
+                continue
+            lo = prev[0]
+            covered = sum(max(0, min(at, hi) - max(lo, c_lo)) for c_lo, hi in merged)
+            if covered >= _COVERED * (at - lo):
+                total += b - prev[1]
+    return round(total)
 
 
 def _throttling(win: Sequence[Snapshot], vs: Sequence[Sequence[View]]) -> dict[str, float]:

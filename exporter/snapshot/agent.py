@@ -142,6 +142,11 @@ class GraphUse:
     replays: int = 0  # torch.cuda.CUDAGraph.replay calls (pieces, not steps, under vLLM PIECEWISE)
     captures: int = 0  # graphs captured in the process so far (cumulative)
     uuid: str = ""  # the device's GPU UUID, '' until CUDA is initialised in the process
+    # the wall time (unix ns) these counts cover, first to last: the messages' [t0, t1], or a quiet
+    # agent's ticks; 0 in recordings made before it was kept. What replays over the page's steps
+    # compares: steps at a time no count covers yet are not known to have replayed nothing.
+    since_ns: int = 0
+    until_ns: int = 0
 
 
 @dataclass(frozen=True)

@@ -194,7 +194,8 @@ class AgentFeed:
         self._gpus: dict[str, _Gpu] = {}
         self._engines: set[str] = set()
         self._steps: list[tuple[int, wire.Steps]] = []  # (message pid, steps)
-        self._graphs: dict[int, list[int | str]] = {}  # pid -> [observed ns, replays, captures, dev, uuid]
+        # pid -> [observed ns, replays, captures, dev, uuid, since ns, until ns] (GraphUse)
+        self._graphs: dict[int, list[int | str]] = {}
         self._collected_at = clock()  # the last collect(): a quiet agent's zero replays cover the time since
         # pid -> (its AgentState's fields, the AgentState): handed out again while they stay the same
         self._kept_states: dict[int, tuple[tuple[object, ...], AgentState]] = {}
@@ -472,7 +473,7 @@ class AgentFeed:
         if len(self._steps) > 10_000:
             del self._steps[:-10_000]
         if msg.graphs is not None:
-            self._take_graphs(agent, msg.graphs)
+            self._take_graphs(agent, msg.graphs, wall)
 
     def _foreign(self, peer: int, pid: int) -> bool:
         """Say whether a sender whose pid says `pid` and whose peer pid is `peer` runs in another PID
@@ -667,13 +668,13 @@ class AgentFeed:
         self._refused = dict.fromkeys(REFUSED_REASONS, 0)
         return reading
 
-    def _take_graphs(self, agent: _Agent, g: wire.GraphCounts) -> None:
-        """Add one message's light-hook graph counts to its process's totals for this tick (bounded)."""
+    def _take_graphs(self, agent: _Agent, g: wire.GraphCounts, wall: int) -> None:
+        """Add one message's light-hook graph counts to its process's totals for this tick (bounded; `wall`: its arrival)."""
         tot = self._graph_totals(agent.pid)
         if tot is None:
             return
-        span = min(g.t1 - g.t0, 60 * 1_000_000_000)  # one message covers seconds, not minutes
-        span, agent.quiet_ns = max(0, span - agent.quiet_ns), 0  # its quiet time was counted already
+        whole = max(0, min(g.t1 - g.t0, 60 * 1_000_000_000))  # one message covers seconds, not minutes
+        span, agent.quiet_ns = max(0, whole - agent.quiet_ns), 0  # its quiet time was counted already
         _, dev, uuid = agent.graphs or (
             0,
             -1,
@@ -683,6 +684,11 @@ class AgentFeed:
         tot[0] = int(tot[0]) + span
         tot[1] = int(tot[1]) + min(g.replays, MAX_COUNT)
         tot[2], tot[3], tot[4] = agent.graphs  # captures are cumulative: the newest
+        # what the counts cover, bounded: never past their arrival, never more than the span back
+        until = min(g.t1, wall)
+        since = max(g.t0, until - whole)
+        tot[5] = since if not tot[5] else min(int(tot[5]), since)
+        tot[6] = max(int(tot[6]), until)
 
     def _graph_totals(self, pid: int) -> list[int | str] | None:
         tot = self._graphs.get(pid)
@@ -690,7 +696,7 @@ class AgentFeed:
             if len(self._graphs) >= MAX_GRAPH_PROCESSES:
                 self._refused["agents"] += 1
                 return None
-            tot = self._graphs[pid] = [0, 0, 0, -1, ""]
+            tot = self._graphs[pid] = [0, 0, 0, -1, "", 0, 0]
         return tot
 
     def _quiet_graphs(self, now: float) -> None:
@@ -712,7 +718,8 @@ class AgentFeed:
             if tot is None:
                 return
             captures, dev, uuid = a.graphs
-            tot[0], tot[2], tot[3], tot[4] = span, captures, dev, uuid
+            wall = self.wall_ns()
+            tot[0], tot[2], tot[3], tot[4], tot[5], tot[6] = span, captures, dev, uuid, wall - span, wall
             a.quiet_ns = min(a.quiet_ns + span, 3600 * 1_000_000_000)
 
     def _graph_uses(self) -> tuple[GraphUse, ...]:
@@ -724,6 +731,8 @@ class AgentFeed:
                 observed_ns=int(t[0]),
                 replays=int(t[1]),
                 captures=int(t[2]),
+                since_ns=int(t[5]),
+                until_ns=int(t[6]),
             )
             for pid, t in sorted(self._graphs.items())
         )

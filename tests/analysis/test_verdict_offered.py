@@ -282,6 +282,52 @@ def test_replays_against_page_steps_without_agent_steps() -> None:
     assert got.verdict == "host"
 
 
+def _burst(snaps: list[Snapshot], k: int, steps: float, replays: int, cover: tuple[float, float]) -> Snapshot:
+    """Return tick k with the page's step counter at `steps`, and graph counts covering `cover` (s after tick k-1)."""
+    s, at0 = snaps[k], snaps[k - 1].at
+    e = s.engines[0]
+    use = dataclasses.replace(
+        s.agent.graphs[0],  # type: ignore[union-attr]
+        replays=replays,
+        since_ns=int((at0 + cover[0]) * 1e9),
+        until_ns=int((at0 + cover[1]) * 1e9),
+    )
+    return dataclasses.replace(
+        s,
+        engines=(dataclasses.replace(e, steps=dataclasses.replace(e.steps, total=steps)),),  # type: ignore[arg-type]
+        agent=dataclasses.replace(s.agent, steps=(), graphs=(use,)),  # type: ignore[arg-type]
+    )
+
+
+def test_a_burst_whose_replays_are_not_sent_yet_is_no_fallback() -> None:
+    """A graph engine stepping in short bursts (held back by its API servers) sends a burst's replays with the next.
+
+    The page shows the burst's 25 steps at once; the agent's message went out at the burst's first
+    call (its counts cover the tick's first 50 ms), then nothing came but the quiet agent's zeros.
+    Those steps are not known to have replayed nothing: no graph share, no cuda_graph_fallback. Once
+    the next burst's first call sends them, the share reads whole. (bench/scenarios quota_api_servers
+    on the CPU path read a false fallback in 1-2 of 14 ticks before.)
+    """
+    scene = dataclasses.replace(EAGER, busy=0.3, eager_steps=0, steps_per_tick=25, replays=0, captures=35)
+    snaps = series(scene, 3.0)
+    n = len(snaps)
+    base = snaps[0].engines[0].steps.total  # type: ignore[union-attr]
+    quiet = [_burst(snaps, k, base, 0, (0.0, 0.5)) for k in range(1, n - 3)]  # idle, quiet zeros each tick
+    burst = _burst(snaps, n - 3, base + 25, 0, (0.0, 0.05))  # the message at the burst's first call
+    after = [_burst(snaps, k, base + 25, 0, (0.0, 0.5)) for k in (n - 2, n - 1)]  # quiet zeros again
+    held = [snaps[0], *quiet, burst, *after]
+    got = last(held)
+    assert "cuda_graph_fallback" not in got.reasons and got.get("graph_step_share") is None
+    # the next burst's first call sends the 25 replays, covering the ticks since the first message
+    sent = _burst(snaps, n - 1, base + 25, 25, (-1.45, 0.05))
+    got = last([*held[:-1], sent])
+    assert got.get("graph_step_share") == 1.0 and "cuda_graph_fallback" not in got.reasons
+    # and an engine that steps on while its quiet agent counts no replay at all still reads eager
+    eager = [_burst(snaps, k, base + 25 * k, 0, (0.0, 0.5)) for k in range(1, n)]
+    got = last([snaps[0], *eager])
+    assert got.get("graph_step_share") == 0.0 and "cuda_graph_fallback" in got.reasons
+
+
 def test_no_graphs_ever_captured_says_nothing_about_fallback() -> None:
     # Hooks in a process that runs no GPU work (vLLM's EngineCore beside its workers) see 0 captures.
     scene = dataclasses.replace(EAGER, eager_steps=0, steps_per_tick=25, replays=0, captures=0)

@@ -219,7 +219,18 @@ class Recorder:
                 ),
             )
             if s.replays is not None:
-                graphs = (GraphUse(s.agent_pid or 20, 0, int(TICK * NS), s.replays, s.captures),)
+                until = int((1.7e9 + self.mono) * NS)  # the tick's own time (Snapshot.at), covered whole
+                graphs = (
+                    GraphUse(
+                        s.agent_pid or 20,
+                        0,
+                        int(TICK * NS),
+                        s.replays,
+                        s.captures,
+                        since_ns=until - int(TICK * NS),
+                        until_ns=until,
+                    ),
+                )
         return AgentReading(activity=acts, steps=steps, graphs=graphs)
 
     def run(self, s: Scene, seconds: float) -> list[Snapshot]:

@@ -315,7 +315,8 @@ def test_engines_per_agent_are_capped(tmp_path: Path) -> None:
 
 
 def test_graph_use_per_process_sums_windows_and_keeps_the_newest_capture_count(tmp_path: Path) -> None:
-    f = AgentFeed(AgentFeedConfig(socket=str(tmp_path / "x.sock")), wall_ns=lambda: 1_000_000)
+    wall = [T0 + 1000 * MS]
+    f = AgentFeed(AgentFeedConfig(socket=str(tmp_path / "x.sock")), wall_ns=lambda: wall[0])
     f.receive(
         light(7, graphs=wire.GraphCounts(t0=T0, t1=T0 + 500 * MS, replays=800, captures=67, dev=1, uuid=UUID))
     )
@@ -333,7 +334,13 @@ def test_graph_use_per_process_sums_windows_and_keeps_the_newest_capture_count(t
         68,
     )
     assert (g8.pid, g8.observed_ns, g8.replays, g8.gpu) == (8, 500 * MS, 0, -1)
+    assert (g7.since_ns, g7.until_ns, g8.since_ns, g8.until_ns) == (T0, T0 + 1000 * MS, T0, T0 + 500 * MS)
     assert f.collect().graphs == ()
+    # what they cover never reaches past their arrival, nor further back than the span they give
+    wall[0] = T0 + 200 * MS
+    f.receive(light(7, graphs=wire.GraphCounts(t0=T0, t1=T0 + 900 * MS, replays=5)))
+    (g7,) = f.collect().graphs
+    assert (g7.since_ns, g7.until_ns) == (T0, T0 + 200 * MS)
 
 
 def test_a_raw_window_is_the_one_its_constructor_builds_and_stays_frozen() -> None:
@@ -418,6 +425,7 @@ def test_a_quiet_agent_that_captured_graphs_counts_zero_replays_while_it_stays_q
         clock.t += 0.5
         (g,) = f.collect().graphs
         assert (g.pid, g.gpu, g.uuid, g.observed_ns, g.replays, g.captures) == (7, 0, UUID, 500 * MS, 0, 9)
+        assert (g.since_ns, g.until_ns) == (1_000_000 - 500 * MS, 1_000_000)  # the tick's, by the wall clock
     clock.t += 0.5
     # it resumes: its next counts cover the quiet time too, which was counted already
     f.receive(light(7, graphs=wire.GraphCounts(t0=T0 + 500 * MS, t1=T0 + 3_000 * MS, replays=12, captures=9)))

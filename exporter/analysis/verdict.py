@@ -935,14 +935,14 @@ def _graph_steps(
     pids = {pid for v in vs for x in v for pid in x.reading.pids}
     replays = 0
     captured = False
-    covers: list[tuple[int, int]] = []
+    covers: dict[int, list[tuple[int, int]]] = {}
     for s in _inside(win):
         for use in s.agent.graphs if s.agent is not None else ():
             if use.gpu == gpu or (use.gpu < 0 and use.pid in pids):
                 replays += use.replays
                 captured = captured or use.captures > 0
                 if use.until_ns > use.since_ns > 0:
-                    covers.append((use.since_ns, use.until_ns))
+                    covers.setdefault(use.pid, []).append((use.since_ns, use.until_ns))
     if not captured:
         return f
     if not steps and covers:
@@ -959,24 +959,30 @@ def _graph_steps(
 _COVERED = 0.9
 
 
+def _merged(spans: list[tuple[int, int]]) -> list[list[int]]:
+    """Return spans merged where they touch or overlap, in order."""
+    out: list[list[int]] = []
+    for lo, hi in sorted(spans):
+        if out and lo <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], hi)
+        else:
+            out.append([lo, hi])
+    return out
+
+
 def _covered_steps(
-    win: Sequence[Snapshot], vs: Sequence[Sequence[View]], covers: list[tuple[int, int]]
+    win: Sequence[Snapshot], vs: Sequence[Sequence[View]], covers: dict[int, list[tuple[int, int]]]
 ) -> int:
-    """Return the page's steps, over engines, in the ticks that the agent's graph counts cover.
+    """Return the page's steps, over engines, in the ticks that every process's graph counts cover.
 
     The agent sends what its hooks counted when the engine's next call comes a period after its
     last send, so an engine that steps in short bursts (held back by its API servers, or its queue
     nearly empty) has its last burst's replays sent only with the next burst, while the page shows
     those steps at once. Steps at a time that no count covers yet are not known to have replayed
-    nothing: only ticks covered (`_COVERED` of them, wall time) by the counts' [since, until] (a
-    message's window, a quiet agent's ticks) are compared with the replays.
+    nothing: only ticks covered (`_COVERED` of them, wall time) by each process's counts' [since,
+    until] (a message's window, a quiet agent's ticks) are compared with the replays.
     """
-    merged: list[list[int]] = []
-    for lo, hi in sorted(covers):
-        if merged and lo <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], hi)
-        else:
-            merged.append([lo, hi])
+    per_pid = [_merged(spans) for spans in covers.values()]
     last: dict[str, tuple[int, float]] = {}
     total = 0.0
     for snap, v in zip(win, vs, strict=True):
@@ -990,8 +996,10 @@ def _covered_steps(
             if prev is None or at <= prev[0] or b < prev[1]:
                 continue
             lo = prev[0]
-            covered = sum(max(0, min(at, hi) - max(lo, c_lo)) for c_lo, hi in merged)
-            if covered >= _COVERED * (at - lo):
+            if all(
+                sum(max(0, min(at, hi) - max(lo, c_lo)) for c_lo, hi in merged) >= _COVERED * (at - lo)
+                for merged in per_pid
+            ):
                 total += b - prev[1]
     return round(total)
 

@@ -322,6 +322,14 @@ def test_a_burst_whose_replays_are_not_sent_yet_is_no_fallback() -> None:
     sent = _burst(snaps, n - 1, base + 25, 25, (-1.45, 0.05))
     got = last([*held[:-1], sent])
     assert got.get("graph_step_share") == 1.0 and "cuda_graph_fallback" not in got.reasons
+    # a second process on the GPU whose quiet agent covers the burst's tick does not cover the first's
+    other = dataclasses.replace(burst.agent.graphs[0], pid=21, since_ns=int(snaps[n - 4].at * 1e9))  # type: ignore[union-attr]
+    other = dataclasses.replace(other, until_ns=int(burst.at * 1e9))
+    two = dataclasses.replace(
+        burst, agent=dataclasses.replace(burst.agent, graphs=(*burst.agent.graphs, other))
+    )  # type: ignore[union-attr]
+    got = last([snaps[0], *quiet, two, *after])
+    assert "cuda_graph_fallback" not in got.reasons and got.get("graph_step_share") is None
     # and an engine that steps on while its quiet agent counts no replay at all still reads eager
     eager = [_burst(snaps, k, base + 25 * k, 0, (0.0, 0.5)) for k in range(1, n)]
     got = last([snaps[0], *eager])

@@ -970,6 +970,18 @@ def _merged(spans: list[tuple[int, int]]) -> list[list[int]]:
     return out
 
 
+def _covers(merged: list[list[int]], lo: int, hi: int) -> bool:
+    """Say whether merged spans cover [lo, hi] to its end and `_COVERED` of it in all.
+
+    The end must be covered: a message sent at a burst's first call covers the time before the
+    burst, not the steps the page shows after it. The slack is the start's: a quiet agent's ticks
+    are counted when the feed is read, a little after the tick's time.
+    """
+    if not any(c_lo < hi <= c_hi + 1_000_000 for c_lo, c_hi in merged):  # 1 ms: clocks read apart
+        return False
+    return sum(max(0, min(hi, c_hi) - max(lo, c_lo)) for c_lo, c_hi in merged) >= _COVERED * (hi - lo)
+
+
 def _covered_steps(
     win: Sequence[Snapshot], vs: Sequence[Sequence[View]], covers: dict[int, list[tuple[int, int]]]
 ) -> int:
@@ -979,8 +991,9 @@ def _covered_steps(
     last send, so an engine that steps in short bursts (held back by its API servers, or its queue
     nearly empty) has its last burst's replays sent only with the next burst, while the page shows
     those steps at once. Steps at a time that no count covers yet are not known to have replayed
-    nothing: only ticks covered (`_COVERED` of them, wall time) by each process's counts' [since,
-    until] (a message's window, a quiet agent's ticks) are compared with the replays.
+    nothing: only ticks covered (to their end, and `_COVERED` of them: `_covers`) by each
+    process's counts' [since, until] (a message's window, a quiet agent's ticks) are compared with
+    the replays.
     """
     per_pid = [_merged(spans) for spans in covers.values()]
     last: dict[str, tuple[int, float]] = {}
@@ -996,10 +1009,7 @@ def _covered_steps(
             if prev is None or at <= prev[0] or b < prev[1]:
                 continue
             lo = prev[0]
-            if all(
-                sum(max(0, min(at, hi) - max(lo, c_lo)) for c_lo, hi in merged) >= _COVERED * (at - lo)
-                for merged in per_pid
-            ):
+            if all(_covers(merged, lo, at) for merged in per_pid):
                 total += b - prev[1]
     return round(total)
 

@@ -303,7 +303,7 @@ def test_a_burst_whose_replays_are_not_sent_yet_is_no_fallback() -> None:
     """A graph engine stepping in short bursts (held back by its API servers) sends a burst's replays with the next.
 
     The page shows the burst's 25 steps at once; the agent's message went out at the burst's first
-    call (its counts cover the tick's first 50 ms), then nothing came but the quiet agent's zeros.
+    call (its counts cover all of the tick but its last 30 ms), then nothing came but the quiet agent's zeros.
     Those steps are not known to have replayed nothing: no graph share, no cuda_graph_fallback. Once
     the next burst's first call sends them, the share reads whole. (bench/scenarios quota_api_servers
     on the CPU path read a false fallback in 1-2 of 14 ticks before.)
@@ -313,7 +313,9 @@ def test_a_burst_whose_replays_are_not_sent_yet_is_no_fallback() -> None:
     n = len(snaps)
     base = snaps[0].engines[0].steps.total  # type: ignore[union-attr]
     quiet = [_burst(snaps, k, base, 0, (0.0, 0.5)) for k in range(1, n - 3)]  # idle, quiet zeros each tick
-    burst = _burst(snaps, n - 3, base + 25, 0, (0.0, 0.05))  # the message at the burst's first call
+    burst = _burst(
+        snaps, n - 3, base + 25, 0, (0.0, 0.47)
+    )  # sent at the burst's first call, 30 ms before the tick
     after = [_burst(snaps, k, base + 25, 0, (0.0, 0.5)) for k in (n - 2, n - 1)]  # quiet zeros again
     held = [snaps[0], *quiet, burst, *after]
     got = last(held)

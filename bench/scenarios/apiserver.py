@@ -22,6 +22,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Client, Connection, wait
 from typing import Any
 
+from bench.scenarios.quota import CpuCap
 from bench.scenarios.titles import set_title
 
 # kind -> (prompt tokens low, high, max_tokens)
@@ -131,8 +132,7 @@ class ApiServer:
         self.inflight: dict[int, int] = {}  # rid -> client
         self.next_rid = index * 10_000_000
         self.rnd = random.Random(index)
-        self.cap: float | None = None
-        self.cap_at, self.cap_cpu = time.monotonic(), time.process_time()
+        self.cap = CpuCap()  # emulated CPU quota where no cgroup is writable
         self.gen_tokens = 0
 
     def set_load(self, kind: str, clients: int, cap: float | None) -> None:
@@ -142,8 +142,7 @@ class ApiServer:
             self.inflight.clear()
             self.kind, self.clients = kind, clients if kind != "idle" else 0
             self.pending = list(range(self.clients))
-        self.cap = cap
-        self.cap_at, self.cap_cpu = time.monotonic(), time.process_time()
+        self.cap.set(cap)
 
     def admit_one(self) -> None:
         """Render and tokenise one client's prompt on this (main) thread, then hand it to the engine."""
@@ -152,7 +151,7 @@ class ApiServer:
         client = self.pending.pop(0)
         lo, hi, max_tokens = LOADS[self.kind]
         n = self.rnd.randint(lo, hi)
-        ids = self.tok.run(n, self.next_rid, self.throttle if self.cap is not None else None)
+        ids = self.tok.run(n, self.next_rid, self.cap.pay if self.cap.cores is not None else None)
         self.engine.send(("add", self.index, self.next_rid, len(ids), max_tokens))
         self.inflight[self.next_rid] = client
         self.next_rid += 1
@@ -171,15 +170,6 @@ class ApiServer:
                 if client is not None and client < self.clients:
                     self.pending.append(client)
 
-    def throttle(self) -> None:
-        """Where no cgroup is writable: sleep off the CPU used beyond the emulated quota."""
-        if self.cap is None:
-            return
-        used = time.process_time() - self.cap_cpu
-        allowed = (time.monotonic() - self.cap_at) * self.cap
-        if used > allowed:
-            time.sleep(min(1.0, (used - allowed) / self.cap))
-
     def serve(self) -> None:
         """Run the main loop until ("stop",)."""
         while True:
@@ -193,7 +183,7 @@ class ApiServer:
                     self.tok.retarget(float(msg[1]))
             self.outputs()
             self.admit_one()
-            self.throttle()
+            self.cap.pay()
             if not self.pending or self.kind == "idle":
                 wait([self.ctl, self.engine], timeout=0.05)
 

@@ -37,6 +37,7 @@ from multiprocessing.connection import Connection, Listener, wait
 from typing import Any
 
 from bench.scenarios import cpugraphs
+from bench.scenarios.quota import CpuCap
 from bench.scenarios.titles import set_title
 
 DEFAULTS: dict[str, Any] = {
@@ -185,7 +186,7 @@ class CpuModel:
             if self.graphs and prefill:
                 self.graphs[0].replay()
             # the step's host side overlaps its GPU time (launched asynchronously); only a host side
-            # longer than the GPU's, or one held back by a CPU quota (Engine.throttle), idles the GPU
+            # longer than the GPU's, or one held back by a CPU quota (Engine.cap), idles the GPU
             host = self.cfg["cpu_host_ms"] / 1000 * (0.5 + 0.5 * b / max(self.caps)) if b else 0.0
             while time.perf_counter() < start + host:
                 pass
@@ -228,8 +229,7 @@ class Engine:
         self.iters: list[int] = []  # tokens per (step, API server with output in it): vLLM's page
         self.stats_at = time.monotonic()
         self.new_conns: list[Connection] = []
-        self.cap: float | None = None  # emulated CPU quota (cores) where no cgroup is writable
-        self.cap_at, self.cap_cpu = time.monotonic(), time.process_time()
+        self.cap = CpuCap()  # emulated CPU quota where no cgroup is writable
 
     def accept(self) -> None:
         """Take API-server connections as they come (a thread: accept blocks)."""
@@ -267,18 +267,8 @@ class Engine:
             if msg[0] == "mode":
                 self.mode = msg[1]
             elif msg[0] == "cap":
-                self.cap = msg[1]
-                self.cap_at, self.cap_cpu = time.monotonic(), time.process_time()
+                self.cap.set(msg[1])
         return True
-
-    def throttle(self) -> None:
-        """Where no cgroup is writable: sleep off the CPU used beyond the emulated quota."""
-        if self.cap is None:
-            return
-        used = time.process_time() - self.cap_cpu
-        allowed = (time.monotonic() - self.cap_at) * self.cap
-        if used > allowed:
-            time.sleep(min(1.0, (used - allowed) / self.cap))
 
     def step(self) -> None:
         """Schedule and run one step, then publish the gauges and send the outputs."""
@@ -350,7 +340,7 @@ class Engine:
             else:
                 self.truth.state(0, 0)
             self.publish()
-            self.throttle()
+            self.cap.pay()
 
 
 def run(ctl: Connection, address: str, overrides: dict[str, Any]) -> None:

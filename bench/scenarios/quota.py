@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 
 ROOT = Path("/sys/fs/cgroup")
@@ -38,6 +39,8 @@ class Quota:
         self._sim: threading.Thread | None = None
         self._stop = threading.Event()
         self._fake_dirs: list[Path] = []
+        # the emulated cpu.stat counters, cumulative over every quota entered, as a cgroup's never go back
+        self._stat = [0, 0, 0]
         try:
             if not (ROOT / "cgroup.controllers").exists():
                 raise OSError("no cgroup v2 at /sys/fs/cgroup")
@@ -89,7 +92,7 @@ class Quota:
         os.replace(d / "cpu.stat.tmp", d / "cpu.stat")
 
     def _simulate(self, dirs: list[Path], cores: float) -> None:
-        stat = [0, 0, 0]
+        stat = self._stat
         while not self._stop.wait(0.1):
             stat[0] += 1
             stat[1] += 1
@@ -146,3 +149,32 @@ class Quota:
                 cg.rmdir()
             except OSError:
                 pass
+
+
+class CpuCap:
+    """An emulated CPU quota on one process (where no cgroup is writable): `pay` sleeps off the CPU used beyond it.
+
+    As CFS throttles within each period, quota left unused does not carry past a period (a process
+    idle for a while would otherwise bank a burst, and its GPU read busy as no quota lets it).
+    """
+
+    def __init__(self) -> None:
+        self.cores: float | None = None
+        self._at, self._cpu = time.monotonic(), time.process_time()
+
+    def set(self, cores: float | None) -> None:
+        """Put the process under `cores` (None: no quota), from now."""
+        self.cores = cores
+        self._at, self._cpu = time.monotonic(), time.process_time()
+
+    def pay(self) -> None:
+        """Sleep off the CPU this process used beyond its quota (at most a second at a time)."""
+        if self.cores is None:
+            return
+        now, cpu = time.monotonic(), time.process_time()
+        used, allowed = cpu - self._cpu, (now - self._at) * self.cores
+        period = PERIOD_US / 1e6
+        if used > allowed:
+            time.sleep(min(1.0, (used - allowed) / self.cores))
+        elif allowed - used > period * self.cores:
+            self._at, self._cpu = now - period, cpu

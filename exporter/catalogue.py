@@ -267,8 +267,9 @@ AGENT_BAD_MESSAGES_TOTAL = _m(
 AGENT_REFUSED_TOTAL = _m(
     "boundwatch_agent_refused_total",
     "counter",
-    "Agent datagrams, windows or step records refused, by reason: peer (sender not allowed), agents, "
-    "devices, gpus or engines (over a bound), clock (end far from now), overlap (replayed or "
+    "Agent datagrams, windows, step records or graph counts refused, by reason: peer (sender not allowed), "
+    "agents, devices, gpus or engines (over a bound), clock (end far from now: a window, steps, or graph "
+    "counts, whose coverage is then unknown), overlap (replayed or "
     "overlapping), limits (over a physical limit), backlog (too many windows waiting), inbox "
     "(datagrams dropped while the event loop did not read them).",
     ["reason"],

@@ -670,6 +670,10 @@ class AgentFeed:
 
     def _take_graphs(self, agent: _Agent, g: wire.GraphCounts, wall: int) -> None:
         """Add one message's light-hook graph counts to its process's totals for this tick (bounded; `wall`: its arrival)."""
+        # on a clock far from ours what the counts cover is unknown (the verdict weighs replays by it)
+        if not wall - MAX_PAST_NS <= g.t1 <= wall + MAX_FUTURE_NS:
+            self._refuse("clock", f"pid {agent.pid}: graph counts end {(g.t1 - wall) / 1e9:+.1f} s from now")
+            return
         tot = self._graph_totals(agent.pid)
         if tot is None:
             return

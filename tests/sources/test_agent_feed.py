@@ -414,7 +414,7 @@ def test_a_bad_count_of_what_an_agent_dropped_is_a_bad_message_and_its_last_stat
 def test_a_quiet_agent_that_captured_graphs_counts_zero_replays_while_it_stays_quiet(tmp_path: Path) -> None:
     clock = Clock()
     f = AgentFeed(AgentFeedConfig(socket=str(tmp_path / "x.sock"), stale_seconds=5.0), clock=clock,
-                  wall_ns=lambda: 1_000_000, alive=lambda pid: True)  # fmt: skip
+                  wall_ns=lambda: T0 + 3_000 * MS, alive=lambda pid: True)  # fmt: skip
     counts = wire.GraphCounts(t0=T0, t1=T0 + 500 * MS, replays=40, captures=9, dev=0, uuid=UUID)
     f.receive(light(7, graphs=counts))
     f.receive(light(8, graphs=wire.GraphCounts(t0=T0, t1=T0 + 500 * MS)))  # never captured a graph
@@ -425,7 +425,7 @@ def test_a_quiet_agent_that_captured_graphs_counts_zero_replays_while_it_stays_q
         clock.t += 0.5
         (g,) = f.collect().graphs
         assert (g.pid, g.gpu, g.uuid, g.observed_ns, g.replays, g.captures) == (7, 0, UUID, 500 * MS, 0, 9)
-        assert (g.since_ns, g.until_ns) == (1_000_000 - 500 * MS, 1_000_000)  # the tick's, by the wall clock
+        assert (g.since_ns, g.until_ns) == (T0 + 2_500 * MS, T0 + 3_000 * MS)  # the tick's, by the wall clock
     clock.t += 0.5
     # it resumes: its next counts cover the quiet time too, which was counted already
     f.receive(light(7, graphs=wire.GraphCounts(t0=T0 + 500 * MS, t1=T0 + 3_000 * MS, replays=12, captures=9)))
@@ -436,6 +436,20 @@ def test_a_quiet_agent_that_captured_graphs_counts_zero_replays_while_it_stays_q
     f.alive = lambda pid: False  # its process ended: no more zeros, whatever it said last
     clock.t += 6
     assert f.collect().graphs == ()
+
+
+def test_graph_counts_on_a_clock_far_from_ours_are_refused_and_cover_nothing(tmp_path: Path) -> None:
+    """What the counts cover is read off the agent's clock: off by more than the windows' bounds, it is unknown."""
+    wall = T0 + 1_000 * MS
+    f = AgentFeed(AgentFeedConfig(socket=str(tmp_path / "x.sock")), wall_ns=lambda: wall)
+    ahead = wire.GraphCounts(t0=wall + 10_000 * MS, t1=wall + 10_500 * MS, replays=80, captures=3)
+    behind = wire.GraphCounts(t0=T0 - 700_000_000 * MS, t1=T0 - 699_999_500 * MS, replays=80, captures=3)
+    f.receive(light(7, graphs=ahead))
+    f.receive(light(8, graphs=behind))
+    f.receive(light(9, graphs=wire.GraphCounts(t0=T0, t1=wall + 4_000 * MS, replays=5, captures=1)))  # within
+    reading = f.collect()
+    assert [(g.pid, g.replays) for g in reading.graphs] == [(9, 5)]
+    assert dict(reading.refused)["clock"] == 2 and "graph counts end" in f.last_error
 
 
 async def test_start_read_hands_out_what_read_would_as_a_done_future(tmp_path) -> None:
@@ -461,7 +475,7 @@ def test_a_light_agent_silent_past_its_silent_ms_reads_quiet_while_its_process_r
     clock = Clock()
     alive = {7: True, 8: True}
     f = AgentFeed(AgentFeedConfig(socket=str(tmp_path / "x.sock"), stale_seconds=5.0), clock=clock,
-                  wall_ns=lambda: 1_000_000, alive=lambda pid: alive[pid])  # fmt: skip
+                  wall_ns=lambda: T0 + 500 * MS, alive=lambda pid: alive[pid])  # fmt: skip
     counts = wire.GraphCounts(t0=T0, t1=T0 + 500 * MS, replays=40, captures=9, dev=0, uuid=UUID)
     # a light agent whose engine then stops (its thread stays asleep), and one that said nothing of its
     # silence (an older light agent, a CUPTI one: their threads say quiet or keep sending)

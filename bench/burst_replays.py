@@ -5,9 +5,13 @@ One process per run (a fresh agent): the lab's stand-in CUDA graphs (bench/scena
 agent's messages received on a socket of its own. Patterns:
 - `slow`: a request's 1-12 steps, 25-60 ms apart, then 0-0.8 s with none, for 20 s;
 - `fast`: 4 s of steady steps 4.5 ms apart, 3 s eager (no replay), then 12 s of 3-15 steps 4.5 ms apart
-  with 0-0.8 s between bursts (what is scored is that last part).
+  with 0-0.8 s between bursts (what is scored is that last part);
+- `sparse`: a request's 1-6 steps, 25-60 ms apart, then 0.5-2.5 s with none, for 30 s (as the lab's
+  engine behind API servers under a 0.05-core quota each: the agent goes quiet between bursts).
 For each seed: replays made (in the scored part and in the whole run) and sent (the whole run),
-messages in the scored part, and the longest stretch there with a replay made and no message (the sidecar reads a light agent silent past its silent_ms, 1.25 s, as quiet).
+messages in the scored part, and the longest stretch there with a replay made and no message (the sidecar reads a light agent silent past its silent_ms, 1.25 s, as quiet); and, for each
+burst that resumes a quiet agent, how long from its first replay to the agent's next message that is
+not quiet (`resume_lag_*`) and the replays made meanwhile, which the sidecar reads as none.
 
     .venv/bin/python bench/burst_replays.py --pattern slow,fast --seeds 1,2,3 [--tree /tmp/base] --out F.json
 """
@@ -64,18 +68,24 @@ def child(pattern: str, seed: int) -> dict[str, Any]:
             time.sleep(0.0045)
         time.sleep(3.0)
         scored_from = time.monotonic() - t0
-    end = time.monotonic() + (12.0 if pattern == "fast" else 20.0)
+    end = time.monotonic() + (12.0 if pattern == "fast" else 20.0 if pattern == "slow" else 30.0)
+    steps, idle = {
+        "fast": ((3, 15), (0.0, 0.8)),
+        "slow": ((1, 12), (0.0, 0.8)),
+        "sparse": ((1, 6), (0.5, 2.5)),
+    }[pattern]
     while time.monotonic() < end:
-        for _ in range(rng.randint(3, 15) if pattern == "fast" else rng.randint(1, 12)):
+        for _ in range(rng.randint(*steps)):
             g.replay()
             made.append(time.monotonic() - t0)
             time.sleep(0.0045 if pattern == "fast" else rng.uniform(0.025, 0.06))
-        time.sleep(rng.uniform(0.0, 0.8))
+        time.sleep(rng.uniform(*idle))
     scored_to = time.monotonic() - t0
     time.sleep(2.0)
     times = [t for t, _, _ in got if t > scored_from]
     edges = [scored_from, *times, scored_to]
     silence = max((b - a for a, b in itertools.pairwise(edges) if any(a < t < b for t in made)), default=0.0)
+    lags = resume_lags(made, got)
     return {
         "pattern": pattern,
         "seed": seed,
@@ -85,8 +95,40 @@ def child(pattern: str, seed: int) -> dict[str, Any]:
         "messages": len(times),
         "quiet_messages": sum(1 for t, s, _ in got if s == "quiet" and t > scored_from),
         "longest_silence_with_replays_s": round(silence, 3),
+        "resumes": len(lags),
+        "replays_read_quiet": sum(n for _, n in lags),
+        "resume_lag_max_s": round(max((lag for lag, _ in lags), default=0.0), 4),
+        "resume_lag_median_s": round(sorted(lag for lag, _ in lags)[len(lags) // 2], 4) if lags else 0.0,
         "replays_exact": getattr(hooks, "replays_exact", lambda: None)(),
     }
+
+
+def resume_lags(made: list[float], got: list[tuple[float, str, int]]) -> list[tuple[float, int]]:
+    """Return, for each first replay after a quiet message, how long until the agent's next other message, and the replays made meanwhile.
+
+    Over that stretch the sidecar still reads the agent quiet and counts its silence as no replay
+    (exporter.sources.agent_feed), so the page's steps of those replays read as eager.
+    """
+    out: list[tuple[float, int]] = []
+    msgs = sorted((t, state) for t, state, _ in got)
+    i = 0
+    quiet_at = None  # the time of the quiet message in force, None while the agent reads running
+    pending: list[float] = []
+    for t in sorted(made):
+        while i < len(msgs) and msgs[i][0] <= t:
+            at, state = msgs[i]
+            i += 1
+            if state == "quiet":
+                quiet_at = at
+            elif quiet_at is not None:
+                if pending:
+                    out.append((at - pending[0], len(pending)))
+                quiet_at, pending = None, []
+        if quiet_at is not None:
+            pending.append(t)
+    if pending and i < len(msgs):
+        out.append((msgs[i][0] - pending[0], len(pending)))
+    return out
 
 
 def main() -> int:

@@ -204,11 +204,30 @@ class LightAgent:
         return self._stop.is_set()
 
     def _go_quiet(self, args: tuple[int, int, int, Any, Any], idle_wake: int = 0) -> None:
-        """Send the quiet message, then let the switch hold the hooks in until a driving call resumes."""
+        """Send the quiet message, then let the switch hold the hooks in until a driving call resumes.
+
+        The call that resumes sends a "running" message built here (one datagram, no counts), so the
+        sidecar stops counting this agent's silence as no replay as soon as its engine calls again:
+        its first tick with counts comes a slice or more later, and the sidecar would have read the
+        steps of a burst between as eager (bench/README.md, session 32).
+        """
         self.switch.finish_pending()
         self._say_quiet()
         self.quiets += 1
-        self.switch.drive_inline(*args, quiet=True, beat_ns=self._beat_ns(), idle_wake_ns=idle_wake)
+        self.switch.drive_inline(
+            *args, quiet=True, beat_ns=self._beat_ns(), idle_wake_ns=idle_wake, on_resume=self._resumer()
+        )
+
+    def _resumer(self) -> Callable[[], object] | None:
+        """Return what sends the "running" message a resumed cycle says first (built now), None if it cannot be built."""
+        try:
+            data = self.sender.encode(self._message([], None))
+        except Exception:
+            return None
+        if data is None:
+            return None
+        send = self.sender.send_data
+        return lambda: send(data)
 
     def _beat_ns(self) -> int:
         """Return the quiet beat's period in ns (settings.quiet_beat_s, at least QUIET_BEAT_MIN_S), 0 for none."""

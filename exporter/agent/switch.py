@@ -127,6 +127,10 @@ class Switch:
         self._slice = (0, 0)  # (out ns, in ns) of a cycle
         self._on_out: Any = None  # the agent's tick, run inline where the engine's thread ends a slice
         self._rearm: Any = None  # sets the agent thread's timer (to the next due plus the margin)
+        # while quiet: says at once, on the engine's thread, that the process does something again (one
+        # datagram, built beforehand): the sidecar counts a quiet agent's silence as no replay, and the
+        # agent's first tick after it comes a slice or more later (bench/README.md, session 32)
+        self._on_resume: Any = None
         self._margin = 0  # how long past a due the engine has to swap before the agent's thread does
         # once the engine's thread drives: the agent's timer set this far past its last drive instead
         # of a margin past the next due (0: a margin past the due)
@@ -408,6 +412,7 @@ class Switch:
     def _undrive(self) -> None:
         """The engine's thread stops driving: every site holds its plain hook or original again."""
         self.quiet = False
+        self._on_resume = None
         self._missed = 0
         self._armed = (0, False)
         if self.driving:
@@ -425,6 +430,7 @@ class Switch:
         quiet: bool = False,
         beat_ns: int = 0,
         idle_wake_ns: int = 0,
+        on_resume: Any = None,
     ) -> bool:
         """Let the driver site swap the hooks (and call on_out() at each slice's end); False if none can.
 
@@ -441,6 +447,8 @@ class Switch:
         thread takes no GIL for at least half that long after the engine stops
         stepping; a driving call that comes after a whole slice went by unseen catches up itself
         (`_catch_up`). 0: a margin past the due, the thread swapping for an engine that is late.
+        on_resume: while quiet, called once on the engine's thread by the call that resumes the cycle
+        (after the lock is let go; it must not block: the light agent sends one datagram built before).
         """
         with self._lock:
             if self._driver < 0 and not self._polled and not quiet:
@@ -452,6 +460,7 @@ class Switch:
             self._margin = max(0, int(margin_ns))
             self._idle_wake = max(0, int(idle_wake_ns))
             self.driving, self.quiet = True, quiet
+            self._on_resume = on_resume if quiet else None
             self._ticked_at = self._clock()
             # quiet: whichever driver site is called first resumes the cycle (the driver may never be)
             self._missed = 2 if quiet else 0
@@ -491,7 +500,7 @@ class Switch:
         """
         if not self._lock.acquire(blocking=False):
             return self.hooks_in
-        pending = rearm = None
+        pending = rearm = resumed = None
         try:
             now, due = self._clock(), self.due[0]
             if not self.driving or not due or now < due:
@@ -502,6 +511,7 @@ class Switch:
                     return self.hooks_in
                 self.quiet = False
                 self._missed = 0
+                resumed, self._on_resume = self._on_resume, None
                 self.due[0] = now + self._first_slice()
                 wake, self.idle_armed = self._wake_at(now, by_thread)
                 rearm = self._rearm_for(wake, now)
@@ -541,6 +551,11 @@ class Switch:
             hooks_in = self.hooks_in
         finally:
             self._lock.release()
+        if resumed is not None:
+            try:
+                resumed()
+            except Exception:
+                pass
         if pending is not None:
             self._run_phases(pending, every=by_thread)
         if rearm is not None:

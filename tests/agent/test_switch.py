@@ -367,7 +367,10 @@ time.sleep(0.6)  # idle: two ticks that see nothing, then quiet
 quiet, woken = SWITCH.quiet, agent.wakes
 time.sleep(0.3)
 woken_quiet = agent.wakes - woken
-replays, end = 0, time.monotonic() + 1.0
+n = len(sender.sent)
+g.replay()  # the engine starts: its first replay says at once that the agent runs again (no counts yet)
+said = [(m.state, m.graphs is None, len(m.steps)) for m in sender.sent[n:]]
+replays, end = 1, time.monotonic() + 1.0
 while time.monotonic() < end:  # the engine starts: a replay every ~0.5 ms, the GIL let go between
     g.replay()
     replays += 1
@@ -378,7 +381,7 @@ stepping_wakes, resumed = agent.wakes - woken, not SWITCH.quiet
 agent.stop()
 states = [m.state for m in sender.sent if m.state != "stopped"]
 print(json.dumps({"quiet": quiet, "woken_quiet": woken_quiet, "stepping_wakes": stepping_wakes,
-                  "resumed": resumed, "replays": replays, "states": states,
+                  "resumed": resumed, "replays": replays, "states": states, "said": said,
                   "sent": sum(m.graphs.replays for m in sender.sent if m.graphs)}))
 """
 
@@ -391,6 +394,7 @@ def test_a_quiet_agent_sleeps_and_the_first_replay_resumes_the_cycle_on_the_engi
     # the first replay resumes the cycle where it runs: the engine's thread swaps and ticks, the agent's
     # thread stays asleep (one wake-up at most, on a loaded machine)
     assert out["resumed"] and out["stepping_wakes"] <= 1, out
+    assert out["said"] == [["running", True, 0]], out  # at the first replay, before any tick: no counts
     first_quiet = out["states"].index("quiet")
     assert "running" in out["states"][first_quiet + 1 :], out  # the ticks after it say running again
     # counted in full while quiet (the hooks in), sampled after: the sum stays the true count
@@ -476,6 +480,44 @@ def test_quiet_holds_the_hooks_in_and_the_first_driving_call_resumes_the_cycle()
     assert not sw.hooks_in
     mod.g()
     assert ticks == [clock()]
+
+
+def test_the_call_that_resumes_a_quiet_cycle_says_so_once_on_the_engines_thread() -> None:
+    """A quiet agent's sidecar counts its silence as no replay: the resuming call sends word at once."""
+    mod, _own, _hook, sw = one_site_cycling()
+    clock = sw._clock
+    resumed: list[int] = []
+
+    def tick() -> object:
+        yield
+
+    sw.add(mod, "g", lambda: "g own", lambda: "g hook", rank=1)
+    sw.drive_inline(
+        40 * MS, 10 * MS, 5 * MS, tick, lambda w: None, quiet=True, on_resume=lambda: resumed.append(clock())
+    )
+    clock.t += 5_000 * MS
+    sw.drive(by_thread=True)  # the agent's thread (its quiet beat) never resumes, nor says so
+    assert sw.quiet and resumed == []
+    mod.g()  # the engine replays: resumed, and said at once
+    assert not sw.quiet and resumed == [clock()]
+    for _ in range(30):  # the cycle goes on: said once
+        clock.t += 5 * MS
+        mod.g()
+    assert resumed == [clock() - 150 * MS]
+    # quiet again without a resumer (none could be built), then resumed: nothing said, nothing raised
+    sw.drive_inline(40 * MS, 10 * MS, 5 * MS, tick, lambda w: None, quiet=True)
+    mod.g()
+    assert not sw.quiet and len(resumed) == 1
+    # a resumer that fails costs the engine's call nothing
+    sw.drive_inline(40 * MS, 10 * MS, 5 * MS, tick, lambda w: None, quiet=True, on_resume=lambda: 1 / 0)
+    assert mod.g() == "g hook" and not sw.quiet
+    # stopped while quiet: the resumer is dropped with the drive
+    sw.drive_inline(
+        40 * MS, 10 * MS, 5 * MS, tick, lambda w: None, quiet=True, on_resume=lambda: resumed.append(0)
+    )
+    sw.undrive()
+    mod.g()
+    assert len(resumed) == 1
 
 
 def two_step_sites() -> tuple[types.SimpleNamespace, Clock, Switch, list[str], list[int]]:

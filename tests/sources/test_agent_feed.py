@@ -438,6 +438,24 @@ def test_a_quiet_agent_that_captured_graphs_counts_zero_replays_while_it_stays_q
     assert f.collect().graphs == ()
 
 
+def test_a_quiet_agent_that_says_it_runs_again_stops_its_zeros_before_it_sends_counts(tmp_path: Path) -> None:
+    """The light agent's resuming call says "running" at once; its counts come with its next tick."""
+    clock = Clock()
+    f = AgentFeed(AgentFeedConfig(socket=str(tmp_path / "x.sock"), stale_seconds=5.0), clock=clock,
+                  wall_ns=lambda: T0 + 3_000 * MS, alive=lambda pid: True)  # fmt: skip
+    f.receive(
+        light(7, graphs=wire.GraphCounts(t0=T0, t1=T0 + 500 * MS, replays=40, captures=9, dev=0, uuid=UUID))
+    )
+    f.receive(wire.encode(wire.Message(pid=7, state="quiet", mode="light", silent_ms=1250)))
+    f.collect()
+    clock.t += 0.5
+    assert [(g.pid, g.replays) for g in f.collect().graphs] == [(7, 0)]  # quiet: its silence is no replay
+    f.receive(wire.encode(wire.Message(pid=7, state="running", mode="light", silent_ms=1250)))  # resumed
+    clock.t += 0.5
+    reading = f.collect()
+    assert reading.graphs == () and [a.state for a in reading.agents] == ["running"]  # nothing covered yet
+
+
 def test_graph_counts_on_a_clock_far_from_ours_are_refused_and_cover_nothing(tmp_path: Path) -> None:
     """What the counts cover is read off the agent's clock: off by more than the windows' bounds, it is unknown."""
     wall = T0 + 1_000 * MS

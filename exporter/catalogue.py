@@ -444,7 +444,7 @@ HOST_CPU_RATIO = _m(
 CGROUP_CPU_QUOTA_CORES = _m(
     "boundwatch_cgroup_cpu_quota_cores",
     "gauge",
-    "CPU quota of a cgroup in cores (absent when unlimited).",
+    "Effective CPU quota of a cgroup in cores, the smallest on its path to the root (absent when unlimited).",
     ["cgroup"],
     "host",
 )
@@ -458,21 +458,21 @@ CGROUP_CPU_USAGE_SECONDS_TOTAL = _m(
 CGROUP_CPU_THROTTLED_SECONDS_TOTAL = _m(
     "boundwatch_cgroup_cpu_throttled_seconds_total",
     "counter",
-    "Time a cgroup's tasks were throttled by its CPU quota.",
+    "Time a cgroup's tasks were throttled by its effective CPU quota (counted where that quota is set: an ancestor's where it binds).",
     ["cgroup"],
     "host",
 )
 CGROUP_CPU_THROTTLED_PERIODS_TOTAL = _m(
     "boundwatch_cgroup_cpu_throttled_periods_total",
     "counter",
-    "Quota periods in which a cgroup was throttled.",
+    "Quota periods in which a cgroup was throttled (counted where its effective quota is set).",
     ["cgroup"],
     "host",
 )
 CGROUP_CPU_PERIODS_TOTAL = _m(
     "boundwatch_cgroup_cpu_periods_total",
     "counter",
-    "Quota periods elapsed for a cgroup.",
+    "Quota periods elapsed for a cgroup (counted where its effective quota is set).",
     ["cgroup"],
     "host",
 )

@@ -81,8 +81,10 @@ def _ancestors(rel_path: str) -> list[str]:
     return ["/" + "/".join(parts[:i]) if i else "/" for i in range(len(parts), -1, -1)]
 
 
-def _v2_quota(cgroup_root: str, rel_path: str) -> float | None:
+def _v2_quota(cgroup_root: str, rel_path: str) -> tuple[float | None, str | None]:
+    """Return the effective quota in cores and the cgroup that sets it (the leaf's own where it binds)."""
     quota: float | None = None
+    binding: str | None = None
     for path in _ancestors(rel_path):
         text = _read_str(os.path.join(cgroup_root, path.lstrip("/"), "cpu.max"))
         if not text:
@@ -93,8 +95,9 @@ def _v2_quota(cgroup_root: str, rel_path: str) -> float | None:
                 cores = int(fields[0]) / int(fields[1])
             except (ValueError, ZeroDivisionError):
                 continue
-            quota = cores if quota is None else min(quota, cores)
-    return quota
+            if quota is None or cores < quota:
+                quota, binding = cores, path
+    return quota, binding
 
 
 def _v1_dir(cgroup_root: str, names: tuple[str, ...] = V1_CPU_DIRS) -> Path | None:
@@ -105,8 +108,10 @@ def _v1_dir(cgroup_root: str, names: tuple[str, ...] = V1_CPU_DIRS) -> Path | No
     return None
 
 
-def _v1_quota(base: Path, rel_path: str) -> float | None:
+def _v1_quota(base: Path, rel_path: str) -> tuple[float | None, str | None]:
+    """Return the effective quota in cores and the cgroup that sets it (the leaf's own where it binds)."""
     quota: float | None = None
+    binding: str | None = None
     for path in _ancestors(rel_path):
         d = base / path.lstrip("/")
         q, p = _read(d / "cpu.cfs_quota_us"), _read(d / "cpu.cfs_period_us")
@@ -118,13 +123,15 @@ def _v1_quota(base: Path, rel_path: str) -> float | None:
             continue
         if q_us > 0 and p_us > 0:
             cores = q_us / p_us
-            quota = cores if quota is None else min(quota, cores)
-    return quota
+            if quota is None or cores < quota:
+                quota, binding = cores, path
+    return quota, binding
 
 
 QUOTA_EVERY_SECONDS = 10.0  # a quota (one file per ancestor) is read again this often; counters every call
-# (root, path) -> (read at, cores, the cgroup's nr_periods then)
-_quotas: dict[tuple[str, str], tuple[float, float | None, int | None]] = {}
+# (root, path) -> (read at, (cores, the cgroup that sets them), the cgroup's nr_periods then)
+Quota = tuple[float | None, str | None]
+_quotas: dict[tuple[str, str], tuple[float, Quota, int | None]] = {}
 _MAX_QUOTAS = 1024
 
 
@@ -132,10 +139,10 @@ def _quota_cached(
     cgroup_root: str,
     rel_path: str,
     now: float | None,
-    read: Callable[[], float | None],
+    read: Callable[[], Quota],
     periods: int | None = None,
-) -> float | None:
-    """Return a cgroup's effective quota, read from its ancestors at most every QUOTA_EVERY_SECONDS.
+) -> Quota:
+    """Return a cgroup's effective quota and the cgroup that sets it, read at most every QUOTA_EVERY_SECONDS.
 
     Without `now` it is read every call. A cached "no quota" is read again at once when the
     cgroup's enforcement periods (`periods`, its nr_periods) have moved since: the kernel counts
@@ -149,7 +156,7 @@ def _quota_cached(
     hit = _quotas.get(key)
     if hit is not None and now - hit[0] < QUOTA_EVERY_SECONDS:
         _, quota, seen = hit
-        if quota is not None or periods is None or seen is None or periods == seen:
+        if quota[0] is not None or periods is None or seen is None or periods == seen:
             return quota
     if len(_quotas) >= _MAX_QUOTAS:
         _quotas.clear()
@@ -184,6 +191,12 @@ def read_cgroup_cpu(
 ) -> CgroupCpu | None:
     """Return the CPU quota and throttling counters of one cgroup, or None when it is not there.
 
+    The quota is the smallest on the path to the root, and the throttling counters (periods,
+    throttled periods and time) are those of the cgroup that sets it: the leaf's own, or the
+    ancestor's whose quota binds (one more cpu.stat read a call, only then). The kernel counts
+    them in the cgroup whose quota enforces them, v1 and v2 alike: a leaf under an ancestor's quota
+    (a systemd slice's CPUQuota=, a container whose processes sit in a child cgroup) reads 0
+    periods and 0 throttled while the ancestor throttles it. Usage is the leaf's.
     With `now` (monotonic seconds) the quota (and where a v1 hierarchy is) comes from a cache
     younger than QUOTA_EVERY_SECONDS (they change rarely; the counters are read every call).
     With `files` the counters' files are read through it (kept open, one pread each).
@@ -196,15 +209,20 @@ def read_cgroup_cpu(
         if stat_text is None and not os.path.isdir(leaf):
             return None
         stat = _stat(stat_text)
+        quota, binding = _quota_cached(
+            cgroup_root, rel_path, now, lambda: _v2_quota(cgroup_root, rel_path), stat.get("nr_periods")
+        )
+        above = None
+        if binding is not None and binding != rel_path:
+            above = _stat(_read_str(os.path.join(cgroup_root, binding.lstrip("/"), "cpu.stat"), files))
+        counts = stat if above is None else above
         return CgroupCpu(
             path=rel_path,
-            quota_cores=_quota_cached(
-                cgroup_root, rel_path, now, lambda: _v2_quota(cgroup_root, rel_path), stat.get("nr_periods")
-            ),
+            quota_cores=quota,
             usage_seconds=stat["usage_usec"] / 1e6 if "usage_usec" in stat else None,
-            throttled_seconds=stat["throttled_usec"] / 1e6 if "throttled_usec" in stat else None,
-            throttled_periods=stat.get("nr_throttled"),
-            periods=stat.get("nr_periods"),
+            throttled_seconds=counts["throttled_usec"] / 1e6 if "throttled_usec" in counts else None,
+            throttled_periods=counts.get("nr_throttled"),
+            periods=counts.get("nr_periods"),
             version=2,
         )
     base = _v1_dir_cached(cgroup_root, V1_CPU_DIRS, now)
@@ -215,17 +233,22 @@ def read_cgroup_cpu(
     if stat_text is None and not os.path.isdir(v1_leaf):
         return None
     stat = _stat(stat_text)
+    quota, binding = _quota_cached(
+        cgroup_root, rel_path, now, lambda: _v1_quota(base, rel_path), stat.get("nr_periods")
+    )
+    above = None
+    if binding is not None and binding != rel_path:
+        above = _stat(_read_str(os.path.join(base, binding.lstrip("/"), "cpu.stat"), files))
+    counts = stat if above is None else above
     acct = _v1_dir_cached(cgroup_root, V1_ACCT_DIRS, now)
     usage_path = os.path.join(acct, rel_path.lstrip("/"), "cpuacct.usage") if acct is not None else None
     usage = _read_str(usage_path, files) if usage_path is not None else None
     return CgroupCpu(
         path=rel_path,
-        quota_cores=_quota_cached(
-            cgroup_root, rel_path, now, lambda: _v1_quota(base, rel_path), stat.get("nr_periods")
-        ),
+        quota_cores=quota,
         usage_seconds=int(usage) / 1e9 if usage and usage.isdigit() else None,
-        throttled_seconds=stat["throttled_time"] / 1e9 if "throttled_time" in stat else None,
-        throttled_periods=stat.get("nr_throttled"),
-        periods=stat.get("nr_periods"),
+        throttled_seconds=counts["throttled_time"] / 1e9 if "throttled_time" in counts else None,
+        throttled_periods=counts.get("nr_throttled"),
+        periods=counts.get("nr_periods"),
         version=1,
     )

@@ -27,6 +27,54 @@ def test_v2_pod_quota_binds_when_tighter_than_container_and_root_max_is_unlimite
     assert root is not None and root.quota_cores is None
 
 
+def test_v2_throttling_under_an_ancestors_quota_is_read_where_the_kernel_counts_it(tmp_path):
+    """A leaf with no quota of its own under a slice's: the slice's cpu.stat counts the periods and throttling."""
+    slice_ = tmp_path / "system.slice" / "vllm.slice"
+    leaf = slice_ / "api.service"
+    leaf.mkdir(parents=True)
+    (tmp_path / "cgroup.controllers").write_text("cpu\n")
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    (slice_ / "cpu.max").write_text("30000 100000\n")
+    (slice_ / "cpu.stat").write_text(
+        "usage_usec 9000000\nnr_periods 50\nnr_throttled 20\nthrottled_usec 900000\n"
+    )
+    (leaf / "cpu.max").write_text("max 100000\n")
+    leaf_stat = "usage_usec 4000000\nnr_periods 0\nnr_throttled 0\nthrottled_usec 0\n"
+    (leaf / "cpu.stat").write_text(leaf_stat)
+    for now in (None, 10.0, 10.5):  # uncached, then cached: the binding cgroup is kept with the quota
+        cg = read_cgroup_cpu(str(tmp_path), "/system.slice/vllm.slice/api.service", now=now)
+        assert cg is not None and cg.quota_cores == pytest.approx(0.3)
+        assert (cg.periods, cg.throttled_periods) == (50, 20)
+        assert cg.throttled_seconds == pytest.approx(0.9)
+        assert cg.usage_seconds == pytest.approx(4.0)  # usage stays the leaf's own
+    # a tighter quota of the leaf's own binds: its counters, not the slice's
+    (leaf / "cpu.max").write_text("10000 100000\n")
+    (leaf / "cpu.stat").write_text(
+        leaf_stat.replace("nr_periods 0", "nr_periods 7").replace("nr_throttled 0", "nr_throttled 3")
+    )
+    own = read_cgroup_cpu(str(tmp_path), "/system.slice/vllm.slice/api.service")
+    assert own is not None and own.quota_cores == pytest.approx(0.1)
+    assert (own.periods, own.throttled_periods, own.throttled_seconds) == (7, 3, 0.0)
+
+
+def test_v1_throttling_under_an_ancestors_quota_is_read_where_the_kernel_counts_it(tmp_path):
+    cpu = tmp_path / "cpu"
+    leaf = cpu / "machine" / "ctr" / "init"
+    leaf.mkdir(parents=True)
+    (cpu / "machine" / "ctr" / "cpu.cfs_quota_us").write_text("50000\n")
+    (cpu / "machine" / "ctr" / "cpu.cfs_period_us").write_text("100000\n")
+    (cpu / "machine" / "ctr" / "cpu.stat").write_text(
+        "nr_periods 40\nnr_throttled 30\nthrottled_time 2500000000\n"
+    )
+    (leaf / "cpu.cfs_quota_us").write_text("-1\n")
+    (leaf / "cpu.cfs_period_us").write_text("100000\n")
+    (leaf / "cpu.stat").write_text("nr_periods 0\nnr_throttled 0\nthrottled_time 0\n")
+    cg = read_cgroup_cpu(str(tmp_path), "/machine/ctr/init")
+    assert cg is not None and cg.version == 1 and cg.quota_cores == pytest.approx(0.5)
+    assert (cg.periods, cg.throttled_periods) == (40, 30)
+    assert cg.throttled_seconds == pytest.approx(2.5)
+
+
 def test_a_v2_quota_is_read_again_only_after_its_interval_and_the_counters_every_time(tmp_path):
     import shutil
 

@@ -1,0 +1,91 @@
+"""Where a real kernel counts throttling under an ancestor's CPU quota, and what boundwatch reads there.
+
+Needs root and a writable cgroup: v2 at /sys/fs/cgroup (the lent GPU machine), else v1's cpu
+hierarchy at /sys/fs/cgroup/cpu (the development VM). Makes `boundwatch-anc/leaf`, puts a 0.2-core
+quota on `boundwatch-anc` (the leaf has none), spins a child process in the leaf for `--seconds`,
+then reads both cgroups' cpu.stat and `exporter.sources.cgroup.read_cgroup_cpu` on the leaf.
+Writes JSON; removes what it made.
+
+    sudo python3 bench/cgroup_ancestor.py --out /tmp/cgroup_ancestor.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from exporter.sources.cgroup import read_cgroup_cpu
+
+ROOT = Path("/sys/fs/cgroup")
+
+
+def stat(d: Path) -> dict[str, int]:
+    """Return a cgroup's cpu.stat as integers."""
+    out = {}
+    for line in (d / "cpu.stat").read_text().splitlines():
+        key, _, value = line.partition(" ")
+        if value.isdigit():
+            out[key] = int(value)
+    return out
+
+
+def main() -> int:
+    """Run the probe and write its JSON."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seconds", type=float, default=2.0)
+    p.add_argument("--quota-cores", type=float, default=0.2)
+    p.add_argument("--out", default="cgroup_ancestor.json")
+    args = p.parse_args()
+    v2 = (ROOT / "cgroup.controllers").exists()
+    base = ROOT if v2 else ROOT / "cpu"
+    parent, leaf = base / "boundwatch-anc", base / "boundwatch-anc" / "leaf"
+    leaf.mkdir(parents=True, exist_ok=True)
+    if v2:
+        if "cpu" not in (ROOT / "cgroup.subtree_control").read_text().split():
+            (ROOT / "cgroup.subtree_control").write_text("+cpu")
+        (parent / "cgroup.subtree_control").write_text("+cpu")
+        (parent / "cpu.max").write_text(f"{int(args.quota_cores * 100000)} 100000")
+        limits = ("cpu.max",)
+    else:
+        (parent / "cpu.cfs_period_us").write_text("100000")
+        (parent / "cpu.cfs_quota_us").write_text(str(int(args.quota_cores * 100000)))
+        limits = ("cpu.cfs_quota_us", "cpu.cfs_period_us")
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        (leaf / "cgroup.procs").write_text(str(spin.pid))
+        time.sleep(args.seconds)
+        got = {
+            "cgroup_version": 2 if v2 else 1,
+            "kernel": os.uname().release,
+            "quota_cores": args.quota_cores,
+            "seconds": args.seconds,
+            "parent_limits": {f: (parent / f).read_text().strip() for f in limits},
+            "leaf_limits": {f: (leaf / f).read_text().strip() for f in limits},
+            "parent_stat": stat(parent),
+            "leaf_stat": stat(leaf),
+            "read_cgroup_cpu_leaf": read_cgroup_cpu(str(ROOT), "/boundwatch-anc/leaf").__dict__,
+        }
+    finally:
+        spin.kill()
+        spin.wait()
+        for d in (leaf, parent):
+            for _ in range(50):
+                try:
+                    d.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.05)
+    Path(args.out).write_text(json.dumps(got, indent=1) + "\n")
+    print(json.dumps(got, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -104,7 +104,7 @@ for _ in range(10):
     g.replay()                                   # the driver's check, hooks in
 SWITCH.set_in(False)
 for _ in range(10):
-    g.replay()                                   # the driver's thin check, hooks out
+    g.replay()                                   # the driver's thin check, hooks out: counted where direct
 torch.cuda.synchronize()
 print("RESULT " + json.dumps({"torch": torch.__version__, "shim": shim,
     "direct": hooks.replay_direct(torch.cuda.CUDAGraph),
@@ -134,4 +134,6 @@ def test_the_light_hooks_replay_torchs_graphs_through_the_base_where_replay_is_i
     # torch 2.11's replay is the shim: the C++ replay is called directly; a torch whose replay does more is not
     assert r["direct"] == r["shim"], r
     assert r["y"] == 30.0 and r["all_same"], r  # every replay ran the graph once, in and out
-    assert r["counted"] == 20, r  # counted while the hooks were in, not while out
+    # where replay is torch's shim the driver's checks count their own calls (0dfee6e): every replay,
+    # hooks in or out; a replay that does more is counted only while the hooks are in (a sample)
+    assert r["counted"] == (30 if r["direct"] else 20), r

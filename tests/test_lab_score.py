@@ -80,11 +80,8 @@ def test_a_gpu_label_whose_truth_is_host_bound_says_its_premise_failed() -> None
     assert why is not None and "GPU busy 0.76" in why and "0.98 cores" in why
     # the H100's (session 29): the label holds
     assert premise("gpu", {"busy": 0.98, "api_main_demand": [0.86, 0.65, 0.55, 0.39]}) is None
-    # busy alone, or demand alone, is enough to fail it
-    assert (
-        premise("gpu", {"busy": 0.97, "api_main_demand": [0.95]})
-        == "an API server's main thread demands 0.95 cores"
-    )
+    # the GPU's truth decides; a demanding API server beside a busy GPU does not fail it (H100, session 33)
+    assert premise("gpu", {"busy": 0.96, "api_main_demand": [0.91, 0.65, 0.52, 0.33]}) is None
     assert premise("gpu", {"busy": 0.5, "api_main_demand": []}) == "GPU busy 0.50 < 0.85"
     # host and idle labels are not checked; no truth, nothing said
     assert premise("host", starved) is None

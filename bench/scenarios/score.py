@@ -72,9 +72,9 @@ def score(ticks: Sequence[Tick], segments: Sequence[Segment], settle: float = 2.
 
 
 # A `gpu` label assumes the machine gives the scenario a GPU-bound truth: the GPU busy at the
-# verdict's `busy_high` and no API server's main thread short of CPU (its `api_server_saturated`).
-# A small machine (the 2-core VM's four tokenising API servers beside the engine) can make host-bound
-# what the label calls GPU-bound; the score stands, and the row says the label's premise failed here.
+# verdict's `busy_high`. A small machine (the 2-core VM's four tokenising API servers beside the
+# engine) can make host-bound what the label calls GPU-bound; the score stands, and the row says
+# the label's premise failed there, with the API servers' demand where it explains why.
 PREMISE_BUSY = 0.85
 PREMISE_API_DEMAND = 0.90
 
@@ -82,18 +82,18 @@ PREMISE_API_DEMAND = 0.90
 def premise(verdict: str, truth: dict[str, Any]) -> str | None:
     """Return why a scenario's label did not hold in its measured truth (None: it held, or is not checked).
 
-    Only `gpu` labels are checked: the busy median (`truth["busy"]`) under PREMISE_BUSY, or an API
-    server's main-thread demand (CPU plus run-queue wait, cores) at PREMISE_API_DEMAND or more.
+    Only `gpu` labels are checked: the truth's busy median (`truth["busy"]`) under PREMISE_BUSY
+    fails it; an API server's main-thread demand (CPU plus run-queue wait, cores) at
+    PREMISE_API_DEMAND or more is named beside it (alone it does not fail it: the H100's fix ran
+    one server at 0.91 with the GPU 0.96 busy).
     """
-    if verdict != "gpu" or truth.get("busy") is None:
+    if verdict != "gpu" or truth.get("busy") is None or truth["busy"] >= PREMISE_BUSY:
         return None
-    why = []
-    if truth["busy"] < PREMISE_BUSY:
-        why.append(f"GPU busy {truth['busy']:.2f} < {PREMISE_BUSY}")
+    why = [f"GPU busy {truth['busy']:.2f} < {PREMISE_BUSY}"]
     demand = [d for d in truth.get("api_main_demand") or () if d is not None]
     if demand and max(demand) >= PREMISE_API_DEMAND:
         why.append(f"an API server's main thread demands {max(demand):.2f} cores")
-    return "; ".join(why) or None
+    return "; ".join(why)
 
 
 def passed(rows: Sequence[dict[str, Any]], share: float = 0.95, switch: float = 1.5) -> dict[str, Any]:

@@ -4,7 +4,10 @@ Needs root and a writable cgroup: v2 at /sys/fs/cgroup (the lent GPU machine), e
 hierarchy at /sys/fs/cgroup/cpu (the development VM). Makes `boundwatch-anc/leaf`, puts a 0.2-core
 quota on `boundwatch-anc` (the leaf has none), spins a child process in the leaf for `--seconds`,
 then reads both cgroups' cpu.stat and `exporter.sources.cgroup.read_cgroup_cpu` on the leaf.
-Writes JSON; removes what it made.
+With `--cost N`, also times N reads (`read_cgroup_cpu` with its files kept open and its quota
+cached, as the daemon reads each tick) of the leaf and of a cgroup with a quota of its own
+(`boundwatch-own`), alternating in 5 rounds: what reading the counters where an ancestor's quota
+binds adds to a tick. Writes JSON; removes what it made.
 
     sudo python3 bench/cgroup_ancestor.py --out /tmp/cgroup_ancestor.json
 """
@@ -14,14 +17,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from exporter.sources.cgroup import read_cgroup_cpu
+from exporter.sources.pseudofiles import KeptFiles
 
 ROOT = Path("/sys/fs/cgroup")
 
@@ -36,11 +42,38 @@ def stat(d: Path) -> dict[str, int]:
     return out
 
 
+def read_cost(base: Path, v2: bool, cores: float, n: int) -> dict[str, Any]:
+    """Time `read_cgroup_cpu` on the leaf (ancestor's quota) and on a cgroup with its own quota (us a read)."""
+    own = base / "boundwatch-own"
+    own.mkdir(exist_ok=True)
+    try:
+        if v2:
+            (own / "cpu.max").write_text(f"{int(cores * 100000)} 100000")
+        else:
+            (own / "cpu.cfs_quota_us").write_text(str(int(cores * 100000)))
+        files = KeptFiles()
+        times: dict[str, list[float]] = {"own_quota": [], "ancestor_quota": []}
+        for _ in range(5):
+            for key, path in (("own_quota", "/boundwatch-own"), ("ancestor_quota", "/boundwatch-anc/leaf")):
+                t = time.perf_counter_ns()
+                for i in range(n):
+                    read_cgroup_cpu(str(ROOT), path, version=2 if v2 else 1, now=1e6 + i * 1e-4, files=files)
+                times[key].append((time.perf_counter_ns() - t) / n / 1000)
+        files.close()
+        return {
+            k: {"median": round(statistics.median(v), 2), "rounds": [round(x, 2) for x in v]}
+            for k, v in times.items()
+        }
+    finally:
+        own.rmdir()
+
+
 def main() -> int:
     """Run the probe and write its JSON."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seconds", type=float, default=2.0)
     p.add_argument("--quota-cores", type=float, default=0.2)
+    p.add_argument("--cost", type=int, default=0, help="reads to time per round (0: none)")
     p.add_argument("--out", default="cgroup_ancestor.json")
     args = p.parse_args()
     v2 = (ROOT / "cgroup.controllers").exists()
@@ -72,6 +105,8 @@ def main() -> int:
             "leaf_stat": stat(leaf),
             "read_cgroup_cpu_leaf": read_cgroup_cpu(str(ROOT), "/boundwatch-anc/leaf").__dict__,
         }
+        if args.cost:
+            got["read_us"] = read_cost(base, v2, args.quota_cores, args.cost)
     finally:
         spin.kill()
         spin.wait()

@@ -708,7 +708,13 @@ def _engine_facts(
 
 
 def _throttled(before: CgroupCpu, now: CgroupCpu, seconds: float) -> float | None:
-    """Return the share of quota periods throttled between two readings (else throttled s per s)."""
+    """Return the share of quota periods throttled between two readings (else throttled s per s).
+
+    None where the two read their counters at different cgroups (a quota set or lifted moved the one
+    that binds): those counters are not one series.
+    """
+    if before.counted_at != now.counted_at:
+        return None
     if None not in (now.periods, before.periods, now.throttled_periods, before.throttled_periods):
         periods = now.periods - before.periods  # type: ignore[operator]
         throttled = now.throttled_periods - before.throttled_periods  # type: ignore[operator]
@@ -1038,7 +1044,7 @@ def _throttling(win: Sequence[Snapshot], vs: Sequence[Sequence[View]]) -> dict[s
                 quotas.append(c.quota_cores)
             since, c0 = first.get(c.path, (last_good.mono, c))
             span = last_good.mono - since
-            if span <= 0:
+            if span <= 0 or c0.counted_at != c.counted_at:  # counters of two cgroups: no series
                 continue
             if None not in (c.periods, c0.periods, c.throttled_periods, c0.throttled_periods):
                 periods = c.periods - c0.periods  # type: ignore[operator]

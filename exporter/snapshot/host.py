@@ -16,6 +16,10 @@ class CgroupCpu:
     throttled_periods: int | None = None
     periods: int | None = None
     version: int = 2
+    # where the throttling counters (periods, throttled periods and time) were read: '' this cgroup's
+    # own cpu.stat, else the ancestor whose quota binds it (the kernel counts them there); readings
+    # counted at different cgroups are not compared
+    counted_at: str = ""
 
 
 @dataclass(frozen=True)

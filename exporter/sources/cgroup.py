@@ -224,6 +224,7 @@ def read_cgroup_cpu(
             throttled_periods=counts.get("nr_throttled"),
             periods=counts.get("nr_periods"),
             version=2,
+            counted_at=binding if above is not None and binding is not None else "",
         )
     base = _v1_dir_cached(cgroup_root, V1_CPU_DIRS, now)
     if base is None:
@@ -251,4 +252,5 @@ def read_cgroup_cpu(
         throttled_periods=counts.get("nr_throttled"),
         periods=counts.get("nr_periods"),
         version=1,
+        counted_at=binding if above is not None and binding is not None else "",
     )

@@ -115,6 +115,40 @@ def test_empty_queue_beside_throttled_api_servers_is_cpu_quota_throttled() -> No
     assert got.get("api_server_thread_cpu") == pytest.approx(0.05)
 
 
+def test_counters_read_at_another_cgroup_after_a_quota_moved_are_not_a_delta() -> None:
+    """A quota set or lifted can move the cgroup whose cpu.stat counts throttling (an ancestor's binds):
+    the readings before and after are two cgroups' counters, not one series, and say nothing."""
+    quiet = dataclasses.replace(QUOTA_BOUND, throttled_share=0.0)
+    snaps = series(quiet, 3.0)
+    assert "cpu_quota_throttled" not in last(snaps).reasons
+
+    def moved(snap: Snapshot) -> Snapshot:  # the slice's counters from here on: far ahead of the leaf's
+        engines = tuple(
+            dataclasses.replace(
+                e,
+                cgroups=tuple(
+                    dataclasses.replace(
+                        c,
+                        periods=(c.periods or 0) + 50_000,
+                        throttled_periods=(c.throttled_periods or 0) + 40_000,
+                        throttled_seconds=(c.throttled_seconds or 0.0) + 900.0,
+                        counted_at="/vllm.slice",
+                    )
+                    for c in e.cgroups
+                ),
+            )
+            for e in snap.engines
+        )
+        return dataclasses.replace(snap, engines=engines)
+
+    n = len(snaps) - 2
+    switched = snaps[:n] + [moved(x) for x in snaps[n:]]
+    assert any(c.counted_at for e in switched[-1].engines for c in e.cgroups)
+    got = last(switched)
+    assert "cpu_quota_throttled" not in got.reasons, got
+    assert (got.get("throttled_share") or 0.0) < 0.05
+
+
 def test_throttled_api_servers_whose_cgroup_is_unknown_still_offer_work() -> None:
     # Only the engine's cgroup is known (no per-server cgroup path): the servers' CPU fills its quota.
     got = last(series(dataclasses.replace(QUOTA_BOUND, api_cgroup=""), 3.0))

@@ -47,6 +47,7 @@ def test_v2_throttling_under_an_ancestors_quota_is_read_where_the_kernel_counts_
         assert (cg.periods, cg.throttled_periods) == (50, 20)
         assert cg.throttled_seconds == pytest.approx(0.9)
         assert cg.usage_seconds == pytest.approx(4.0)  # usage stays the leaf's own
+        assert cg.counted_at == "/system.slice/vllm.slice"
     # a tighter quota of the leaf's own binds: its counters, not the slice's
     (leaf / "cpu.max").write_text("10000 100000\n")
     (leaf / "cpu.stat").write_text(
@@ -55,6 +56,7 @@ def test_v2_throttling_under_an_ancestors_quota_is_read_where_the_kernel_counts_
     own = read_cgroup_cpu(str(tmp_path), "/system.slice/vllm.slice/api.service")
     assert own is not None and own.quota_cores == pytest.approx(0.1)
     assert (own.periods, own.throttled_periods, own.throttled_seconds) == (7, 3, 0.0)
+    assert own.counted_at == ""
 
 
 def test_v1_throttling_under_an_ancestors_quota_is_read_where_the_kernel_counts_it(tmp_path):
@@ -72,7 +74,7 @@ def test_v1_throttling_under_an_ancestors_quota_is_read_where_the_kernel_counts_
     cg = read_cgroup_cpu(str(tmp_path), "/machine/ctr/init")
     assert cg is not None and cg.version == 1 and cg.quota_cores == pytest.approx(0.5)
     assert (cg.periods, cg.throttled_periods) == (40, 30)
-    assert cg.throttled_seconds == pytest.approx(2.5)
+    assert cg.throttled_seconds == pytest.approx(2.5) and cg.counted_at == "/machine/ctr"
 
 
 def test_a_v2_quota_is_read_again_only_after_its_interval_and_the_counters_every_time(tmp_path):

@@ -182,6 +182,15 @@ def _v1_dir_cached(cgroup_root: str, names: tuple[str, ...], now: float | None) 
     return found
 
 
+def _counted_where_set(
+    hierarchy: str, rel_path: str, stat: dict[str, int], binding: str | None, files: KeptFiles | None
+) -> tuple[dict[str, int], str]:
+    """Return the cpu.stat whose throttling counters count and where it was read ('': the cgroup's own)."""
+    if binding is None or binding == rel_path:
+        return stat, ""
+    return _stat(_read_str(os.path.join(hierarchy, binding.lstrip("/"), "cpu.stat"), files)), binding
+
+
 def read_cgroup_cpu(
     cgroup_root: str,
     rel_path: str,
@@ -212,10 +221,7 @@ def read_cgroup_cpu(
         quota, binding = _quota_cached(
             cgroup_root, rel_path, now, lambda: _v2_quota(cgroup_root, rel_path), stat.get("nr_periods")
         )
-        above = None
-        if binding is not None and binding != rel_path:
-            above = _stat(_read_str(os.path.join(cgroup_root, binding.lstrip("/"), "cpu.stat"), files))
-        counts = stat if above is None else above
+        counts, counted_at = _counted_where_set(cgroup_root, rel_path, stat, binding, files)
         return CgroupCpu(
             path=rel_path,
             quota_cores=quota,
@@ -224,7 +230,7 @@ def read_cgroup_cpu(
             throttled_periods=counts.get("nr_throttled"),
             periods=counts.get("nr_periods"),
             version=2,
-            counted_at=binding if above is not None and binding is not None else "",
+            counted_at=counted_at,
         )
     base = _v1_dir_cached(cgroup_root, V1_CPU_DIRS, now)
     if base is None:
@@ -237,10 +243,7 @@ def read_cgroup_cpu(
     quota, binding = _quota_cached(
         cgroup_root, rel_path, now, lambda: _v1_quota(base, rel_path), stat.get("nr_periods")
     )
-    above = None
-    if binding is not None and binding != rel_path:
-        above = _stat(_read_str(os.path.join(base, binding.lstrip("/"), "cpu.stat"), files))
-    counts = stat if above is None else above
+    counts, counted_at = _counted_where_set(str(base), rel_path, stat, binding, files)
     acct = _v1_dir_cached(cgroup_root, V1_ACCT_DIRS, now)
     usage_path = os.path.join(acct, rel_path.lstrip("/"), "cpuacct.usage") if acct is not None else None
     usage = _read_str(usage_path, files) if usage_path is not None else None
@@ -252,5 +255,5 @@ def read_cgroup_cpu(
         throttled_periods=counts.get("nr_throttled"),
         periods=counts.get("nr_periods"),
         version=1,
-        counted_at=binding if above is not None and binding is not None else "",
+        counted_at=counted_at,
     )

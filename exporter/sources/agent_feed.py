@@ -103,6 +103,11 @@ REFUSED_REASONS = (
 _DATAGRAM, _TRUNCATED, _REFUSED, _FAILED = range(4)
 
 
+def _off_clock(t1: int, wall: int) -> bool:
+    """Say whether an agent's record ending at t1 (unix ns) lies outside what this daemon, at `wall`, takes."""
+    return not wall - MAX_PAST_NS <= t1 <= wall + MAX_FUTURE_NS
+
+
 @dataclass
 class _Agent:
     pid: int
@@ -526,7 +531,7 @@ class AgentFeed:
         if w.t1 - w.t0 > MAX_WINDOW_NS:
             self._refuse("limits", f"pid {agent.pid}: a {(w.t1 - w.t0) / 1e9:.1f} s window")
             return
-        if not wall - MAX_PAST_NS <= w.t1 <= wall + MAX_FUTURE_NS:
+        if _off_clock(w.t1, wall):
             self._refuse("clock", f"pid {agent.pid}: a window ends {(w.t1 - wall) / 1e9:+.1f} s from now")
             return
         if w.t0 < agent.ends.get(w.dev, 0):
@@ -560,7 +565,7 @@ class AgentFeed:
             self._refuse("engines", f"pid {agent.pid} reports over {MAX_ENGINES_PER_AGENT} engines")
             return False
         if s.t1:  # timed steps run on the agent's clock, which must stay near ours and move forward
-            if not wall - MAX_PAST_NS <= s.t1 <= wall + MAX_FUTURE_NS:
+            if _off_clock(s.t1, wall):
                 self._refuse("clock", f"pid {agent.pid}: steps end {(s.t1 - wall) / 1e9:+.1f} s from now")
                 return False
             if s.t1 <= agent.step_ends.get((s.engine, s.dp), 0):
@@ -671,7 +676,7 @@ class AgentFeed:
     def _take_graphs(self, agent: _Agent, g: wire.GraphCounts, wall: int) -> None:
         """Add one message's light-hook graph counts to its process's totals for this tick (bounded; `wall`: its arrival)."""
         # on a clock far from ours what the counts cover is unknown (the verdict weighs replays by it)
-        if not wall - MAX_PAST_NS <= g.t1 <= wall + MAX_FUTURE_NS:
+        if _off_clock(g.t1, wall):
             self._refuse("clock", f"pid {agent.pid}: graph counts end {(g.t1 - wall) / 1e9:+.1f} s from now")
             return
         tot = self._graph_totals(agent.pid)

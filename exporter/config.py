@@ -120,6 +120,9 @@ class VerdictConfig:
     )
     busy_high: float = 0.85  # at or above: GPU-bound when work is pending
     busy_low: float = 0.70  # below: host-bound when work is pending; between: the previous verdict
+    # While the engine holds work (requests wait in its queue, or its batch is full) a GPU-bound GPU
+    # is busy: there a gpu verdict holds only down to this busy share, not busy_low (docs/verdict.md)
+    queued_busy_low: float = 0.83
     idle_busy: float = 0.02  # with no engine source: below this busy share the GPU counts as idle
     api_server_saturated: float = 0.90  # busiest API-server thread, cores (1.0 = one core all the time)
     throttled_share: float = 0.05  # share of quota periods throttled (or throttled s per s)
@@ -291,6 +294,11 @@ class Config:
             0 < v.busy_low <= v.busy_high <= 1,
             "verdict.busy_low",
             "verdict thresholds need 0 < busy_low <= busy_high <= 1",
+        )
+        check(
+            v.busy_low <= v.queued_busy_low <= v.busy_high,
+            "verdict.queued_busy_low",
+            f"must lie between busy_low and busy_high, got {v.queued_busy_low}",
         )
         check(
             v.window_seconds > 0 and v.busy_window_seconds > 0,

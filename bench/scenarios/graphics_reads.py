@@ -91,12 +91,12 @@ def replay_with(
     return out, seen
 
 
-def study(path: Path, policy: Policy) -> dict[str, Any]:
+def study(path: Path, policy: Policy, cfg: Config | None = None) -> dict[str, Any]:
     with gzip.open(path, "rt") as fh:
         head, it = read_lines(fh)
         snaps = list(it)
     segments = [Segment(**s) for s in head["schedule"]]
-    cfg = Config()
+    cfg = cfg or Config()
     result: dict[str, Any] = {"recording": path.name}
     for name, pol in (("as_recorded", None), ("policy", policy)):
         replayed, seen = replay_with(snaps, cfg, pol)

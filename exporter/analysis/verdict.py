@@ -7,7 +7,8 @@ Two steps, both pure:
   when a source the decision needs is missing. Between the two thresholds the previous verdict
   stays (a band of hysteresis on the busy share itself: a GPU at 78% busy that was GPU-bound stays
   GPU-bound, one that was host-bound stays host-bound); with no previous gpu/host verdict the
-  midpoint decides.
+  midpoint decides. While the engine holds work (a queue, a full batch) the band starts at
+  `queued_busy_low`: a GPU that is the bottleneck is busy while requests wait for it.
 - `hold(raw, prev, cfg)` reports a change only once `hold_ticks` ticks in a row disagreed with
   the reported verdict (the tick that straddles a change counts when its busy share leans to the
   new side of the band's midpoint), so one odd tick (a GC pause, a slow scrape) does not flap
@@ -1111,13 +1112,15 @@ def busy_edges(f: Facts, cfg: VerdictConfig, reported: str) -> tuple[float, ...]
     below `busy_low` turns the verdict, and the band's midpoint decides the side a tick leans to
     (the hold's streak); after `host`, the midpoint and `busy_high`; after anything else, the
     midpoint alone (inside the band it picks the side). Both bands where the graphs read eager
-    (decode may take the eager one next tick). Without an engine, `idle_busy` too, and after `idle`
-    (where the scheduled self-test reads the busy share against its own idle bar, 0.02 by default);
+    (decode may take the eager one next tick); while the engine holds work, the narrowed band's
+    edges too (`queued_busy_low`, its midpoint), beside the usual ones (the queue may empty).
+    Without an engine, `idle_busy` too, and after `idle` (where the scheduled self-test reads the busy share against its own idle bar, 0.02 by default);
     without an engine or an agent, `idle_busy` and `busy_high` alone.
     """
     eager = graphs_read_eager(f, cfg)
     banded = f.engine or f.agent
-    key = (id(cfg), eager, f.engine, banded, reported)
+    queued = f.engine and engine_holds_work(f, cfg)  # the band narrows (`thresholds`)
+    key = (id(cfg), eager, f.engine, banded, queued, reported)
     known = _EDGES.get(key)
     if known is not None and known[0] is cfg:  # a few tuples per config, not one per GPU per tick
         return known[1]
@@ -1129,6 +1132,11 @@ def busy_edges(f: Facts, cfg: VerdictConfig, reported: str) -> tuple[float, ...]
         for low, high in bands:
             mid = (low + high) / 2
             edges += (low, mid) if reported == "gpu" else (mid, high) if reported == "host" else (mid,)
+            if (
+                queued
+            ):  # the narrow band while the engine holds work, beside the usual one (its queue may empty)
+                q = _queued_low(low, high, cfg)
+                edges += (q, (q + high) / 2) if reported == "gpu" else ((q + high) / 2,)
         # an agent's GPU without an engine reads idle below idle_busy; after idle, the self-test's idle
         # check reads near it too with its default bar (a raised bar: the NVML source's also_edges)
         if not f.engine or reported == "idle":
@@ -1142,7 +1150,7 @@ def busy_edges(f: Facts, cfg: VerdictConfig, reported: str) -> tuple[float, ...]
     return made
 
 
-_EDGES: dict[tuple[int, bool, bool, bool, str], tuple[VerdictConfig, tuple[float, ...]]] = {}
+_EDGES: dict[tuple[int, bool, bool, bool, bool, str], tuple[VerdictConfig, tuple[float, ...]]] = {}
 
 
 def engine_holds_work(f: Facts, cfg: VerdictConfig) -> bool:
@@ -1190,10 +1198,24 @@ def host_reasons(f: Facts, cfg: VerdictConfig) -> tuple[str, ...]:
 
 
 def thresholds(f: Facts, cfg: VerdictConfig) -> tuple[float, float]:
-    """Return the (low, high) busy thresholds for a window: the eager bar for GPM/NVML figures of eager decode."""
+    """Return the (low, high) busy thresholds for a window: the eager bar for GPM/NVML figures of eager decode.
+
+    While the engine holds work (`engine_holds_work`: requests wait in its queue, or its batch is
+    full) the band's low edge is at least `queued_busy_low` (0.83): a GPU that is the bottleneck is
+    busy while work waits for it, so one that idles a fifth of the time with a queue waits on the
+    host (eager decode that GPM reads inside the band, with no agent to see the graphs go). A
+    narrow band is kept, not none: a GPU-bound load whose busy share wavers near `busy_high` does
+    not flap.
+    """
+    low, high = cfg.busy_low, cfg.busy_high
     if f.busy_source in ("gpm", "nvml") and eager_decode(f, cfg):
-        return cfg.eager_busy_low, cfg.eager_busy_high
-    return cfg.busy_low, cfg.busy_high
+        low, high = cfg.eager_busy_low, cfg.eager_busy_high
+    return (_queued_low(low, high, cfg), high) if engine_holds_work(f, cfg) else (low, high)
+
+
+def _queued_low(low: float, high: float, cfg: VerdictConfig) -> float:
+    """Return a band's low edge while the engine holds work: raised to `queued_busy_low`, never past the high one."""
+    return min(high, max(low, cfg.queued_busy_low))
 
 
 def _by_busy(busy: float, band: tuple[float, float], prev: Verdict | None) -> str:

@@ -1114,8 +1114,9 @@ def busy_edges(f: Facts, cfg: VerdictConfig, reported: str) -> tuple[float, ...]
     midpoint alone (inside the band it picks the side). Both bands where the graphs read eager
     (decode may take the eager one next tick); while the engine holds work, the narrowed band's
     edges too (`queued_busy_low`, its midpoint), beside the usual ones (the queue may empty).
-    Without an engine, `idle_busy` too, and after `idle` (where the scheduled self-test reads the busy share against its own idle bar, 0.02 by default);
-    without an engine or an agent, `idle_busy` and `busy_high` alone.
+    Without an engine, `idle_busy` too, and after `idle` (where the scheduled self-test reads the
+    busy share against its own idle bar, 0.02 by default); without an engine or an agent,
+    `idle_busy` and `busy_high` alone.
     """
     eager = graphs_read_eager(f, cfg)
     banded = f.engine or f.agent
@@ -1132,9 +1133,8 @@ def busy_edges(f: Facts, cfg: VerdictConfig, reported: str) -> tuple[float, ...]
         for low, high in bands:
             mid = (low + high) / 2
             edges += (low, mid) if reported == "gpu" else (mid, high) if reported == "host" else (mid,)
-            if (
-                queued
-            ):  # the narrow band while the engine holds work, beside the usual one (its queue may empty)
+            # the narrow band while the engine holds work, beside the usual one (its queue may empty)
+            if queued:
                 q = _queued_low(low, high, cfg)
                 edges += (q, (q + high) / 2) if reported == "gpu" else ((q + high) / 2,)
         # an agent's GPU without an engine reads idle below idle_busy; after idle, the self-test's idle

@@ -7,8 +7,9 @@ Two steps, both pure:
   when a source the decision needs is missing. Between the two thresholds the previous verdict
   stays (a band of hysteresis on the busy share itself: a GPU at 78% busy that was GPU-bound stays
   GPU-bound, one that was host-bound stays host-bound); with no previous gpu/host verdict the
-  midpoint decides. While the engine holds work (a queue, a full batch) the band starts at
-  `queued_busy_low`: a GPU that is the bottleneck is busy while requests wait for it.
+  midpoint decides. While work waits (in the engine's queue or a full batch, in a saturated API
+  server, behind a quota) the band starts at `queued_busy_low`: a GPU that is the bottleneck is
+  busy while work waits for it.
 - `hold(raw, prev, cfg)` reports a change only once `hold_ticks` ticks in a row disagreed with
   the reported verdict (the tick that straddles a change counts when its busy share leans to the
   new side of the band's midpoint), so one odd tick (a GC pause, a slow scrape) does not flap
@@ -1112,15 +1113,15 @@ def busy_edges(f: Facts, cfg: VerdictConfig, reported: str) -> tuple[float, ...]
     below `busy_low` turns the verdict, and the band's midpoint decides the side a tick leans to
     (the hold's streak); after `host`, the midpoint and `busy_high`; after anything else, the
     midpoint alone (inside the band it picks the side). Both bands where the graphs read eager
-    (decode may take the eager one next tick); while the engine holds work, the narrowed band's
-    edges too (`queued_busy_low`, its midpoint), beside the usual ones (the queue may empty).
+    (decode may take the eager one next tick); while work waits (`work_waits`), the narrowed band's
+    edges too (`queued_busy_low`, its midpoint), beside the usual ones (the wait may end).
     Without an engine, `idle_busy` too, and after `idle` (where the scheduled self-test reads the
     busy share against its own idle bar, 0.02 by default); without an engine or an agent,
     `idle_busy` and `busy_high` alone.
     """
     eager = graphs_read_eager(f, cfg)
     banded = f.engine or f.agent
-    queued = f.engine and engine_holds_work(f, cfg)  # the band narrows (`thresholds`)
+    queued = f.engine and work_waits(f, cfg)  # the band narrows (`thresholds`)
     key = (id(cfg), eager, f.engine, banded, queued, reported)
     known = _EDGES.get(key)
     if known is not None and known[0] is cfg:  # a few tuples per config, not one per GPU per tick
@@ -1133,7 +1134,7 @@ def busy_edges(f: Facts, cfg: VerdictConfig, reported: str) -> tuple[float, ...]
         for low, high in bands:
             mid = (low + high) / 2
             edges += (low, mid) if reported == "gpu" else (mid, high) if reported == "host" else (mid,)
-            # the narrow band while the engine holds work, beside the usual one (its queue may empty)
+            # the narrow band while work waits, beside the usual one (the wait may end next tick)
             if queued:
                 q = _queued_low(low, high, cfg)
                 edges += (q, (q + high) / 2) if reported == "gpu" else ((q + high) / 2,)
@@ -1167,14 +1168,33 @@ def engine_holds_work(f: Facts, cfg: VerdictConfig) -> bool:
     return bool(f.max_batch) and f.running_mean >= cfg.admission_fill * (f.max_batch or 0)
 
 
+def _quota_throttled(f: Facts, cfg: VerdictConfig) -> bool:
+    """Say whether a cgroup of the engine's is throttled by its quota (share of periods, else seconds per second)."""
+    if f.throttled_share is not None:
+        return f.throttled_share >= cfg.throttled_share
+    return (f.throttled_seconds_per_second or 0.0) >= cfg.throttled_share
+
+
+def _api_server_saturated(f: Facts, cfg: VerdictConfig) -> bool:
+    """Say whether the busiest API-server thread is saturated."""
+    return f.api_server_thread_cpu is not None and f.api_server_thread_cpu >= cfg.api_server_saturated
+
+
+def work_waits(f: Facts, cfg: VerdictConfig) -> bool:
+    """Say whether work waits for the GPU's engine: in its queue or a full batch, in a saturated API server, behind a quota.
+
+    A GPU that is the bottleneck is busy while work waits for it, so then the band that keeps a
+    previous `gpu` verdict starts at `queued_busy_low` (`thresholds`).
+    """
+    return engine_holds_work(f, cfg) or _api_server_saturated(f, cfg) or _quota_throttled(f, cfg)
+
+
 def host_reasons(f: Facts, cfg: VerdictConfig) -> tuple[str, ...]:
     """Return why a GPU with work offered is starved, root causes first; ("unknown",) when nothing fits."""
     found: set[str] = set()
-    if f.throttled_share is not None and f.throttled_share >= cfg.throttled_share:
+    if _quota_throttled(f, cfg):
         found.add("cpu_quota_throttled")
-    elif f.throttled_share is None and (f.throttled_seconds_per_second or 0.0) >= cfg.throttled_share:
-        found.add("cpu_quota_throttled")
-    if f.api_server_thread_cpu is not None and f.api_server_thread_cpu >= cfg.api_server_saturated:
+    if _api_server_saturated(f, cfg):
         found.add("api_server_saturated")
     if eager_decode(f, cfg):
         found.add("cuda_graph_fallback")
@@ -1200,21 +1220,21 @@ def host_reasons(f: Facts, cfg: VerdictConfig) -> tuple[str, ...]:
 def thresholds(f: Facts, cfg: VerdictConfig) -> tuple[float, float]:
     """Return the (low, high) busy thresholds for a window: the eager bar for GPM/NVML figures of eager decode.
 
-    While the engine holds work (`engine_holds_work`: requests wait in its queue, or its batch is
-    full) the band's low edge is at least `queued_busy_low` (0.83): a GPU that is the bottleneck is
-    busy while work waits for it, so one that idles a fifth of the time with a queue waits on the
-    host (eager decode that GPM reads inside the band, with no agent to see the graphs go). A
-    narrow band is kept, not none: a GPU-bound load whose busy share wavers near `busy_high` does
-    not flap.
+    While work waits (`work_waits`: requests in the engine's queue or a full batch, a saturated API
+    server, a throttled cgroup) the band's low edge is at least `queued_busy_low` (0.83): a GPU that
+    is the bottleneck is busy while work waits for it, so one that idles a fifth of the time then
+    waits on the host (eager decode that GPM reads inside the band, with no agent to see the graphs
+    go). A narrow band is kept, not none: a GPU-bound load whose busy share wavers near `busy_high`
+    does not flap.
     """
     low, high = cfg.busy_low, cfg.busy_high
     if f.busy_source in ("gpm", "nvml") and eager_decode(f, cfg):
         low, high = cfg.eager_busy_low, cfg.eager_busy_high
-    return (_queued_low(low, high, cfg), high) if engine_holds_work(f, cfg) else (low, high)
+    return (_queued_low(low, high, cfg), high) if work_waits(f, cfg) else (low, high)
 
 
 def _queued_low(low: float, high: float, cfg: VerdictConfig) -> float:
-    """Return a band's low edge while the engine holds work: raised to `queued_busy_low`, never past the high one."""
+    """Return a band's low edge while work waits: raised to `queued_busy_low`, never past the high one."""
     return min(high, max(low, cfg.queued_busy_low))
 
 

@@ -391,6 +391,27 @@ def test_either_way_of_holding_work_narrows_the_band(held: dict) -> None:
     assert verdicts(rec.snaps)[-1] == "host"
 
 
+@pytest.mark.parametrize(
+    ("waits", "reason"),
+    [
+        (dict(running=2, waiting=0, api_cpu=0.99), "api_server_saturated"),  # held before the engine
+        (dict(running=64, waiting=0, quota_cores=0.5, throttled_share=0.5), "cpu_quota_throttled"),
+    ],
+    ids=["api_server", "quota"],
+)
+def test_work_waiting_before_the_engine_narrows_the_band_too(waits: dict, reason: str) -> None:
+    """Seed 000's requests stuck before the engine: a GPU at 0.78 after `gpu` waits on the host there too."""
+    rec = Recorder()
+    rec.run(Scene(busy=0.95, running=64, waiting=0), 3.0)
+    start = len(rec.snaps)
+    rec.run(Scene(busy=0.78, **waits), 3.0)
+    vs = verdicts(rec.snaps)
+    assert vs[start - 1] == "gpu" and vs[-1] == "host"
+    assert reason in last_verdict(rec.snaps).reasons
+    wide = Config(verdict=VerdictConfig(queued_busy_low=CFG.busy_low))
+    assert set(verdicts(rec.snaps, wide)[start:]) == {"gpu"}
+
+
 def test_without_a_queue_the_band_stays_wide() -> None:
     """Running below a full batch and nothing waiting: the band of `busy_low` keeps `gpu` at 0.78."""
     rec = Recorder()
@@ -412,13 +433,20 @@ def test_with_a_queue_a_gpu_bound_load_keeps_a_band_and_does_not_flap() -> None:
     assert set(verdicts(rec.snaps)) == {"gpu"}
 
 
-def test_queued_busy_low_outside_the_band_is_refused() -> None:
+def test_queued_busy_low_is_a_share_and_is_taken_within_the_band() -> None:
+    """A share in (0, 1]; a host that lowers its thresholds (busy_high 0.25) keeps working with the default."""
     from exporter.config import ConfigError, load
 
-    for bad in ("0.6", "0.9"):
+    for bad in ("0", "1.5", "nan"):
         with pytest.raises(ConfigError, match="queued_busy_low"):
             load(environ={"BOUNDWATCH_VERDICT__QUEUED_BUSY_LOW": bad})
-    assert load(environ={"BOUNDWATCH_VERDICT__QUEUED_BUSY_LOW": "0.7"}).verdict.queued_busy_low == 0.7
+    low = load(environ={"BOUNDWATCH_VERDICT__BUSY_HIGH": "0.25", "BOUNDWATCH_VERDICT__BUSY_LOW": "0.2"})
+    f = v.Facts(
+        0, busy=0.22, busy_source="gpm", engine=True, offered=True, running_mean=8.0, waiting_mean=9.0
+    )
+    assert v.thresholds(f, low.verdict) == (0.25, 0.25)  # 0.83 taken at the band's high edge
+    f = dataclasses.replace(f, waiting_mean=0.0)
+    assert v.thresholds(f, low.verdict) == (0.2, 0.25)
 
 
 def test_a_straddling_tick_in_between_does_not_restart_the_hold() -> None:
@@ -765,6 +793,13 @@ def test_busy_shares_with_no_edge_between_them_give_the_next_tick_the_same_verdi
         {"engine": True, "offered": True, "running_mean": 8.0, "waiting_mean": 20.0},  # a queue held
         {"engine": True, "offered": True, "running_mean": 8.0, "max_batch": 8},  # a full batch
         {"engine": True, "offered": True, "running_mean": 8.0, "waiting_mean": 20.0, "graph_step_share": 0.1},
+        {
+            "engine": True,
+            "offered": True,
+            "api_servers": 1,
+            "api_server_thread_cpu": 1.0,
+        },  # a saturated API server
+        {"engine": True, "offered": True, "throttled_share": 0.5},  # a quota throttling
         {"agent": True},
         {"agent": True, "graph_share": 0.2},
         {},

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from exporter.config import VerdictConfig
+
 
 @dataclass(frozen=True)
 class Segment:
@@ -75,8 +77,8 @@ def score(ticks: Sequence[Tick], segments: Sequence[Segment], settle: float = 2.
 # verdict's `busy_high`. A small machine (the 2-core VM's four tokenising API servers beside the
 # engine) can make host-bound what the label calls GPU-bound; the score stands, and the row says
 # the label's premise failed there, with the API servers' demand where it explains why.
-PREMISE_BUSY = 0.85
-PREMISE_API_DEMAND = 0.90
+PREMISE_BUSY = VerdictConfig().busy_high
+PREMISE_API_DEMAND = VerdictConfig().api_server_saturated
 
 
 def premise(verdict: str, truth: dict[str, Any]) -> str | None:

@@ -81,23 +81,34 @@ def _ancestors(rel_path: str) -> list[str]:
     return ["/" + "/".join(parts[:i]) if i else "/" for i in range(len(parts), -1, -1)]
 
 
-def _v2_quota(cgroup_root: str, rel_path: str) -> tuple[float | None, str | None]:
-    """Return the effective quota in cores and the cgroup that sets it (the leaf's own where it binds)."""
+Quota = tuple[float | None, str | None]  # the effective quota in cores and the cgroup that sets it
+
+
+def _smallest_on_path(rel_path: str, cores_at: Callable[[str], float | None]) -> Quota:
+    """Return the smallest quota on a cgroup's path to the root and the cgroup that sets it (the deepest on a tie)."""
     quota: float | None = None
     binding: str | None = None
-    for path in _ancestors(rel_path):
-        text = _read_str(os.path.join(cgroup_root, path.lstrip("/"), "cpu.max"))
-        if not text:
-            continue
-        fields = text.split()
-        if len(fields) == 2 and fields[0] != "max":
-            try:
-                cores = int(fields[0]) / int(fields[1])
-            except (ValueError, ZeroDivisionError):
-                continue
-            if quota is None or cores < quota:
-                quota, binding = cores, path
+    for path in _ancestors(rel_path):  # the leaf first
+        cores = cores_at(path)
+        if cores is not None and (quota is None or cores < quota):
+            quota, binding = cores, path
     return quota, binding
+
+
+def _v2_cores(cgroup_root: str, path: str) -> float | None:
+    """Return the quota one cgroup's own cpu.max sets, in cores (None: unlimited or unreadable)."""
+    fields = (_read_str(os.path.join(cgroup_root, path.lstrip("/"), "cpu.max")) or "").split()
+    if len(fields) != 2 or fields[0] == "max":
+        return None
+    try:
+        return int(fields[0]) / int(fields[1])
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def _v2_quota(cgroup_root: str, rel_path: str) -> Quota:
+    """Return the effective quota in cores and the cgroup that sets it (the leaf's own where it binds)."""
+    return _smallest_on_path(rel_path, lambda path: _v2_cores(cgroup_root, path))
 
 
 def _v1_dir(cgroup_root: str, names: tuple[str, ...] = V1_CPU_DIRS) -> Path | None:
@@ -108,29 +119,26 @@ def _v1_dir(cgroup_root: str, names: tuple[str, ...] = V1_CPU_DIRS) -> Path | No
     return None
 
 
-def _v1_quota(base: Path, rel_path: str) -> tuple[float | None, str | None]:
+def _v1_cores(base: Path, path: str) -> float | None:
+    """Return the quota one v1 cgroup's own cfs files set, in cores (None: unlimited or unreadable)."""
+    d = base / path.lstrip("/")
+    q, p = _read(d / "cpu.cfs_quota_us"), _read(d / "cpu.cfs_period_us")
+    if q is None or p is None:
+        return None
+    try:
+        q_us, p_us = int(q), int(p)
+    except ValueError:
+        return None
+    return q_us / p_us if q_us > 0 and p_us > 0 else None
+
+
+def _v1_quota(base: Path, rel_path: str) -> Quota:
     """Return the effective quota in cores and the cgroup that sets it (the leaf's own where it binds)."""
-    quota: float | None = None
-    binding: str | None = None
-    for path in _ancestors(rel_path):
-        d = base / path.lstrip("/")
-        q, p = _read(d / "cpu.cfs_quota_us"), _read(d / "cpu.cfs_period_us")
-        if q is None or p is None:
-            continue
-        try:
-            q_us, p_us = int(q), int(p)
-        except ValueError:
-            continue
-        if q_us > 0 and p_us > 0:
-            cores = q_us / p_us
-            if quota is None or cores < quota:
-                quota, binding = cores, path
-    return quota, binding
+    return _smallest_on_path(rel_path, lambda path: _v1_cores(base, path))
 
 
 QUOTA_EVERY_SECONDS = 10.0  # a quota (one file per ancestor) is read again this often; counters every call
 # (root, path) -> (read at, (cores, the cgroup that sets them), the cgroup's nr_periods then)
-Quota = tuple[float | None, str | None]
 _quotas: dict[tuple[str, str], tuple[float, Quota, int | None]] = {}
 _MAX_QUOTAS = 1024
 

@@ -1026,7 +1026,10 @@ def _throttling(win: Sequence[Snapshot], vs: Sequence[Sequence[View]]) -> dict[s
     """Return the quota and the throttled share of the engine's cgroups over the window (the worst).
 
     Each cgroup is measured from the first snapshot of the window that lists it, so a process
-    moved into a throttled cgroup shows from its second tick there.
+    moved into a throttled cgroup shows from its second tick there. Where the cgroup whose counters
+    count moved within the window (an ancestor's quota set or lifted: `CgroupCpu.counted_at`), from
+    the first reading at the newest one: the readings before it are another cgroup's counters, and
+    waiting for them to leave the window would hide the throttling for a whole window.
     """
     out: dict[str, float] = {}
     if len(win) < 2:
@@ -1035,7 +1038,9 @@ def _throttling(win: Sequence[Snapshot], vs: Sequence[Sequence[View]]) -> dict[s
     for snap, v in zip(win, vs, strict=True):
         for x in v:
             for c in x.reading.cgroups:
-                first.setdefault(c.path, (snap.mono, c))
+                seen = first.get(c.path)
+                if seen is None or seen[1].counted_at != c.counted_at:
+                    first[c.path] = (snap.mono, c)
     i = next((k for k in range(len(vs) - 1, -1, -1) if vs[k]), len(vs) - 1)
     last_good = win[i]
     quotas = []
@@ -1046,7 +1051,7 @@ def _throttling(win: Sequence[Snapshot], vs: Sequence[Sequence[View]]) -> dict[s
                 quotas.append(c.quota_cores)
             since, c0 = first.get(c.path, (last_good.mono, c))
             span = last_good.mono - since
-            if span <= 0 or c0.counted_at != c.counted_at:  # counters of two cgroups: no series
+            if span <= 0:  # a cgroup first listed (or first counted where it is now) at this tick
                 continue
             if None not in (c.periods, c0.periods, c.throttled_periods, c0.throttled_periods):
                 periods = c.periods - c0.periods  # type: ignore[operator]

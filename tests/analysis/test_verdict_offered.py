@@ -149,6 +149,44 @@ def test_counters_read_at_another_cgroup_after_a_quota_moved_are_not_a_delta() -
     assert (got.get("throttled_share") or 0.0) < 0.05
 
 
+def test_throttling_counted_at_an_ancestor_shows_from_its_second_reading_there() -> None:
+    """An ancestor's quota set while the API servers stay in their cgroup: from then on the slice's
+    cpu.stat counts the throttling. Its second reading is a series of its own, so the throttling
+    shows then, not once the leaf's readings have left the evidence window."""
+    quiet = dataclasses.replace(QUOTA_BOUND, throttled_share=0.0)
+    snaps = series(quiet, 3.0)
+    window = VerdictConfig().window_seconds
+    assert len(snaps) > window / 0.5 + 1  # the leaf's readings fill a whole window before the move
+
+    def moved(snap: Snapshot, k: int) -> Snapshot:  # the slice's counters: 50 periods a tick, 45 throttled
+        engines = tuple(
+            dataclasses.replace(
+                e,
+                cgroups=tuple(
+                    dataclasses.replace(
+                        c,
+                        periods=80_000 + 50 * k,
+                        throttled_periods=60_000 + 45 * k,
+                        throttled_seconds=900.0 + 0.4 * k,
+                        counted_at="/vllm.slice",
+                    )
+                    for c in e.cgroups
+                ),
+            )
+            for e in snap.engines
+        )
+        return dataclasses.replace(snap, engines=engines)
+
+    n = len(snaps) - 2  # the move two ticks before the end: one tick of the slice's own series
+    switched = snaps[:n] + [moved(x, k) for k, x in enumerate(snaps[n:])]
+    got = v.gather(v.window(switched, window), 0, VerdictConfig())
+    assert got.throttled_share == pytest.approx(0.9)
+    assert got.throttled_seconds_per_second == pytest.approx(0.8, rel=0.05)
+    # at the move itself the slice's one reading is no series yet: nothing is made of the jump
+    at_move = v.gather(v.window(switched[: n + 1], window), 0, VerdictConfig())
+    assert at_move.throttled_share is None and at_move.throttled_seconds_per_second is None
+
+
 def test_throttled_api_servers_whose_cgroup_is_unknown_still_offer_work() -> None:
     # Only the engine's cgroup is known (no per-server cgroup path): the servers' CPU fills its quota.
     got = last(series(dataclasses.replace(QUOTA_BOUND, api_cgroup=""), 3.0))

@@ -7,7 +7,9 @@ then reads both cgroups' cpu.stat and `exporter.sources.cgroup.read_cgroup_cpu` 
 With `--cost N`, also times N reads (`read_cgroup_cpu` with its files kept open and its quota
 cached, as the daemon reads each tick) of the leaf and of a cgroup with a quota of its own
 (`boundwatch-own`), alternating in 5 rounds: what reading the counters where an ancestor's quota
-binds adds to a tick. Writes JSON; removes what it made.
+binds adds to a tick. With `--late`, first the quota is set while the spinner runs, the leaf read
+as the daemon reads it each 0.5 s tick (its quota cached) before and after: how many ticks until the
+ancestor's quota shows (v2 on Linux 6.6+: the leaf's `cpu.stat.local`). Writes JSON; removes what it made.
 
     sudo python3 bench/cgroup_ancestor.py --out /tmp/cgroup_ancestor.json
 """
@@ -68,12 +70,30 @@ def read_cost(base: Path, v2: bool, cores: float, n: int) -> dict[str, Any]:
         own.rmdir()
 
 
+def late_quota(set_quota: Any, v2: bool, ticks: int = 8) -> dict[str, Any]:
+    """Read the leaf as the daemon does (files kept, quota cached) at 0.5 s ticks: 2 before the quota, then `ticks`."""
+    files = KeptFiles()
+    path, t0, out = "/boundwatch-anc/leaf", time.monotonic(), []
+    try:
+        for i in range(2 + ticks):
+            if i == 2:
+                set_quota()
+            cg = read_cgroup_cpu(str(ROOT), path, version=2 if v2 else 1, now=time.monotonic(), files=files)
+            out.append({"t": round(time.monotonic() - t0, 2), "quota_cores": cg.quota_cores if cg else None})
+            time.sleep(0.5)
+    finally:
+        files.close()
+    seen = next((k - 2 for k, r in enumerate(out) if k >= 2 and r["quota_cores"] is not None), None)
+    return {"ticks": out, "ticks_until_seen_after_set": seen}
+
+
 def main() -> int:
     """Run the probe and write its JSON."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seconds", type=float, default=2.0)
     p.add_argument("--quota-cores", type=float, default=0.2)
     p.add_argument("--cost", type=int, default=0, help="reads to time per round (0: none)")
+    p.add_argument("--late", action="store_true", help="set the quota while the leaf is read tick by tick")
     p.add_argument("--out", default="cgroup_ancestor.json")
     args = p.parse_args()
     v2 = (ROOT / "cgroup.controllers").exists()
@@ -84,15 +104,23 @@ def main() -> int:
         if "cpu" not in (ROOT / "cgroup.subtree_control").read_text().split():
             (ROOT / "cgroup.subtree_control").write_text("+cpu")
         (parent / "cgroup.subtree_control").write_text("+cpu")
-        (parent / "cpu.max").write_text(f"{int(args.quota_cores * 100000)} 100000")
         limits = ("cpu.max",)
     else:
         (parent / "cpu.cfs_period_us").write_text("100000")
-        (parent / "cpu.cfs_quota_us").write_text(str(int(args.quota_cores * 100000)))
         limits = ("cpu.cfs_quota_us", "cpu.cfs_period_us")
+
+    def set_quota() -> None:
+        if v2:
+            (parent / "cpu.max").write_text(f"{int(args.quota_cores * 100000)} 100000")
+        else:
+            (parent / "cpu.cfs_quota_us").write_text(str(int(args.quota_cores * 100000)))
+
+    if not args.late:
+        set_quota()
     spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         (leaf / "cgroup.procs").write_text(str(spin.pid))
+        late = late_quota(set_quota, v2) if args.late else None
         time.sleep(args.seconds)
         got = {
             "cgroup_version": 2 if v2 else 1,
@@ -104,7 +132,12 @@ def main() -> int:
             "parent_stat": stat(parent),
             "leaf_stat": stat(leaf),
             "read_cgroup_cpu_leaf": read_cgroup_cpu(str(ROOT), "/boundwatch-anc/leaf").__dict__,
+            "leaf_stat_local": (leaf / "cpu.stat.local").read_text().split()
+            if (leaf / "cpu.stat.local").exists()
+            else None,
         }
+        if late is not None:
+            got["late_quota"] = late
         if args.cost:
             got["read_us"] = read_cost(base, v2, args.quota_cores, args.cost)
     finally:

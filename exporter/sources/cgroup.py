@@ -138,8 +138,8 @@ def _v1_quota(base: Path, rel_path: str) -> Quota:
 
 
 QUOTA_EVERY_SECONDS = 10.0  # a quota (one file per ancestor) is read again this often; counters every call
-# (root, path) -> (read at, (cores, the cgroup that sets them), the cgroup's nr_periods then)
-_quotas: dict[tuple[str, str], tuple[float, Quota, int | None]] = {}
+# (root, path) -> (read at, (cores, the cgroup that sets them), the cgroup's counters then: `periods`)
+_quotas: dict[tuple[str, str], tuple[float, Quota, object]] = {}
 _MAX_QUOTAS = 1024
 
 
@@ -148,7 +148,7 @@ def _quota_cached(
     rel_path: str,
     now: float | None,
     read: Callable[[], Quota],
-    periods: int | None = None,
+    periods: int | tuple[int | None, ...] | None = None,
 ) -> Quota:
     """Return a cgroup's effective quota and the cgroup that sets it, read at most every QUOTA_EVERY_SECONDS.
 
@@ -156,7 +156,9 @@ def _quota_cached(
     cgroup's enforcement periods (`periods`, its nr_periods) have moved since: the kernel counts
     them only under a quota, so one was set (`docker update --cpus`, a systemd CPUQuota=, a pod
     resized in place; the lab's quota scenarios) and its throttling would otherwise show for up to
-    QUOTA_EVERY_SECONDS without the quota that it is measured against.
+    QUOTA_EVERY_SECONDS without the quota that it is measured against. `periods` may be a tuple of
+    such counters (v2: nr_periods and cpu.stat.local's throttled_usec, which also moves under an
+    ancestor's quota), any of which moving reads it again.
     """
     if now is None:
         return read()
@@ -188,6 +190,29 @@ def _v1_dir_cached(cgroup_root: str, names: tuple[str, ...], now: float | None) 
     found = _v1_dir(cgroup_root, names)
     _v1_dirs[(cgroup_root, names)] = (now, found)
     return found
+
+
+def _local_throttled(leaf: str, now: float | None, files: KeptFiles | None) -> int | None:
+    """Return a v2 cgroup's cpu.stat.local throttled_usec (None without one, or without a quota cache: `now`).
+
+    Linux 6.6+ counts there the time the cgroup's own run queues were throttled by any quota on its
+    path, an ancestor's too (cpu.stat counts only the cgroup's own quota): so an ancestor's quota set
+    while the processes stay (a systemd slice's CPUQuota=) reads again at once, not up to
+    QUOTA_EVERY_SECONDS later. An older kernel has no such file: one failed open per cgroup, then
+    it is not looked for again there (`_NO_LOCAL`).
+    """
+    if now is None or leaf in _NO_LOCAL:
+        return None
+    text = _read_str(os.path.join(leaf, "cpu.stat.local"), files)
+    if text is None:
+        if len(_NO_LOCAL) >= _MAX_QUOTAS:
+            _NO_LOCAL.clear()
+        _NO_LOCAL.add(leaf)
+        return None
+    return _stat(text).get("throttled_usec")
+
+
+_NO_LOCAL: set[str] = set()  # v2 cgroup directories without cpu.stat.local (a kernel before 6.6)
 
 
 def _counted_where_set(
@@ -227,7 +252,11 @@ def read_cgroup_cpu(
             return None
         stat = _stat(stat_text)
         quota, binding = _quota_cached(
-            cgroup_root, rel_path, now, lambda: _v2_quota(cgroup_root, rel_path), stat.get("nr_periods")
+            cgroup_root,
+            rel_path,
+            now,
+            lambda: _v2_quota(cgroup_root, rel_path),
+            (stat.get("nr_periods"), _local_throttled(leaf, now, files)),
         )
         counts, counted_at = _counted_where_set(cgroup_root, rel_path, stat, binding, files)
         return CgroupCpu(

@@ -121,6 +121,54 @@ def test_a_quota_set_on_an_unlimited_cgroup_shows_once_its_periods_move_not_afte
     assert read_cgroup_cpu(str(root), "/", now=101.5).quota_cores == pytest.approx(0.2)  # type: ignore[union-attr]
 
 
+def test_an_ancestors_quota_set_shows_once_the_leafs_local_throttling_moves(tmp_path):
+    """Linux 6.6+: cpu.stat.local counts the leaf's throttling by any quota on its path. A cached "no
+    quota" is read again when it moves, where the leaf's own nr_periods never would."""
+    root = tmp_path / "v2"
+    leaf = root / "system.slice" / "vllm.service"
+    leaf.mkdir(parents=True)
+    (root / "cgroup.controllers").write_text("cpu\n")
+    for d in (root / "system.slice", leaf):
+        (d / "cpu.max").write_text("max 100000\n")
+    stat = "usage_usec 4000000\nnr_periods 0\nnr_throttled 0\nthrottled_usec 0\n"
+    (root / "system.slice" / "cpu.stat").write_text(stat)
+    (leaf / "cpu.stat").write_text(stat)
+    (leaf / "cpu.stat.local").write_text("throttled_usec 0\n")
+    path = "/system.slice/vllm.service"
+    first = read_cgroup_cpu(str(root), path, now=200.0)
+    (root / "system.slice" / "cpu.max").write_text("60000 100000\n")  # the slice's CPUQuota=60%
+    (root / "system.slice" / "cpu.stat").write_text(stat.replace("nr_periods 0", "nr_periods 5"))
+    same = read_cgroup_cpu(str(root), path, now=200.5)  # nothing throttled yet: the cache holds
+    (leaf / "cpu.stat.local").write_text("throttled_usec 45000\n")
+    (root / "system.slice" / "cpu.stat").write_text(
+        stat.replace("nr_periods 0", "nr_periods 10").replace("nr_throttled 0", "nr_throttled 4")
+    )
+    moved = read_cgroup_cpu(str(root), path, now=201.0)
+    assert first is not None and same is not None and moved is not None
+    assert (first.quota_cores, same.quota_cores) == (None, None)
+    assert moved.quota_cores == pytest.approx(0.6)
+    assert (moved.counted_at, moved.throttled_periods) == ("/system.slice", 4)
+
+
+def test_without_cpu_stat_local_an_ancestors_quota_waits_for_the_interval(tmp_path):
+    """A kernel before 6.6 keeps no cpu.stat.local: the file is looked for once, and the quota is read
+    at its interval as before."""
+    from exporter.sources.cgroup import QUOTA_EVERY_SECONDS
+
+    root = tmp_path / "v2"
+    leaf = root / "app"
+    leaf.mkdir(parents=True)
+    (root / "cgroup.controllers").write_text("cpu\n")
+    (leaf / "cpu.max").write_text("max 100000\n")
+    (leaf / "cpu.stat").write_text("usage_usec 1\nnr_periods 0\nnr_throttled 0\nthrottled_usec 0\n")
+    assert read_cgroup_cpu(str(root), "/app", now=300.0).quota_cores is None  # type: ignore[union-attr]
+    (leaf / "cpu.max").write_text("50000 100000\n")  # its periods do not move in a fixture: only the interval
+    soon = read_cgroup_cpu(str(root), "/app", now=300.0 + QUOTA_EVERY_SECONDS / 2)
+    later = read_cgroup_cpu(str(root), "/app", now=300.0 + QUOTA_EVERY_SECONDS)
+    assert soon is not None and later is not None
+    assert (soon.quota_cores, later.quota_cores) == (None, pytest.approx(0.5))
+
+
 def test_a_v1_quota_is_read_again_only_after_its_interval(tmp_path):
     import shutil
 

@@ -205,6 +205,8 @@ def _local_throttled(leaf: str, now: float | None, files: KeptFiles | None) -> i
         return None
     text = _read_str(os.path.join(leaf, "cpu.stat.local"), files)
     if text is None:
+        if not os.path.isfile(os.path.join(leaf, "cpu.stat")):  # the cgroup gone, not the kernel's file
+            return None
         if len(_NO_LOCAL) >= _MAX_QUOTAS:
             _NO_LOCAL.clear()
         _NO_LOCAL.add(leaf)

@@ -880,13 +880,14 @@ def stop_parts(procs: list[subprocess.Popen[bytes]], workdir: str) -> None:
 
 
 def start_daemon(
-    root: str, gpus: int, sock_dir: str, env: dict[str, str], name: str = "agent.sock"
+    root: str, gpus: int, sock_dir: str, env: dict[str, str], name: str = "agent.sock", python: str = ""
 ) -> tuple[subprocess.Popen[bytes], int, str]:
-    """Start the daemon of the tree at `root` (its own bench's daemon part); return it, its port, its socket."""
+    """Start the daemon of the tree at `root` (its own bench's daemon part) under `python` (default: this
+    interpreter); return it, its port, its socket."""
     port, sock_path = free_port(), os.path.join(sock_dir, name)
     me = os.path.join(root, "bench", "sidecar_cost.py")
     argv = [
-        sys.executable,
+        python or sys.executable,
         me,
         "--part",
         "daemon",
@@ -908,6 +909,8 @@ def run_one(
     other: str = "",
     other_first: bool = False,
     agent: str = "windows",
+    other_python: str = "",
+    warmup: float = 8.0,
 ) -> dict[str, Any]:
     """Measure the daemon at one GPU count (and the daemon of the tree `other` beside it, if given)."""
     from exporter.sources import unixsock
@@ -932,13 +935,17 @@ def run_one(
     if env.get("BW_COST_STATS"):  # except the per-part figures, which both write (the other's with ".a")
         env_other["BW_COST_STATS"] = env["BW_COST_STATS"] + ".a"
     if other and other_first:  # start order sets the two daemons' tick phases: alternate it
-        daemon_a, port_a, sock_a = start_daemon(other, gpus, sock_dir, env_other, "agent-a.sock")
+        daemon_a, port_a, sock_a = start_daemon(
+            other, gpus, sock_dir, env_other, "agent-a.sock", other_python
+        )
         procs.append(daemon_a)
     daemon, bw_port, sock_path = start_daemon(ROOT, gpus, sock_dir, env)
     procs.append(daemon)
     daemons = [daemon]
     if other and not other_first:
-        daemon_a, port_a, sock_a = start_daemon(other, gpus, sock_dir, env_other, "agent-a.sock")
+        daemon_a, port_a, sock_a = start_daemon(
+            other, gpus, sock_dir, env_other, "agent-a.sock", other_python
+        )
         procs.append(daemon_a)
     if other:
         daemons.append(daemon_a)
@@ -951,12 +958,16 @@ def run_one(
                     [sys.executable, me, "--part", "agent", "--sock", path, "--gpus", str(gpus)], env=env
                 )
             )
-        time.sleep(8)  # discovery, the first agent windows, history warming
-        t0, c0, ticks0 = time.time(), run_seconds(daemon.pid), metric(bw_port, "boundwatch_ticks_total")
+        time.sleep(warmup)  # discovery, the first agent windows, history warming (see --warmup)
+        # the tick count read by a scrape before the CPU span starts (and the other daemon scraped
+        # alike): a /metrics render is ~10 ms at 8 GPUs, a scrape the span is not about
+        ticks0 = metric(bw_port, "boundwatch_ticks_total")
+        if other:
+            metric(port_a, "boundwatch_ticks_total")
+        time.sleep(0.1)
+        t0, c0 = time.time(), run_seconds(daemon.pid)
         w0 = thread_wakes(daemon.pid)
         c0_other = run_seconds(daemons[-1].pid)
-        if other:  # the same scrape inside the span for both daemons
-            metric(port_a, "boundwatch_ticks_total")
         rss = []
         next_scrape = time.time()
         while time.time() - t0 < seconds:
@@ -984,6 +995,7 @@ def run_one(
             "gpus": gpus,
             "agent": agent,
             "seconds": round(t1 - t0, 1),
+            "warmup_seconds": warmup,
             "cpu_share_of_core": round((c1 - c0) / (t1 - t0), 5),
             "ticks_per_second": round(((ticks1 or 0) - (ticks0 or 0)) / (t1 - t0), 3),
             "rss_mib_first": round(rss[0] / 2**20, 1) if rss else None,
@@ -1013,6 +1025,7 @@ def run_one(
             res["ab"] = {
                 "tree_a": other,
                 "a_started_first": other_first,
+                "python_a": other_python or sys.executable,
                 "cpu_share_of_core_a": round(share_a, 5),
                 "engine_api_servers_seen_a": metric(port_a, "boundwatch_engine_api_servers"),
                 "ratio_b_over_a": round(res["cpu_share_of_core"] / share_a, 3) if share_a else None,
@@ -1037,7 +1050,21 @@ def main() -> int:
         "--scrape-every", type=float, default=0.0, help="scrape while measuring CPU (s; 0: never)"
     )
     ap.add_argument("--ab", default="", help="run the daemon of the tree at this path beside this one's")
-    ap.add_argument("--pairs", type=int, default=1, help="runs per GPU count")
+    ap.add_argument(
+        "--ab-python",
+        default="",
+        help="the interpreter of the --ab tree's daemon (default: this one): a Python version against another",
+    )
+    ap.add_argument(
+        "--warmup",
+        type=float,
+        default=8.0,
+        help="seconds from start to the CPU span (8: discovery and the history warm; over 60: every"
+        " process older than the process table's young window, as on a host that serves for hours)",
+    )
+    ap.add_argument(
+        "--pairs", type=int, default=1, help="runs per GPU count (the two daemons' start order alternating)"
+    )
     ap.add_argument(
         "--agent",
         default="windows",
@@ -1086,7 +1113,7 @@ def main() -> int:
             ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, *sys.argv], env=env
         )
     rows = []
-    for _ in range(args.pairs):
+    for pair in range(args.pairs):
         for g in [int(x) for x in args.gpus.split(",")]:
             r = run_one(
                 g,
@@ -1094,7 +1121,10 @@ def main() -> int:
                 args.scrapes,
                 args.scrape_every,
                 os.path.abspath(args.ab) if args.ab else "",
+                other_first=pair % 2 == 1,
                 agent=args.agent,
+                other_python=args.ab_python,
+                warmup=args.warmup,
             )
             print(json.dumps(r), flush=True)
             rows.append(r)

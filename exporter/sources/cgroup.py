@@ -164,15 +164,47 @@ def _quota_cached(
         return read()
     key = (cgroup_root, rel_path)
     hit = _quotas.get(key)
-    if hit is not None and now - hit[0] < QUOTA_EVERY_SECONDS:
+    triggered = hit is not None and now - hit[0] < QUOTA_EVERY_SECONDS
+    if hit is not None and triggered:
         _, quota, seen = hit
         if quota[0] is not None or periods is None or seen is None or periods == seen:
             return quota
     if len(_quotas) >= _MAX_QUOTAS:
         _quotas.clear()
     quota = read()
-    _quotas[key] = (now, quota, periods)
+    if hit is not None and triggered and quota[0] is None:
+        # the counters moved and still no quota is seen (one set above the cgroup namespace's root,
+        # which this daemon cannot read): no trigger again until the interval, not a read each tick
+        _quotas[key] = (hit[0], quota, None)
+    else:
+        _quotas[key] = (now, quota, periods)
     return quota
+
+
+LOCAL_SLACK_USEC = 50_000  # throttled time the leaf may gain beyond its binding quota's between two reads
+
+
+def _tighter_elsewhere(key: tuple[str, str], local: int | None, bound: int | None) -> None:
+    """Drop a cached quota when the leaf is throttled beyond what its binding cgroup counts (v2, Linux 6.6+).
+
+    `local`: the leaf's cpu.stat.local throttled_usec (its throttling by any quota on its path);
+    `bound`: the throttled_usec of the cgroup whose quota was cached as binding. Where the leaf gained
+    more than LOCAL_SLACK_USEC beyond it since the last read, another quota throttles it: one set
+    since on another ancestor, tighter than the cached one. The next read then reads the quotas
+    again (at once, not up to QUOTA_EVERY_SECONDS later). Two counters read a moment apart can
+    differ by a period's update: that costs one read of the quotas, never a wrong quota.
+    """
+    prev = _locals.get(key)
+    if len(_locals) >= _MAX_QUOTAS and prev is None:
+        _locals.clear()
+    _locals[key] = (local, bound)
+    if prev is None or None in (local, bound, *prev):
+        return
+    if (local - prev[0]) - (bound - prev[1]) > LOCAL_SLACK_USEC:  # type: ignore[operator]
+        _quotas.pop(key, None)
+
+
+_locals: dict[tuple[str, str], tuple[int | None, int | None]] = {}  # (root, path) -> the last two counters
 
 
 _v1_dirs: dict[tuple[str, tuple[str, ...]], tuple[float, Path | None]] = {}
@@ -253,14 +285,17 @@ def read_cgroup_cpu(
         if stat_text is None and not os.path.isdir(leaf):
             return None
         stat = _stat(stat_text)
+        local = _local_throttled(leaf, now, files)
         quota, binding = _quota_cached(
             cgroup_root,
             rel_path,
             now,
             lambda: _v2_quota(cgroup_root, rel_path),
-            (stat.get("nr_periods"), _local_throttled(leaf, now, files)),
+            (stat.get("nr_periods"), local),
         )
         counts, counted_at = _counted_where_set(cgroup_root, rel_path, stat, binding, files)
+        if local is not None and quota is not None:
+            _tighter_elsewhere((cgroup_root, rel_path), local, counts.get("throttled_usec"))
         return CgroupCpu(
             path=rel_path,
             quota_cores=quota,

@@ -150,6 +150,82 @@ def test_an_ancestors_quota_set_shows_once_the_leafs_local_throttling_moves(tmp_
     assert (moved.counted_at, moved.throttled_periods) == ("/system.slice", 4)
 
 
+def _v2_tree(tmp_path: Path, leaf_max: str) -> tuple[Path, Path]:
+    """Return a v2 tree's root and its leaf `/system.slice/vllm.service` (the slice unlimited)."""
+    root = tmp_path / "v2"
+    leaf = root / "system.slice" / "vllm.service"
+    leaf.mkdir(parents=True)
+    (root / "cgroup.controllers").write_text("cpu\n")
+    (root / "system.slice" / "cpu.max").write_text("max 100000\n")
+    (leaf / "cpu.max").write_text(leaf_max)
+    stat = "usage_usec 4000000\nnr_periods 100\nnr_throttled 0\nthrottled_usec 0\n"
+    (root / "system.slice" / "cpu.stat").write_text(stat.replace("nr_periods 100", "nr_periods 0"))
+    (leaf / "cpu.stat").write_text(stat)
+    (leaf / "cpu.stat.local").write_text("throttled_usec 0\n")
+    return root, leaf
+
+
+def test_a_tighter_ancestor_quota_over_a_leafs_own_shows_once_the_leaf_is_throttled_beyond_it(tmp_path):
+    """The leaf's own 2-core quota is cached; the slice then gets 0.6 cores. The leaf's cpu.stat.local
+    gains throttled time its own cpu.stat does not count: another quota binds, read again at once."""
+    root, leaf = _v2_tree(tmp_path, "200000 100000\n")
+    path = "/system.slice/vllm.service"
+    assert read_cgroup_cpu(str(root), path, now=400.0).quota_cores == pytest.approx(2.0)  # type: ignore[union-attr]
+    (root / "system.slice" / "cpu.max").write_text("60000 100000\n")
+    (leaf / "cpu.stat.local").write_text("throttled_usec 20000\n")  # within the slack: no more than noise
+    assert read_cgroup_cpu(str(root), path, now=400.5).quota_cores == pytest.approx(2.0)  # type: ignore[union-attr]
+    (leaf / "cpu.stat.local").write_text("throttled_usec 420000\n")  # 0.4 s throttled beyond the leaf's own
+    seen = read_cgroup_cpu(str(root), path, now=401.0)  # the reading that sees it: the cache goes
+    moved = read_cgroup_cpu(str(root), path, now=401.5)
+    assert seen is not None and moved is not None
+    assert seen.quota_cores == pytest.approx(2.0)
+    assert (moved.quota_cores, moved.counted_at) == (pytest.approx(0.6), "/system.slice")
+
+
+def test_a_leafs_own_quota_throttling_it_reads_no_quota_again(tmp_path, monkeypatch):
+    """Throttled by its own quota, the leaf's cpu.stat.local and cpu.stat move together: the cached
+    quota holds (no read of the path's quota files each tick)."""
+    from exporter.sources import cgroup
+
+    root, leaf = _v2_tree(tmp_path, "50000 100000\n")
+    path = "/system.slice/vllm.service"
+    reads = []
+    real = cgroup._v2_quota
+    monkeypatch.setattr(cgroup, "_v2_quota", lambda *a: reads.append(a) or real(*a))
+    stat = (leaf / "cpu.stat").read_text()
+    for k in range(8):
+        throttled = 400_000 * k
+        (leaf / "cpu.stat.local").write_text(f"throttled_usec {throttled}\n")
+        (leaf / "cpu.stat").write_text(
+            stat.replace("nr_periods 100", f"nr_periods {100 + 5 * k}").replace(
+                "throttled_usec 0", f"throttled_usec {throttled}"
+            )
+        )
+        got = read_cgroup_cpu(str(root), path, now=500.0 + 0.5 * k)
+        assert got is not None and got.quota_cores == pytest.approx(0.5)
+    assert len(reads) == 1
+
+
+def test_throttling_by_a_quota_this_namespace_cannot_see_reads_the_path_once_per_interval(
+    tmp_path, monkeypatch
+):
+    """A quota above the cgroup namespace's root throttles the leaf: its cpu.stat.local moves every tick
+    and no quota on the path it can read is found. One read of the path's quotas on the first move,
+    then none until the interval, not one each tick."""
+    from exporter.sources import cgroup
+
+    root, leaf = _v2_tree(tmp_path, "max 100000\n")
+    path = "/system.slice/vllm.service"
+    reads = []
+    real = cgroup._v2_quota
+    monkeypatch.setattr(cgroup, "_v2_quota", lambda *a: reads.append(a) or real(*a))
+    for k in range(12):  # 6 s of ticks
+        (leaf / "cpu.stat.local").write_text(f"throttled_usec {300_000 * k}\n")
+        got = read_cgroup_cpu(str(root), path, now=600.0 + 0.5 * k)
+        assert got is not None and got.quota_cores is None
+    assert len(reads) == 2  # the first read, and the one the first move asked for
+
+
 def test_without_cpu_stat_local_an_ancestors_quota_waits_for_the_interval(tmp_path):
     """A kernel before 6.6 keeps no cpu.stat.local: the file is looked for once, and the quota is read
     at its interval as before."""

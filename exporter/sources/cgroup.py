@@ -164,15 +164,15 @@ def _quota_cached(
         return read()
     key = (cgroup_root, rel_path)
     hit = _quotas.get(key)
-    triggered = hit is not None and now - hit[0] < QUOTA_EVERY_SECONDS
-    if hit is not None and triggered:
+    fresh = hit is not None and now - hit[0] < QUOTA_EVERY_SECONDS  # read again only as a counter moved
+    if hit is not None and fresh:
         _, quota, seen = hit
         if quota[0] is not None or periods is None or seen is None or periods == seen:
             return quota
     if len(_quotas) >= _MAX_QUOTAS:
         _quotas.clear()
     quota = read()
-    if hit is not None and triggered and quota[0] is None:
+    if hit is not None and fresh and quota[0] is None:
         # the counters moved and still no quota is seen (one set above the cgroup namespace's root,
         # which this daemon cannot read): no trigger again until the interval, not a read each tick
         _quotas[key] = (hit[0], quota, None)

@@ -48,6 +48,7 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -1039,6 +1040,33 @@ def run_one(
         stop_parts(procs, sock_dir)
 
 
+def summarise(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Return each GPU count's figures (share of a core, %): this tree's, the --ab tree's, their medians and ratios.
+
+    Identical daemons side by side differ by up to 6% in one pair (bench/README.md, session 35), so
+    a figure is read as the median over pairs; with the same tree on both sides (an A/A) every
+    figure is one of that daemon's, and `both_median` is its median.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for gpus in sorted({r["gpus"] for r in rows}):
+        mine = [r for r in rows if r["gpus"] == gpus]
+        this = [round(r["cpu_share_of_core"] * 100, 3) for r in mine]
+        other = [round(r["ab"]["cpu_share_of_core_a"] * 100, 3) for r in mine if "ab" in r]
+        ratios = [r["ab"]["ratio_b_over_a"] for r in mine if r.get("ab", {}).get("ratio_b_over_a")]
+        row: dict[str, Any] = {
+            "pairs": len(mine),
+            "this_pct": this,
+            "this_median_pct": statistics.median(this),
+        }
+        if other:
+            row["ab_pct"] = other
+            row["ab_median_pct"] = statistics.median(other)
+            row["ratio_median"] = statistics.median(ratios) if ratios else None
+            row["both_median_pct"] = statistics.median(this + other)
+        out[str(gpus)] = row
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gpus", default="1,8,64", help="GPU counts to measure, comma-separated")
@@ -1128,9 +1156,20 @@ def main() -> int:
             )
             print(json.dumps(r), flush=True)
             rows.append(r)
+    summary = summarise(rows)
+    for gpus, row in summary.items():
+        line = f"{gpus} GPUs, {row['pairs']} pairs: this tree median {row['this_median_pct']:.3f}% of a core"
+        if "ab_median_pct" in row:
+            line += (
+                f", --ab tree {row['ab_median_pct']:.3f}%, median ratio {row['ratio_median']}, "
+                f"both sides {row['both_median_pct']:.3f}%"
+            )
+        print(line, flush=True)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"rows": rows, "argv": sys.argv[1:], "cpus": os.cpu_count()}, f, indent=1)
+            json.dump(
+                {"rows": rows, "summary": summary, "argv": sys.argv[1:], "cpus": os.cpu_count()}, f, indent=1
+            )
     return 0
 
 

@@ -935,20 +935,15 @@ def run_one(
     env_other = {k: v for k, v in env.items() if not k.startswith("BW_COST_")}  # switches: this tree's
     if env.get("BW_COST_STATS"):  # except the per-part figures, which both write (the other's with ".a")
         env_other["BW_COST_STATS"] = env["BW_COST_STATS"] + ".a"
-    if other and other_first:  # start order sets the two daemons' tick phases: alternate it
-        daemon_a, port_a, sock_a = start_daemon(
-            other, gpus, sock_dir, env_other, "agent-a.sock", other_python
-        )
-        procs.append(daemon_a)
-    daemon, bw_port, sock_path = start_daemon(ROOT, gpus, sock_dir, env)
-    procs.append(daemon)
+    # start order sets the two daemons' tick phases: alternated between pairs (`other_first`)
+    starts = [(other, env_other, "agent-a.sock", other_python)] if other else []
+    starts.insert(1 if other_first else 0, (ROOT, env, "agent.sock", ""))
+    started = {name: start_daemon(root, gpus, sock_dir, e, name, py) for root, e, name, py in starts}
+    procs.extend(d for d, _, _ in started.values())
+    daemon, bw_port, sock_path = started["agent.sock"]
     daemons = [daemon]
-    if other and not other_first:
-        daemon_a, port_a, sock_a = start_daemon(
-            other, gpus, sock_dir, env_other, "agent-a.sock", other_python
-        )
-        procs.append(daemon_a)
-    if other:
+    if other:  # the same tree on both sides (an A/A) is two daemons too: told apart by their sockets
+        daemon_a, port_a, sock_a = started["agent-a.sock"]
         daemons.append(daemon_a)
     try:
         if not wait_port(bw_port) or (other and not wait_port(port_a)):
@@ -1161,7 +1156,7 @@ def main() -> int:
         line = f"{gpus} GPUs, {row['pairs']} pairs: this tree median {row['this_median_pct']:.3f}% of a core"
         if "ab_median_pct" in row:
             line += (
-                f", --ab tree {row['ab_median_pct']:.3f}%, median ratio {row['ratio_median']}, "
+                f", --ab tree {row['ab_median_pct']:.3f}%, median ratio {row['ratio_median'] or float('nan'):.3f}, "
                 f"both sides {row['both_median_pct']:.3f}%"
             )
         print(line, flush=True)

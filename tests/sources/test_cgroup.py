@@ -121,19 +121,26 @@ def test_a_quota_set_on_an_unlimited_cgroup_shows_once_its_periods_move_not_afte
     assert read_cgroup_cpu(str(root), "/", now=101.5).quota_cores == pytest.approx(0.2)  # type: ignore[union-attr]
 
 
-def test_an_ancestors_quota_set_shows_once_the_leafs_local_throttling_moves(tmp_path):
-    """Linux 6.6+: cpu.stat.local counts the leaf's throttling by any quota on its path. A cached "no
-    quota" is read again when it moves, where the leaf's own nr_periods never would."""
+def _v2_tree(tmp_path: Path, leaf_max: str) -> tuple[Path, Path]:
+    """Return a v2 tree's root and its leaf `/system.slice/vllm.service` (the slice unlimited)."""
     root = tmp_path / "v2"
     leaf = root / "system.slice" / "vllm.service"
     leaf.mkdir(parents=True)
     (root / "cgroup.controllers").write_text("cpu\n")
-    for d in (root / "system.slice", leaf):
-        (d / "cpu.max").write_text("max 100000\n")
-    stat = "usage_usec 4000000\nnr_periods 0\nnr_throttled 0\nthrottled_usec 0\n"
-    (root / "system.slice" / "cpu.stat").write_text(stat)
+    (root / "system.slice" / "cpu.max").write_text("max 100000\n")
+    (leaf / "cpu.max").write_text(leaf_max)
+    stat = "usage_usec 4000000\nnr_periods 100\nnr_throttled 0\nthrottled_usec 0\n"
+    (root / "system.slice" / "cpu.stat").write_text(stat.replace("nr_periods 100", "nr_periods 0"))
     (leaf / "cpu.stat").write_text(stat)
     (leaf / "cpu.stat.local").write_text("throttled_usec 0\n")
+    return root, leaf
+
+
+def test_an_ancestors_quota_set_shows_once_the_leafs_local_throttling_moves(tmp_path):
+    """Linux 6.6+: cpu.stat.local counts the leaf's throttling by any quota on its path. A cached "no
+    quota" is read again when it moves, where the leaf's own nr_periods never would."""
+    root, leaf = _v2_tree(tmp_path, "max 100000\n")
+    stat = (root / "system.slice" / "cpu.stat").read_text()  # the slice's: no periods yet
     path = "/system.slice/vllm.service"
     first = read_cgroup_cpu(str(root), path, now=200.0)
     (root / "system.slice" / "cpu.max").write_text("60000 100000\n")  # the slice's CPUQuota=60%
@@ -148,21 +155,6 @@ def test_an_ancestors_quota_set_shows_once_the_leafs_local_throttling_moves(tmp_
     assert (first.quota_cores, same.quota_cores) == (None, None)
     assert moved.quota_cores == pytest.approx(0.6)
     assert (moved.counted_at, moved.throttled_periods) == ("/system.slice", 4)
-
-
-def _v2_tree(tmp_path: Path, leaf_max: str) -> tuple[Path, Path]:
-    """Return a v2 tree's root and its leaf `/system.slice/vllm.service` (the slice unlimited)."""
-    root = tmp_path / "v2"
-    leaf = root / "system.slice" / "vllm.service"
-    leaf.mkdir(parents=True)
-    (root / "cgroup.controllers").write_text("cpu\n")
-    (root / "system.slice" / "cpu.max").write_text("max 100000\n")
-    (leaf / "cpu.max").write_text(leaf_max)
-    stat = "usage_usec 4000000\nnr_periods 100\nnr_throttled 0\nthrottled_usec 0\n"
-    (root / "system.slice" / "cpu.stat").write_text(stat.replace("nr_periods 100", "nr_periods 0"))
-    (leaf / "cpu.stat").write_text(stat)
-    (leaf / "cpu.stat.local").write_text("throttled_usec 0\n")
-    return root, leaf
 
 
 def test_a_tighter_ancestor_quota_over_a_leafs_own_shows_once_the_leaf_is_throttled_beyond_it(tmp_path):

@@ -139,19 +139,31 @@ def make_step(name: str) -> tuple[Any, str, Stamps | None]:
 class AgentState:
     """Start and stop the light agent as a whole; stopped, every hook site holds the engine's own function."""
 
-    def __init__(self, spans: Any) -> None:
+    def __init__(self, spans: Any, pin: int = -1) -> None:
+        """pin: the CPU the stepping (calling) thread keeps to (-1: where the OS puts it); the agent's
+        threads are started free of it, as in an engine whose main thread is not pinned."""
         from exporter import agent
         from exporter.agent.switch import SWITCH
 
         self.agent, self.switch, self.on = agent, SWITCH, False
         self.starts = 0
         self.spans = spans  # what the agent does, for the pause probe's attribution
+        self.pin = pin
+        self.cpus = os.sched_getaffinity(0)
+        if pin >= 0:
+            os.sched_setaffinity(0, {pin})  # this thread alone (Linux: pid 0 is the calling thread)
 
     def set(self, on: bool) -> None:
         if on == self.on:
             return
         if on:
-            self.agent.start(role="generic")
+            if self.pin >= 0:
+                os.sched_setaffinity(0, self.cpus)  # the agent's thread inherits the mask it is made with
+            try:
+                self.agent.start(role="generic")
+            finally:
+                if self.pin >= 0:
+                    os.sched_setaffinity(0, {self.pin})
             self.starts += 1
             if self.agent.current() is not None:
                 self.spans.watch_agent(self.agent.current())
@@ -256,13 +268,28 @@ class SwapParts:
         }
 
 
+def thread_sched() -> tuple[int, int, int]:
+    """Return the calling thread's last CPU and its voluntary and involuntary context switches so far."""
+    try:
+        with open("/proc/thread-self/stat") as fh:
+            cpu = int(fh.read().rsplit(")", 1)[1].split()[36])  # field 39, "processor"
+        with open("/proc/thread-self/status") as fh:
+            got = dict(line.split(":", 1) for line in fh if "ctxt_switches" in line)
+        return cpu, int(got["voluntary_ctxt_switches"]), int(got["nonvoluntary_ctxt_switches"])
+    except (OSError, ValueError, IndexError, KeyError):
+        return -1, 0, 0
+
+
 def timed(
     step: Any, seconds: float, stamps: Stamps | None = None, classes: StepClasses | None = None
 ) -> dict[str, Any]:
     """Step for `seconds`; return the steps, the mean step time in us and, stamped, the GPU's view.
 
     classes: time each step and sort it by what the agent did around it (`per_class`: count, mean us).
+    Each period also says on which CPU the stepping thread began and ended it and how often the OS
+    switched it out (`sched`: CPU at start, CPU at end, voluntary, involuntary context switches).
     """
+    cpu0, vol0, inv0 = thread_sched()
     if stamps is not None:
         stamps.reset()
     n, t0 = 0, time.perf_counter_ns()
@@ -291,6 +318,8 @@ def timed(
                 got[1] += t - ta
             n += 1
     out: dict[str, Any] = {"steps": n, "wall_us": (t - t0) / n / 1e3}
+    cpu1, vol1, inv1 = thread_sched()
+    out["sched"] = [cpu0, cpu1, vol1 - vol0, inv1 - inv0]
     if stamps is not None and n > 2:
         out.update(stamps.read(n))
     if classes is not None:
@@ -417,6 +446,7 @@ def child(
     per_step: bool = False,
     swap_parts: bool = False,
     deadline: float = 0.0,
+    pin: int = -1,
 ) -> dict[str, Any]:
     """Run one workload's pairs, pause probes and A/A in this process; `deadline` (time.time(), 0: none):
     the on/off pairs stop early enough for the rest to end before it."""
@@ -433,11 +463,12 @@ def child(
         from exporter.agent.switch import SWITCH
 
         parts = SwapParts(SWITCH)
-    state = AgentState(spans)
+    state = AgentState(spans, pin)
     state.set(True)  # before torch: the hooks see every capture, as shipped
     step, what, stamps = make_step(name)
     timed(step, 1.0, stamps)  # warm, the agent on
     res: dict[str, Any] = {"workload": name, "what": what, "pid": os.getpid(), "exporter": exporter.__file__}
+    res["pin"] = pin
     t0 = time.perf_counter()
     classes = StepClasses(state.switch) if per_step else None
     # what follows the on/off pairs: two steady stretches, the pause probes, the A/A pairs, the exit
@@ -511,11 +542,18 @@ def main() -> int:
         help="seconds the whole run may take (0: no limit): each workload gets an even share of what is "
         "left and takes fewer on/off pairs where its share would run out, so a caller's timeout keeps them",
     )
+    ap.add_argument(
+        "--pin",
+        type=int,
+        default=-1,
+        help="keep each workload's stepping thread on this CPU (-1: where the OS puts it); the agent's"
+        " threads stay free",
+    )
     ap.add_argument("--deadline", type=float, default=0.0, help=argparse.SUPPRESS)
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     opts = ["--pairs", str(args.pairs), "--aa", str(args.aa), "--period", str(args.period), "--settle",
-            str(args.settle), "--tree", args.tree, "--pause", str(args.pause)] + (["--per-step"] if args.per_step else []) + (["--swap-parts"] if args.swap_parts else [])  # fmt: skip
+            str(args.settle), "--tree", args.tree, "--pause", str(args.pause), "--pin", str(args.pin)] + (["--per-step"] if args.per_step else []) + (["--swap-parts"] if args.swap_parts else [])  # fmt: skip
     if args.child:
         r = child(
             args.child,
@@ -528,6 +566,7 @@ def main() -> int:
             args.per_step,
             args.swap_parts,
             args.deadline,
+            args.pin,
         )
         print("RESULT " + json.dumps(r), flush=True)
         return 0

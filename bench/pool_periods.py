@@ -12,6 +12,13 @@ spread between runs says is too small.
 
 A run with fewer pairs than --min-pairs (a pause probe's two pairs, a call cut short) is listed
 and left out of the pool.
+
+`--strata 26,40` splits the pairs by how slow the host was while they ran: by the mean of their two
+periods' GPU idle a step (`idle_us`, from the stamps), in microseconds, at the edges given. The
+lent H100's host spends 16-76 us of GPU idle between decode steps, in stretches of its own; the
+pair's mean (unlike either period alone) is uncorrelated with the on-off difference under
+symmetric noise, so each stratum's cost is read without a bias from the split. Pairs of all the
+runs are pooled within a stratum (one figure each, its standard error over pairs).
 """
 
 from __future__ import annotations
@@ -69,6 +76,50 @@ def pool(rows: list[dict[str, Any]], goal: float | None = None) -> dict[str, Any
     return out
 
 
+def strata(paths: list[str], workload: str, edges: list[float], min_pairs: int = 0) -> list[dict[str, Any]]:
+    """Return, per stratum of the pairs' mean GPU idle a step (us), the cost on over off and the idle added.
+
+    Runs with fewer than min_pairs pairs are left out, as from the pool.
+    """
+    bounds = [-math.inf, *sorted(edges), math.inf]
+    got: list[list[tuple[float, float]]] = [[] for _ in bounds[1:]]
+    for path in paths:
+        with open(path) as f:
+            data = json.load(f)
+        for run in data.get("runs", []) if isinstance(data, dict) else []:
+            if not isinstance(run, dict) or run.get("workload") != workload:
+                continue
+            pairs = run.get("pairs") or []
+            if len(pairs) < min_pairs:
+                continue
+            for p in pairs:
+                on, off = (p.get("on"), p.get("off")) if isinstance(p, dict) else (None, None)
+                if not (
+                    isinstance(on, dict) and isinstance(off, dict) and "idle_us" in on and "idle_us" in off
+                ):
+                    continue
+                level = (on["idle_us"] + off["idle_us"]) / 2
+                i = next(k for k in range(len(got)) if level < bounds[k + 1])
+                cost = 100.0 * (on["wall_us"] - off["wall_us"]) / off["wall_us"]
+                got[i].append((cost, on["idle_us"] - off["idle_us"]))
+    out = []
+    for k, xs in enumerate(got):
+        costs, added = [c for c, _ in xs], [a for _, a in xs]
+        out.append(
+            {
+                "idle_us_from": None if k == 0 else bounds[k],
+                "idle_us_to": None if k == len(got) - 1 else bounds[k + 1],
+                "pairs": len(xs),
+                "mean_pct": statistics.fmean(costs) if costs else None,
+                "se_pct": statistics.stdev(costs) / math.sqrt(len(costs)) if len(costs) > 1 else None,
+                "median_pct": statistics.median(costs) if costs else None,
+                "idle_added_us_mean": statistics.fmean(added) if added else None,
+                "idle_added_us_median": statistics.median(added) if added else None,
+            }
+        )
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="+", help="light_agent_periods.py results (JSON)")
@@ -76,6 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-pairs", type=int, default=30, help="runs with fewer pairs are left out")
     ap.add_argument(
         "--goal", type=float, default=None, help="a cost goal in %% of wall time, to count runs against"
+    )
+    ap.add_argument(
+        "--strata",
+        default="",
+        help="split the pairs by the host's GPU idle a step (us, the mean of their two periods) at these edges,"
+        " comma-separated (e.g. 26,40)",
     )
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
@@ -102,11 +159,24 @@ def main(argv: list[str] | None = None) -> int:
             f"  (inverse-variance, for comparison only: {pooled['inverse_variance_mean_pct']:+.3f} "
             f"+- {pooled['inverse_variance_se_pct']:.3f}%)"
         )
+    result = {"workload": args.workload, "runs": rows, "left_out": left, "pooled": pooled}
+    if args.strata:
+        edges = [float(e) for e in args.strata.split(",") if e.strip()]
+        result["strata"] = strata(args.files, args.workload, edges, args.min_pairs)
+        print("by the host's GPU idle a step (the mean of each pair's two periods):")
+        for st in result["strata"]:
+            if not st["pairs"]:
+                continue
+            lo = "" if st["idle_us_from"] is None else f"{st['idle_us_from']:g}"
+            hi = "" if st["idle_us_to"] is None else f"{st['idle_us_to']:g}"
+            se = f" +- {st['se_pct']:.3f}" if st["se_pct"] is not None else ""
+            print(
+                f"  {lo}-{hi} us: {st['pairs']} pairs, {st['mean_pct']:+.3f}{se}% wall (median "
+                f"{st['median_pct']:+.3f}%), idle added {st['idle_added_us_median']:+.2f} us a step (median)"
+            )
     if args.out:
         with open(args.out, "w") as f:
-            json.dump(
-                {"workload": args.workload, "runs": rows, "left_out": left, "pooled": pooled}, f, indent=1
-            )
+            json.dump(result, f, indent=1)
     return 0
 
 

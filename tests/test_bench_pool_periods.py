@@ -48,3 +48,31 @@ def test_short_runs_are_left_out_and_the_command_fails_without_any(
     assert [r["file"] for r in pooled["left_out"]] == ["short.json"]
     assert pooled["pooled"]["runs"] == 1 and pooled["pooled"]["se_pct"] is None
     assert "left out (under 30)" in capsys.readouterr().out
+
+
+def _period(wall: float, idle: float) -> dict[str, float]:
+    return {"wall_us": wall, "idle_us": idle}
+
+
+def test_pairs_are_split_by_how_slow_the_host_was_the_mean_of_their_two_periods(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pairs = (
+        [{"on": _period(1001.0, 21.0), "off": _period(1000.0, 20.0)}] * 3  # a quick host: +0.1%
+        + [{"on": _period(1006.0, 33.0), "off": _period(1000.0, 27.0)}]
+        * 2  # on over 30, off under: the pair's mean, 30
+        + [{"on": _period(1050.0, 61.0), "off": _period(1040.0, 51.0)}] * 2  # a slow host
+    )
+    run = {**_run("decode_b1", 0.5, 0.1, 0), "pairs": pairs}
+    path = _write(tmp_path / "r.json", [run])
+    short = _write(tmp_path / "s.json", [{**_run("decode_b1", 0.5, 0.1, 0), "pairs": pairs[:1]}])
+    got = pool_periods.strata([path, short], "decode_b1", [40.0, 26.0], min_pairs=2)
+    assert [s["pairs"] for s in got] == [3, 2, 2]  # edges sorted; the one-pair run left out
+    assert (got[0]["idle_us_from"], got[0]["idle_us_to"], got[2]["idle_us_to"]) == (None, 26.0, None)
+    assert got[0]["mean_pct"] == pytest.approx(0.1) and got[0]["idle_added_us_median"] == pytest.approx(1.0)
+    assert got[1]["mean_pct"] == pytest.approx(0.6) and got[1]["idle_added_us_mean"] == pytest.approx(6.0)
+    assert got[2]["mean_pct"] == pytest.approx(100 * 10 / 1040)
+    out = tmp_path / "pooled.json"
+    assert pool_periods.main([path, "--min-pairs", "1", "--strata", "26,40", "--out", str(out)]) == 0
+    assert [s["pairs"] for s in json.loads(out.read_text())["strata"]] == [3, 2, 2]
+    assert "26-40 us: 2 pairs, +0.600" in capsys.readouterr().out

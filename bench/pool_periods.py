@@ -136,6 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    try:
+        edges = [float(e) for e in args.strata.split(",") if e.strip()]
+    except ValueError:
+        ap.error(f"--strata takes numbers (us), comma-separated, got {args.strata!r}")
     rows, left = [], []
     for path in args.files:
         for row in runs_of(path, args.workload):
@@ -160,8 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             f"+- {pooled['inverse_variance_se_pct']:.3f}%)"
         )
     result = {"workload": args.workload, "runs": rows, "left_out": left, "pooled": pooled}
-    if args.strata:
-        edges = [float(e) for e in args.strata.split(",") if e.strip()]
+    if edges:
         result["strata"] = strata(args.files, args.workload, edges, args.min_pairs)
         print("by the host's GPU idle a step (the mean of each pair's two periods):")
         for st in result["strata"]:

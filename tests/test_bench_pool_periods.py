@@ -76,3 +76,11 @@ def test_pairs_are_split_by_how_slow_the_host_was_the_mean_of_their_two_periods(
     assert pool_periods.main([path, "--min-pairs", "1", "--strata", "26,40", "--out", str(out)]) == 0
     assert [s["pairs"] for s in json.loads(out.read_text())["strata"]] == [3, 2, 2]
     assert "26-40 us: 2 pairs, +0.600" in capsys.readouterr().out
+
+
+def test_strata_that_are_not_numbers_are_refused_before_any_file_is_read(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        pool_periods.main(["/nonexistent.json", "--strata", "26,forty"])
+    assert exc.value.code == 2 and "--strata takes numbers" in capsys.readouterr().err

@@ -32,14 +32,18 @@ import sys
 from typing import Any
 
 
-def runs_of(path: str, workload: str) -> list[dict[str, Any]]:
-    """Return the rows of one results file for a workload: file, pairs, mean and se of the wall cost (%)."""
+def runs_in(path: str, workload: str) -> list[dict[str, Any]]:
+    """Return the runs of one workload in a light_agent_periods.py results file (as written)."""
     with open(path) as f:
         data = json.load(f)
+    runs = data.get("runs", []) if isinstance(data, dict) else []
+    return [r for r in runs if isinstance(r, dict) and r.get("workload") == workload]
+
+
+def runs_of(path: str, workload: str) -> list[dict[str, Any]]:
+    """Return the rows of one results file for a workload: file, pairs, mean and se of the wall cost (%)."""
     out = []
-    for run in data.get("runs", []) if isinstance(data, dict) else []:
-        if not isinstance(run, dict) or run.get("workload") != workload:
-            continue
+    for run in runs_in(path, workload):
         wall = (run.get("cost") or {}).get("wall_pct") or {}
         mean, se = wall.get("mean"), wall.get("se")
         if not isinstance(mean, int | float):
@@ -84,11 +88,7 @@ def strata(paths: list[str], workload: str, edges: list[float], min_pairs: int =
     bounds = [-math.inf, *sorted(edges), math.inf]
     got: list[list[tuple[float, float]]] = [[] for _ in bounds[1:]]
     for path in paths:
-        with open(path) as f:
-            data = json.load(f)
-        for run in data.get("runs", []) if isinstance(data, dict) else []:
-            if not isinstance(run, dict) or run.get("workload") != workload:
-                continue
+        for run in runs_in(path, workload):
             pairs = run.get("pairs") or []
             if len(pairs) < min_pairs:
                 continue

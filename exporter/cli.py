@@ -14,7 +14,7 @@ import json
 import pkgutil
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from exporter import __version__
 from exporter.config import DEFAULT_PORT, Config, ConfigError, load
@@ -111,9 +111,57 @@ def _commands() -> list[Any]:
     return mods
 
 
+class _Parser(argparse.ArgumentParser):
+    """The top-level parser: a sub-command's flag typed before the sub-command is named as such.
+
+    argparse reads `boundwatch --seconds 2 diagnose` as the command "2" ("invalid choice"); this
+    says that --seconds belongs to diagnose and goes after it.
+    """
+
+    argv: Sequence[str] = ()
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        self.argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_args(self.argv, namespace)
+
+    def error(self, message: str) -> NoReturn:
+        misplaced = _misplaced(self, self.argv)
+        if misplaced is not None:
+            flag, takers, command = misplaced
+            if command in takers:
+                message = f"{flag} is an option of `{command}`: put it after the command (boundwatch {command} {flag} ...)"
+            else:
+                named = [f"`{t}`" for t in takers]
+                listed = named[0] if len(named) == 1 else ", ".join(named[:-1]) + " and " + named[-1]
+                message = f"{flag} is an option of {listed} only: put it after one of them"
+        super().error(message)
+
+
+def _misplaced(parser: argparse.ArgumentParser, argv: Sequence[str]) -> tuple[str, list[str], str] | None:
+    """Return a flag before the sub-command that only sub-commands take, those that take it, and the command typed.
+
+    None when every flag before the command is the top level's own (or unknown to every command).
+    """
+    subs = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+    if subs is None:
+        return None
+    end = next((i for i, t in enumerate(argv) if t in subs.choices or t == "--"), len(argv))
+    command = argv[end] if end < len(argv) else ""
+    for token in argv[:end]:  # the command's own flags follow it
+        if not token.startswith("-") or token == "-":
+            continue
+        flag = token.split("=", 1)[0]
+        if flag in parser._option_string_actions:
+            continue
+        takers = sorted(name for name, p in subs.choices.items() if flag in p._option_string_actions)
+        if takers:
+            return flag, takers, command
+    return None
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser with every sub-command."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="boundwatch",
         description="Tell, live, whether each GPU is GPU-bound or host-bound, and why. "
         "Without a sub-command, run the sidecar daemon and serve Prometheus metrics.",

@@ -91,3 +91,30 @@ def test_inspect_prints_what_the_reader_returns_for_an_sglang_page_with_dp_atten
     assert (data["running"], data["waiting"]) == (reading.running, reading.waiting)
     # four dp ranks, each its own tp_rank 0: 1+2+3+4 running, 0+2+4+6 waiting (row 18 read waiting = null)
     assert (data["running"], data["waiting"]) == (pytest.approx(10.0), pytest.approx(12.0))
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--seconds", "2", "diagnose"], "--seconds is an option of `diagnose`: put it after the command"),
+        (
+            ["--no-nvml", "--seconds=1", "record", "x.jsonl"],
+            "--seconds is an option of `record`: put it after",
+        ),
+        (["--url", "http://x", "catalogue"], "--url is an option of `diagnose` and `record` only"),
+    ],
+)
+def test_a_commands_flag_typed_before_the_command_is_named_as_its_flag(argv, said, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert said in err
+    assert "invalid choice" not in err
+
+
+def test_an_unknown_flag_before_the_command_is_still_unrecognized(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--bogus", "diagnose"])
+    assert exit_.value.code == 2
+    assert "unrecognized arguments: --bogus" in capsys.readouterr().err

@@ -24,6 +24,7 @@ runs are pooled within a stratum (one figure each, its standard error over pairs
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import math
 import os
@@ -85,7 +86,8 @@ def strata(paths: list[str], workload: str, edges: list[float], min_pairs: int =
 
     Runs with fewer than min_pairs pairs are left out, as from the pool.
     """
-    bounds = [-math.inf, *sorted(edges), math.inf]
+    cuts = sorted(edges)
+    bounds = [-math.inf, *cuts, math.inf]
     got: list[list[tuple[float, float]]] = [[] for _ in bounds[1:]]
     for path in paths:
         for run in runs_in(path, workload):
@@ -99,7 +101,7 @@ def strata(paths: list[str], workload: str, edges: list[float], min_pairs: int =
                 ):
                     continue
                 level = (on["idle_us"] + off["idle_us"]) / 2
-                i = next(k for k in range(len(got)) if level < bounds[k + 1])
+                i = bisect.bisect_right(cuts, level)  # the stratum [bounds[i], bounds[i + 1])
                 cost = 100.0 * (on["wall_us"] - off["wall_us"]) / off["wall_us"]
                 got[i].append((cost, on["idle_us"] - off["idle_us"]))
     out = []

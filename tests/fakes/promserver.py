@@ -99,13 +99,18 @@ def _wait_http(
     timeout: float,
     context: ssl.SSLContext | None = None,
     auth: tuple[str, str] | None = None,
+    expect: bytes | None = None,
 ) -> None:
+    """Wait until `url` answers 200; with `expect`, the body must hold it, so that another process
+    that took the port first (a free port handed out twice) is named rather than taken for `proc`."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
         with contextlib.suppress(OSError):
-            status, _ = http_get(url, timeout=1.0, context=context, auth=auth)
+            status, body = http_get(url, timeout=1.0, context=context, auth=auth)
+            if status == 200 and expect is not None and expect not in body:
+                raise RuntimeError(f"{url} is served by another process than {proc.args!r}: {body[:200]!r}")
             if status == 200:
                 return
         time.sleep(0.1)
@@ -159,7 +164,7 @@ def running_daemon(
         proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     daemon = Daemon(port, log, proc, "https" if context is not None else "http")
     try:
-        _wait_http(proc, daemon.metrics_url, log, timeout, context, auth)
+        _wait_http(proc, daemon.metrics_url, log, timeout, context, auth, expect=b"boundwatch_")
         yield daemon
     finally:
         _stop(proc)
@@ -178,7 +183,7 @@ def running_demo(workdir: Path, *flags: str) -> Iterator[tuple[str, float]]:
     with open(log, "wb") as out:
         proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
-        _wait_http(proc, f"http://127.0.0.1:{port}/metrics", log, 30.0)
+        _wait_http(proc, f"http://127.0.0.1:{port}/metrics", log, 30.0, expect=b"boundwatch_")
         yield f"127.0.0.1:{port}", started
     finally:
         _stop(proc)

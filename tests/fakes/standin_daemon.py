@@ -55,7 +55,7 @@ def standin_daemon(
         )
     daemon = Daemon(port, log, proc, "https" if context is not None else "http")
     try:
-        _wait_http(proc, daemon.metrics_url, log, 60.0, context)
+        _wait_http(proc, daemon.metrics_url, log, 60.0, context, expect=b"boundwatch_")
         yield daemon
     finally:
         _stop(proc)

@@ -92,6 +92,28 @@ def _stop(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
             proc.wait(timeout=timeout)
 
 
+def listening_port(proc: subprocess.Popen[bytes], log: Path, timeout: float) -> int:
+    """Return the port a daemon started with `--port 0 --log-format json` says it listens on.
+
+    The kernel picks the port as the daemon binds, so no other process can hold it first, as one can
+    between `free_port()` and a bind: a test that starts a server of its own on a free port before the
+    daemon read that server's page as the daemon's."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in log.read_bytes().splitlines() if log.exists() else ():
+            if b'"listening"' in line:
+                with contextlib.suppress(ValueError):
+                    event = json.loads(line)
+                    if event.get("event") == "listening":
+                        return int(event["port"])
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+        time.sleep(0.05)
+    raise TimeoutError(
+        f"{proc.args!r} did not say where it listens within {timeout:.0f}s:\n{log.read_text()[-4000:]}"
+    )
+
+
 def _wait_http(
     proc: subprocess.Popen[bytes],
     url: str,
@@ -151,9 +173,8 @@ def running_daemon(
     With `context` (the daemon configured for TLS through `extra_env`) it is reached over https,
     verified by that context; `auth` is what the readiness check sends when basic auth is on."""
     workdir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
     log = workdir / "boundwatch.log"
-    args = [sys.executable, "-m", "exporter", "run", "--address", "127.0.0.1", "--port", str(port)]
+    args = [sys.executable, "-m", "exporter", "run", "--address", "127.0.0.1", "--port", "0"]
     args += ["--agent-socket", str(workdir / "agent.sock"), "--log-format", "json"]
     for page in engine_pages:
         args += ["--engine-url", str(page)]
@@ -162,8 +183,10 @@ def running_daemon(
     env.update(extra_env or {})
     with open(log, "wb") as out:
         proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    daemon = Daemon(port, log, proc, "https" if context is not None else "http")
     try:
+        daemon = Daemon(
+            listening_port(proc, log, timeout), log, proc, "https" if context is not None else "http"
+        )
         _wait_http(proc, daemon.metrics_url, log, timeout, context, auth, expect=b"boundwatch_")
         yield daemon
     finally:

@@ -38,13 +38,12 @@ def standin_daemon(
     context: ssl.SSLContext | None = None,
 ) -> Iterator[Daemon]:
     """Run the daemon with `gpus` stand-in GPUs until the block exits."""
-    from tests.fakes.promserver import ROOT, Daemon, _stop, _wait_http, free_port
+    from tests.fakes.promserver import ROOT, Daemon, _stop, _wait_http, listening_port
 
     workdir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
     log = workdir / "boundwatch.log"
     cmd = [sys.executable, "-m", "tests.fakes.standin_daemon", str(gpus), "run", "--address", "127.0.0.1"]
-    cmd += ["--port", str(port), "--agent-socket", str(workdir / "agent.sock"), "--log-format", "json"]
+    cmd += ["--port", "0", "--agent-socket", str(workdir / "agent.sock"), "--log-format", "json"]
     cmd += list(args)
     environ = {k: v for k, v in os.environ.items() if not k.startswith("BOUNDWATCH_")}
     environ["PYTHONPATH"] = str(ROOT)
@@ -53,8 +52,10 @@ def standin_daemon(
         proc = subprocess.Popen(
             cmd, cwd=ROOT, env=environ, stdout=out, stderr=subprocess.STDOUT, preexec_fn=preexec
         )
-    daemon = Daemon(port, log, proc, "https" if context is not None else "http")
     try:
+        daemon = Daemon(
+            listening_port(proc, log, 60.0), log, proc, "https" if context is not None else "http"
+        )
         _wait_http(proc, daemon.metrics_url, log, 60.0, context, expect=b"boundwatch_")
         yield daemon
     finally:

@@ -514,7 +514,7 @@ def capture_ticks(path: str, gpus: int, skip: int = 20, keep: int = 40) -> None:
 def time_parts() -> dict[str, float]:
     """Add up the CPU time (time.thread_time, in their own thread) of the daemon's synchronous parts."""
     from exporter import sampling, wire
-    from exporter.sources import engine, placement, procs, unixsock
+    from exporter.sources import base, engine, placement, procs, unixsock
     from exporter.sources.agent_feed import AgentFeed
     from exporter.sources.engine import EngineSource
     from exporter.sources.host import HostSource
@@ -555,6 +555,15 @@ def time_parts() -> dict[str, float]:
     wrap(EngineSource, "_rediscover", "engine:rediscover")
     wrap(NvmlSource, "read_blocking", "nvml:read")
     wrap(HostSource, "read_blocking", "host:read")
+    # the tick's own handling around those parts (the event loop's thread); main:start holds the reads
+    # the tick starts on the loop (the agent feed's drain and main:agent_collect, host:read)
+    wrap(sampling, "retire", "main:retire")
+    wrap(sampling.Sampler, "_result", "main:result")
+    wrap(sampling.Sampler, "_start", "main:start")
+    wrap(sampling.Sampler, "_compact_old", "main:compact_old")  # compact inside it
+    wrap(NvmlSource, "follow", "main:follow:nvml")
+    wrap(EngineSource, "follow", "main:follow:engine")
+    wrap(base.BlockingReader, "submit", "main:submit")
     if os.environ.get("BW_COST_LOOP"):  # every event-loop callback's CPU, by what it runs ("loop:...")
         time_callbacks(out)
     return out

@@ -30,7 +30,9 @@ LOADS: dict[str, tuple[int, int, int]] = {
     "idle": (0, 0, 0),
     "short": (8000, 12000, 64),  # still a chat template around a real prompt: ~25 ms to tokenise
     "long": (60000, 90000, 12),
+    "light": (2000, 4000, 32),  # short requests, each client thinking THINK_S between them
 }
+THINK_S: dict[str, float] = {"light": 1.5}  # a client's pause after its answer, by kind (else a closed loop)
 WORDS = tuple(
     "the model serves tokens from a long prompt with tool schemas json system user assistant call "
     "function arguments name description type object string required properties".split()
@@ -129,6 +131,7 @@ class ApiServer:
         self.kind = "idle"
         self.clients = 0
         self.pending: list[int] = []  # clients whose next request is not tokenised yet
+        self.ready_at: dict[int, float] = {}  # client -> when it sends again (a load with think time)
         self.inflight: dict[int, int] = {}  # rid -> client
         self.next_rid = index * 10_000_000
         self.rnd = random.Random(index)
@@ -144,9 +147,13 @@ class ApiServer:
             self.pending = list(range(self.clients))
         self.cap.set(cap)
 
+    def thinking(self) -> bool:
+        """Say whether the next client to send still thinks (a load with think time)."""
+        return self.ready_at.get(self.pending[0], 0.0) > time.monotonic()
+
     def admit_one(self) -> None:
         """Render and tokenise one client's prompt on this (main) thread, then hand it to the engine."""
-        if not self.pending or self.kind == "idle":
+        if not self.pending or self.kind == "idle" or self.thinking():
             return
         client = self.pending.pop(0)
         lo, hi, max_tokens = LOADS[self.kind]
@@ -169,6 +176,7 @@ class ApiServer:
                 client = self.inflight.pop(rid, None)
                 if client is not None and client < self.clients:
                     self.pending.append(client)
+                    self.ready_at[client] = time.monotonic() + THINK_S.get(self.kind, 0.0)
 
     def serve(self) -> None:
         """Run the main loop until ("stop",)."""
@@ -184,7 +192,7 @@ class ApiServer:
             self.outputs()
             self.admit_one()
             self.cap.pay()
-            if not self.pending or self.kind == "idle":
+            if not self.pending or self.kind == "idle" or self.thinking():
                 wait([self.ctl, self.engine], timeout=0.05)
 
 

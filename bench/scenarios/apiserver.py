@@ -145,6 +145,7 @@ class ApiServer:
             self.inflight.clear()
             self.kind, self.clients = kind, clients if kind != "idle" else 0
             self.pending = list(range(self.clients))
+            self.ready_at.clear()  # a new load's clients send at once
         self.cap.set(cap)
 
     def thinking(self) -> bool:

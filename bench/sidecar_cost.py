@@ -1144,6 +1144,16 @@ def main() -> int:
         return subprocess.call(
             ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, *sys.argv], env=env
         )
+    if args.dgram_qlen > 0:
+        from exporter.sources import unixsock
+
+        if unixsock.dgram_queue_limit() != args.dgram_qlen:  # started as pid 1 already: no namespace of ours
+            print(
+                f"warning: --dgram-qlen {args.dgram_qlen} not applied: this runs in a PID namespace it did not "
+                f"make (as pid 1), without a network namespace of its own; the queue is "
+                f"{unixsock.dgram_queue_limit()}. Run the bench without unshare.",
+                file=sys.stderr,
+            )
     rows = []
     for pair in range(args.pairs):
         for g in [int(x) for x in args.gpus.split(",")]:

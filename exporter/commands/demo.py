@@ -469,8 +469,11 @@ async def serve(
     sampler = Sampler(cfg, demo_sources(world, cfg), clock=world.clock)
     await sampler.tick()
     runner = await serve_tcp(make_demo_app(cfg, sampler), cfg.web.address, cfg.web.port)
+    port = next(
+        (a[1] for a in runner.addresses if isinstance(a, tuple)), cfg.web.port
+    )  # --port 0: the bound one
     say(
-        f"{BANNER}\nserving http://{cfg.web.address}:{cfg.web.port}/metrics; GPUs cycle "
+        f"{BANNER}\nserving http://{cfg.web.address}:{port}/metrics; GPUs cycle "
         f"{' -> '.join(world.order)} every {world.phase_seconds:g} s (Ctrl-C stops)"
     )
     ticking = asyncio.create_task(sampler.run(stop), name="demo-sampler")

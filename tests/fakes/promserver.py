@@ -21,6 +21,7 @@ import http.server
 import itertools
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -195,21 +196,37 @@ def running_daemon(
 
 @contextlib.contextmanager
 def running_demo(workdir: Path, *flags: str) -> Iterator[tuple[str, float]]:
-    """Run `boundwatch demo` on a free loopback port; yield (host:port, its start on time.monotonic())."""
+    """Run `boundwatch demo` on a loopback port the kernel picks; yield (host:port, its start on time.monotonic())."""
     workdir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
     log = workdir / "demo.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("BOUNDWATCH_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    args = [sys.executable, "-m", "exporter", "demo", "--address", "127.0.0.1", "--port", str(port), *flags]
+    env["PYTHONUNBUFFERED"] = "1"  # its "serving" line reaches the log as it is printed
+    args = [sys.executable, "-m", "exporter", "demo", "--address", "127.0.0.1", "--port", "0", *flags]
     started = time.monotonic()
     with open(log, "wb") as out:
         proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
+        port = _demo_port(proc, log, 30.0)
         _wait_http(proc, f"http://127.0.0.1:{port}/metrics", log, 30.0, expect=b"boundwatch_")
         yield f"127.0.0.1:{port}", started
     finally:
         _stop(proc)
+
+
+def _demo_port(proc: subprocess.Popen[bytes], log: Path, timeout: float) -> int:
+    """Return the port `boundwatch demo --port 0` says it serves on (its "serving http://...:PORT/" line)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = re.search(rb"serving http://[^\s/]+:(\d+)/", log.read_bytes() if log.exists() else b"")
+        if found and int(found.group(1)):
+            return int(found.group(1))
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+        time.sleep(0.05)
+    raise TimeoutError(
+        f"{proc.args!r} did not say where it serves within {timeout:.0f}s:\n{log.read_text()[-4000:]}"
+    )
 
 
 # Label values for the full page: every bounded enum the exporter documents, two of everything else.

@@ -2,7 +2,8 @@
 
 Session 40's H100 lab without an agent read eager decode at GPM 0.76-0.88 a tick (truth 0.73) with 23
 requests waiting: on the default band it flipped between gpu and host (right in half its ticks); with the
-band's floor and busy_high at 0.88 every tick of it reads host (bench/README.md, session 40).
+band's floor and busy_high at 0.88 it reads host in at least 95% of its scored ticks (bench/README.md,
+session 40).
 """
 
 from pathlib import Path

@@ -469,9 +469,8 @@ async def serve(
     sampler = Sampler(cfg, demo_sources(world, cfg), clock=world.clock)
     await sampler.tick()
     runner = await serve_tcp(make_demo_app(cfg, sampler), cfg.web.address, cfg.web.port)
-    port = next(
-        (a[1] for a in runner.addresses if isinstance(a, tuple)), cfg.web.port
-    )  # --port 0: the bound one
+    # the port bound (with --port 0 the kernel's pick), so the banner says where to scrape
+    port = next((a[1] for a in runner.addresses if isinstance(a, tuple)), cfg.web.port)
     say(
         f"{BANNER}\nserving http://{cfg.web.address}:{port}/metrics; GPUs cycle "
         f"{' -> '.join(world.order)} every {world.phase_seconds:g} s (Ctrl-C stops)"

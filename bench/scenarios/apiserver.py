@@ -149,7 +149,11 @@ class ApiServer:
         self.cap.set(cap)
 
     def thinking(self) -> bool:
-        """Say whether the next client to send still thinks (a load with think time)."""
+        """Say whether the next client to send still thinks (a load with think time).
+
+        The head is the earliest ready: clients queue in the order they finish, each with the same think
+        time (its kind's), so no ready client waits behind a thinking one.
+        """
         return self.ready_at.get(self.pending[0], 0.0) > time.monotonic()
 
     def admit_one(self) -> None:

@@ -1147,11 +1147,12 @@ def main() -> int:
     if args.dgram_qlen > 0:
         from exporter.sources import unixsock
 
-        if unixsock.dgram_queue_limit() != args.dgram_qlen:  # started as pid 1 already: no namespace of ours
+        qlen = unixsock.dgram_queue_limit()
+        if qlen != args.dgram_qlen:  # started as pid 1 already: no namespace of ours
             print(
                 f"warning: --dgram-qlen {args.dgram_qlen} not applied: this runs in a PID namespace it did not "
                 f"make (as pid 1), without a network namespace of its own; the queue is "
-                f"{unixsock.dgram_queue_limit()}. Run the bench without unshare.",
+                f"{qlen}. Run the bench without unshare.",
                 file=sys.stderr,
             )
     rows = []

@@ -33,7 +33,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,20 +99,32 @@ def listening_port(proc: subprocess.Popen[bytes], log: Path, timeout: float) -> 
     The kernel picks the port as the daemon binds, so no other process can hold it first, as one can
     between `free_port()` and a bind: a test that starts a server of its own on a free port before the
     daemon read that server's page as the daemon's."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for line in log.read_bytes().splitlines() if log.exists() else ():
+
+    def find(text: bytes) -> int | None:
+        for line in text.splitlines():
             if b'"listening"' in line:
                 with contextlib.suppress(ValueError):
                     event = json.loads(line)
                     if event.get("event") == "listening":
                         return int(event["port"])
+        return None
+
+    return _port_in_log(proc, log, timeout, find, "where it listens")
+
+
+def _port_in_log(
+    proc: subprocess.Popen[bytes], log: Path, timeout: float, find: Callable[[bytes], int | None], what: str
+) -> int:
+    """Return the port `find` reads in a process's log (a server started with `--port 0`), once it is there."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        port = find(log.read_bytes() if log.exists() else b"")
+        if port:
+            return port
         if proc.poll() is not None:
             raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
         time.sleep(0.05)
-    raise TimeoutError(
-        f"{proc.args!r} did not say where it listens within {timeout:.0f}s:\n{log.read_text()[-4000:]}"
-    )
+    raise TimeoutError(f"{proc.args!r} did not say {what} within {timeout:.0f}s:\n{log.read_text()[-4000:]}")
 
 
 def _wait_http(
@@ -216,17 +228,12 @@ def running_demo(workdir: Path, *flags: str) -> Iterator[tuple[str, float]]:
 
 def _demo_port(proc: subprocess.Popen[bytes], log: Path, timeout: float) -> int:
     """Return the port `boundwatch demo --port 0` says it serves on (its "serving http://...:PORT/" line)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = re.search(rb"serving http://[^\s/]+:(\d+)/", log.read_bytes() if log.exists() else b"")
-        if found and int(found.group(1)):
-            return int(found.group(1))
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
-        time.sleep(0.05)
-    raise TimeoutError(
-        f"{proc.args!r} did not say where it serves within {timeout:.0f}s:\n{log.read_text()[-4000:]}"
-    )
+
+    def find(text: bytes) -> int | None:
+        found = re.search(rb"serving http://[^\s/]+:(\d+)/", text)
+        return int(found.group(1)) if found else None
+
+    return _port_in_log(proc, log, timeout, find, "where it serves")
 
 
 # Label values for the full page: every bounded enum the exporter documents, two of everything else.

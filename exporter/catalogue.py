@@ -518,7 +518,8 @@ BOUND_SECONDS_TOTAL = _m(
 HOST_BOUND_SECONDS_TOTAL = _m(
     "boundwatch_host_bound_seconds_total",
     "counter",
-    "GPU idle time while the engine had running requests (rate() is the share the host cost).",
+    "GPU idle time while work was offered to its engine: requests running or waiting, tokens flowing, "
+    "or requests held before it by a saturated or throttled API server (rate() is the share the host cost).",
     ["gpu"],
     "verdict",
 )

@@ -110,7 +110,7 @@ class VerdictConfig:
     """Thresholds of the host-bound / GPU-bound classifier (docs/verdict.md, exporter/analysis/verdict.py).
 
     Timing: at 0.5 s ticks the busy share of the latest tick (GPM/NVML, measured with the engine
-    queue) and a 2-tick hold make a change of load show within 0.5-1.4 s; reasons use 1.5 s.
+    queue) and a 2-tick hold make a change of load show within 0.5-1.6 s; reasons use 1.5 s.
     """
 
     window_seconds: float = 1.5  # evidence for reasons (CPU, throttling, graph share, steps, rates)
@@ -137,7 +137,7 @@ class VerdictConfig:
     )
     # Work offered: the engine's running/waiting at any tick this recent (counter and CPU evidence
     # takes the newest tick alone). 1.0 s = the newest two readings at 0.5 s ticks: with the 2-tick
-    # hold, a load that stops shows idle within 1.5 s.
+    # hold, a load that stops shows idle within 1.0-1.6 s.
     offered_window_seconds: float = 1.0
     # Eager decode measured by GPM/NVML: launch gaps of tiny eager kernels read as busy (H200: GPM
     # 0.85-0.94 where CUPTI's union read 0.61), so a GPU-bound verdict needs this bar (docs/verdict.md).

@@ -30,7 +30,7 @@ PARAMS: dict[str, Any] = {
     # The page: BoundwatchGPUStarvedWhileWorkPending.
     "page_for": "10m",
     "page_busy_below": 0.5,  # best-source busy share
-    "page_host_bound_above": 0.5,  # share of time idle while the GPU's engine had requests running
+    "page_host_bound_above": 0.5,  # share of time idle while work was offered to the GPU's engine
     "page_min_waiting": 0.5,  # demand gate: mean requests waiting on the host's engines, or
     "page_min_running": 4,  # mean requests running (one streaming request at night is not a page), or
     # an API server saturated for this share of the window (requests queue in front of the engine).
@@ -95,7 +95,7 @@ def recording(p: Mapping[str, Any]) -> list[dict[str, str]]:
             'instance_gpu_source:boundwatch_gpu_busy:ratio_rate5m{source="nvml"}',
         },
         {
-            "comment": "Share of wall time the GPU sat idle while its own engine had requests running.",
+            "comment": "Share of wall time the GPU sat idle while work was offered to its own engine.",
             "record": "instance_gpu:boundwatch_host_bound:ratio_rate5m",
             "expr": f"rate(boundwatch_host_bound_seconds_total{s()}[{w}])",
         },
@@ -126,7 +126,7 @@ def recording(p: Mapping[str, Any]) -> list[dict[str, str]]:
             "expr": f"sum by ({_on(p, 'verdict')}) (boundwatch_bound{s()})",
         },
         {
-            "comment": "Idle GPU-seconds per second with requests running, per target: lost GPU capacity.",
+            "comment": "Idle GPU-seconds per second with work offered, per target: lost GPU capacity.",
             "record": "instance:boundwatch_host_bound_gpus:rate5m",
             "expr": f"sum by ({_on(p)}) (instance_gpu:boundwatch_host_bound:ratio_rate5m)",
         },
@@ -162,7 +162,7 @@ def _page(p: Mapping[str, Any]) -> list[dict[str, Any]]:
             "summary": "GPU starved while its engine has work pending.",
             "description": (
                 f"GPU {{{{ $labels.gpu }}}} on {{{{ $labels.instance }}}} was busy {{{{ $value | humanizePercentage }}}}\n"
-                f'({{{{ with {_q(p, "instance_gpu:boundwatch_gpu_busy:ratio_rate5m", "gpu")} | query }}}}{{{{ . | first | label "source" }}}}{{{{ end }}}}) over the last {w} and sat idle with requests running\n'
+                f'({{{{ with {_q(p, "instance_gpu:boundwatch_gpu_busy:ratio_rate5m", "gpu")} | query }}}}{{{{ . | first | label "source" }}}}{{{{ end }}}}) over the last {w} and sat idle with work offered\n'
                 f"{{{{ with {_q(p, 'instance_gpu:boundwatch_host_bound:ratio_rate5m', 'gpu')} | query }}}}{{{{ . | first | value | humanizePercentage }}}}{{{{ end }}}}\n"
                 "of the time: the host, not the GPU, limits throughput. Reasons now:\n"
                 f'{{{{ range $i, $r := {_q(p, "boundwatch_bound_reason", "gpu", wrap="{} == 1")} | query | sortByLabel "reason" }}}}{{{{ if $i }}}}, {{{{ end }}}}{{{{ $r.Labels.reason }}}}{{{{ else }}}}none reported{{{{ end }}}}.'

@@ -30,7 +30,7 @@ utilization.gpu) of the latest tick (`busy_window_seconds`, 0.5 s), and CUPTI on
 is missing. The CUPTI figure is exact but 1-2 s late (an agent window closes once older than its
 flush lag); thresholding it against a live queue would show "host" for the first second of every
 load. CUPTI still feeds the evidence: graph share, idle gaps, step GPU time, host-bound seconds.
-With a 2-tick hold a step change in load shows in the reported verdict 0.5-1.4 s after it
+With a 2-tick hold a step change in load shows in the reported verdict 0.5-1.6 s after it
 happens. Reasons are rates and shares over `window_seconds` (1.5 s), so they are steady, and
 right again within 2 s of a change (CUPTI-based ones take the newest agent window, 1-2 s late).
 
@@ -1262,7 +1262,8 @@ def decide(f: Facts, cfg: VerdictConfig, prev: Verdict | None = None) -> tuple[s
     throttled API servers); else by the busy share against `thresholds` (unknown,
     no_busy_source, without one). Without an engine but with an agent on the GPU (a plain torch
     process): the agent's activity says whether anything runs (idle below `idle_busy`), the busy
-    share decides gpu or host, and a host verdict has reason unknown (no queue to read). With
+    share decides gpu or host, and a host verdict has the reasons the agent's evidence supports
+    (graph share, step timing), else unknown (no queue to read). With
     neither: a GPU at or above busy_high is GPU-bound whatever runs on it, one below `idle_busy`
     is idle, and anything between is unknown, no_engine_source. A GPU no placed engine drives
     while an engine could be placed on no GPU is unknown, no_gpu_mapping: its engine may be that

@@ -21,12 +21,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.scenarios.score import Segment
+from bench.scenarios.score import SETTLE_SECONDS, Segment
 from exporter.snapshot.codec import read_lines
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 SCENARIOS = ("gpu_bound_decode", "eager_decode", "fix_four_api_servers")
-SETTLE = 2.0  # seconds of each scenario left out, as bench.scenarios.score does
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -41,7 +40,7 @@ def ratios(recording: Path) -> dict[str, dict[str, Any]]:
         segments = [Segment(**s) for s in head["schedule"]]
         found: dict[str, tuple[list[float], list[float]]] = {}
         for snap in it:
-            seg = next((s for s in segments if s.start + SETTLE <= snap.at < s.end), None)
+            seg = next((s for s in segments if s.start + SETTLE_SECONDS <= snap.at < s.end), None)
             if seg is None or seg.name not in SCENARIOS or not snap.gpus:
                 continue
             gpm = snap.gpus[0].gpm

@@ -8,6 +8,8 @@ from typing import Any
 
 from exporter.config import VerdictConfig
 
+SETTLE_SECONDS = 2.0  # each scenario's first seconds are not scored (the switch into it)
+
 
 @dataclass(frozen=True)
 class Segment:
@@ -35,7 +37,9 @@ def right(t: Tick, seg: Segment) -> bool:
     return t.verdict == seg.verdict and (seg.reason is None or seg.reason in t.reasons)
 
 
-def score(ticks: Sequence[Tick], segments: Sequence[Segment], settle: float = 2.0) -> list[dict[str, Any]]:
+def score(
+    ticks: Sequence[Tick], segments: Sequence[Segment], settle: float = SETTLE_SECONDS
+) -> list[dict[str, Any]]:
     """Return one row per segment: ticks after `settle`, share right, share primary-reason right, latencies."""
     rows = []
     prev: Segment | None = None

@@ -65,6 +65,13 @@ SOURCE_UP = _m(
     ["source"],
 )
 SOURCE_ERRORS_TOTAL = _m("boundwatch_source_errors_total", "counter", "Failed reads of a source.", ["source"])
+SOURCE_OVER_BOUND = _m(
+    "boundwatch_source_over_bound",
+    "gauge",
+    "What a source found at its last read beyond its bound and left unread: for engine, processes that look "
+    "like engines past the 32 read at once (those started last); 0 normally.",
+    ["source"],
+)
 SOURCE_DURATION_SECONDS = _m(
     "boundwatch_source_duration_seconds", "gauge", "Wall time of the last read of a source.", ["source"]
 )

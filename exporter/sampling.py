@@ -118,6 +118,11 @@ def retire(snap: Snapshot) -> Snapshot:
     return replace(snap, totals=EMPTY, engines=engines, agent=agent)
 
 
+def _over_bound(source: Any) -> int:
+    """Return what a source left unread beyond its bound (a source may say so in `over_bound`; else 0)."""
+    return int(getattr(source, "over_bound", 0))
+
+
 class _SourceState:
     def __init__(self) -> None:
         self.up: bool | None = None
@@ -225,7 +230,13 @@ class Sampler:
             age = None if state.last_ok is None else self._clock() - state.last_ok
             if age is not None and age <= self._stale:
                 return state.last_reading, SourceStatus(
-                    source.name, True, state.errors_total, "", duration, late=True
+                    source.name,
+                    True,
+                    state.errors_total,
+                    "",
+                    duration,
+                    late=True,
+                    over_bound=_over_bound(source),
                 )
             return None, self._down(
                 source.name, state, f"read still running after {duration:.1f}s", duration, False
@@ -245,7 +256,9 @@ class Sampler:
             log.info("source_up", source=source.name)
         state.up, state.last_error = True, ""
         state.last_reading, state.last_ok = reading, self._clock()
-        return reading, SourceStatus(source.name, True, state.errors_total, "", duration)
+        return reading, SourceStatus(
+            source.name, True, state.errors_total, "", duration, over_bound=_over_bound(source)
+        )
 
     def _down(
         self,

@@ -38,6 +38,7 @@ SELF_FAMILIES: tuple[c.MetricSpec, ...] = (
     c.TICK_INTERVAL_SECONDS,
     c.SOURCE_UP,
     c.SOURCE_ERRORS_TOTAL,
+    c.SOURCE_OVER_BOUND,
     c.SOURCE_DURATION_SECONDS,
     c.TICKS_TOTAL,
     c.SNAPSHOT_AGE_SECONDS,
@@ -58,12 +59,14 @@ def render_self(snap: Snapshot | None, age: float | None, interval: float) -> It
         return
     up = c.gauge(c.SOURCE_UP)
     errors = c.counter(c.SOURCE_ERRORS_TOTAL)
+    over = c.gauge(c.SOURCE_OVER_BOUND)
     duration = c.gauge(c.SOURCE_DURATION_SECONDS)
     for status in snap.sources:
         up.add_metric([status.name], 1.0 if status.up else 0.0)
         errors.add_metric([status.name], status.errors_total)
+        over.add_metric([status.name], status.over_bound)
         duration.add_metric([status.name], status.duration_seconds)
-    yield from (up, errors, duration)
+    yield from (up, errors, over, duration)
     ticks = c.counter(c.TICKS_TOTAL)
     ticks.add_metric([], snap.seq)
     yield ticks

@@ -30,6 +30,7 @@ class SourceStatus:
     last_error: str = ""
     duration_seconds: float = 0.0
     late: bool = False  # the read outlasted the tick: its last reading was reused
+    over_bound: int = 0  # what the source found beyond its bound and left unread (engines past discovery's)
 
 
 @dataclass(frozen=True)

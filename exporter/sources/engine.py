@@ -46,7 +46,7 @@ from exporter.sources.cgroup import cgroup_path_of, cgroup_version, read_cgroup_
 from exporter.sources.engine_discovery import (
     EngineTarget,
     configured_target,
-    discover,
+    find_engines,
     merge_targets,
     name_for,
 )
@@ -138,6 +138,7 @@ class EngineSource:
         # engine name -> (when, the last good page reading): carried between slow reads
         self._pages: dict[str, tuple[float, EngineReading]] = {}
         self.page_reads = 0  # HTTP reads of engine pages started (for tests and benches)
+        self.over_bound = 0  # engines the last discovery found beyond its bound and left unread
 
     @property
     def targets(self) -> tuple[EngineTarget, ...]:
@@ -230,7 +231,15 @@ class EngineSource:
         )
         if not changed and settled:
             return None
-        self._found_targets = discover(self.proc_root, list(self._table.rows.values()))
+        self._found_targets, unread = find_engines(self.proc_root, list(self._table.rows.values()))
+        if unread and unread != self.over_bound:
+            log.warning(
+                "engines_over_bound",
+                unread=unread,
+                read=len(self._found_targets),
+                detail="processes that look like engines beyond the bound: those started last are not read",
+            )
+        self.over_bound = unread  # read by the Sampler into the source's status (an int: one store)
         return self._found_targets
 
     def _log_discovery(self, found: Sequence[EngineTarget]) -> None:

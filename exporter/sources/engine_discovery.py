@@ -1,8 +1,9 @@
 """Which processes on the host are engines: vLLM and SGLang, their API servers, ports and multiprocess dirs.
 
 `discover` reads the process table (or takes the one the caller holds) and returns one
-`EngineTarget` per engine: its page's URL (from the flags, a listening socket, or the kind's
-default port), its root and every descendant process, its API servers (titled `APIServer_<i>`,
+`EngineTarget` per engine, at most MAX_ENGINES: its page's URL (the port from the flags, a
+listening socket, or the kind's default; the address loopback, or the one `--host` names where the
+engine's own process listens there), its root and every descendant process, its API servers (titled `APIServer_<i>`,
 or the children holding the listening socket), its multiprocess dir (reached through
 /proc/<pid>/root when it is in another container), its CUDA_VISIBLE_DEVICES, the batch limit and
 the CUDA graph settings its command line gives. API servers whose parent is not recognised (a
@@ -13,6 +14,7 @@ would share a name are made distinct and only one of them reads the page. `confi
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import stat
@@ -82,16 +84,46 @@ def engine_kind_of(info: procs.ProcInfo) -> str | None:
     return None
 
 
-def _url_of(kind: str, cmdline: Sequence[str], port: int | None = None) -> tuple[str, int]:
+ANY_ADDRESS = ("0.0.0.0", "::", "", "localhost")  # --host values read over loopback
+
+
+def _flag_port(kind: str, cmdline: Sequence[str]) -> int:
+    """Return the port an engine's flags give, else its kind's default."""
     flag = _flag(cmdline, "--port")
-    if port is None:
-        port = int(flag) if flag and flag.isdigit() and 0 < int(flag) < 65536 else DEFAULT_PORTS[kind]
-    host = _flag(cmdline, "--host") or "127.0.0.1"
-    if host in ("0.0.0.0", "::", "", "localhost"):
-        host = "127.0.0.1"
-    if ":" in host:
-        host = f"[{host}]"
-    return f"http://{host}:{port}/metrics", port
+    return int(flag) if flag and flag.isdigit() and 0 < int(flag) < 65536 else DEFAULT_PORTS[kind]
+
+
+def _page_url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}/metrics" if ":" in host else f"http://{host}:{port}/metrics"
+
+
+def _host_of(proc_root: str, cmdline: Sequence[str], port: int, holders: Iterable[int]) -> str:
+    """Return the address to read an engine's page at: loopback, or an address its own processes listen on.
+
+    `--host` names the address an engine binds, but a command line can name any host at all (a
+    process titled as an engine by anyone on the host): the daemon must never be sent to read a
+    page elsewhere. So a `--host` that is not loopback or the unspecified address is used only
+    where one of the engine's processes (`holders`) holds a listening socket at that address and
+    port; a host name is replaced by the address such a socket is bound to. Anything else is read
+    at 127.0.0.1, where a page that is not there fails as any engine that is down.
+    """
+    flag = _flag(cmdline, "--host")
+    if flag is None or flag in ANY_ADDRESS:
+        return "127.0.0.1"
+    try:
+        named = ipaddress.ip_address(flag)
+    except ValueError:
+        named = None
+    if named is not None and named.is_loopback:
+        return str(named)
+    bound = sorted(
+        {addr for pid in holders for addr, p in procs.listening_sockets(proc_root, pid).values() if p == port}
+    )
+    if named is not None and str(named) in bound:
+        return str(named)
+    for addr in bound:  # a host name: the address it was bound at (unspecified: loopback reaches it)
+        return "127.0.0.1" if ipaddress.ip_address(addr).is_unspecified else addr
+    return "127.0.0.1"
 
 
 MAX_CONFIG_BYTES = 1 << 20
@@ -155,10 +187,26 @@ class _Engine:
     rooted: bool = True  # the root is the engine's main process (its flags and descendants are the engine's)
 
 
+MAX_ENGINES = 32  # engines read at once: any process can take an engine's title or command line
+
+
 def discover(proc_root: str, table: Sequence[procs.ProcInfo] | None = None) -> list[EngineTarget]:
     """Find the engines running on this host, their API servers, processes and multiprocess dirs.
 
-    `table` is the process table when the caller holds one (read now otherwise).
+    `table` is the process table when the caller holds one (read now otherwise). At most
+    MAX_ENGINES are returned (`find_engines` also says how many more were found).
+    """
+    return find_engines(proc_root, table)[0]
+
+
+def find_engines(
+    proc_root: str, table: Sequence[procs.ProcInfo] | None = None, limit: int = MAX_ENGINES
+) -> tuple[list[EngineTarget], int]:
+    """Return the engines `discover` finds, at most `limit` of them, and how many more it left unread.
+
+    Every engine costs reads each tick and a set of series, and any user can start processes that
+    look like engines: past the bound, those whose main process started first are kept (an engine
+    serving for hours is not pushed out by processes started after it), and the rest are counted.
     """
     table = list(procs.processes(proc_root)) if table is None else list(table)
     by_pid = {p.pid: p for p in table}
@@ -169,7 +217,14 @@ def discover(proc_root: str, table: Sequence[procs.ProcInfo] | None = None) -> l
             roots[p.pid] = kind
     found = [_Engine(root, kind) for root, kind in sorted(roots.items())]
     found += _unrecognised(proc_root, table, by_pid, roots)
-    return _distinct(proc_root, [_target(proc_root, table, by_pid, e) for e in found])
+    unread = max(0, len(found) - limit)
+    if unread:
+        started = {p.pid: p.start_ticks for p in table}
+        kept = set(
+            sorted(range(len(found)), key=lambda i: (started.get(found[i].root, 0), found[i].root))[:limit]
+        )
+        found = [e for i, e in enumerate(found) if i in kept]
+    return _distinct(proc_root, [_target(proc_root, table, by_pid, e) for e in found]), unread
 
 
 def _unrecognised(
@@ -233,7 +288,9 @@ def _target(
     if not port_known:
         port = _listening_port(proc_root, e.kind, server_set or {e.root})
         port_known = port is not None
-    url, port = _url_of(e.kind, cmdline, port)
+    if port is None:
+        port = _flag_port(e.kind, cmdline)
+    url = _page_url(_host_of(proc_root, cmdline, port, server_set or {e.root}), port)
     asc = _flag(cmdline, "--api-server-count", "-asc")
     mp_dir = cuda = None
     for pid in [*server_set, *pids]:

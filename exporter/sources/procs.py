@@ -7,6 +7,7 @@ between two samples over the wall time between them, in cores (1.0 = one core bu
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -271,9 +272,21 @@ def cgroup_of(proc_root: str, pid: int) -> str:
     return cgroup_path_of(proc_root, pid)
 
 
-def _listening(proc_root: str, pid: int) -> dict[int, int]:
-    """Return every listening TCP socket in the network namespace of a process, inode -> port."""
-    by_inode: dict[int, int] = {}
+def _address(hex_addr: str) -> str:
+    """Return the address of a /proc/net/tcp{,6} `local_address` field's hex address part, as text.
+
+    The kernel prints each 32-bit word of the address in host byte order (little-endian here).
+    """
+    raw = bytes.fromhex(hex_addr)
+    if len(raw) not in (4, 16):
+        raise ValueError(hex_addr)
+    flipped = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    return str(ipaddress.ip_address(flipped))
+
+
+def _listening(proc_root: str, pid: int) -> dict[int, tuple[str, int]]:
+    """Return every listening TCP socket in the network namespace of a process, inode -> (address, port)."""
+    by_inode: dict[int, tuple[str, int]] = {}
     for name in ("tcp", "tcp6"):
         text = _read_text(Path(proc_root, str(pid), "net", name))
         for line in (text or "").splitlines()[1:]:
@@ -281,19 +294,20 @@ def _listening(proc_root: str, pid: int) -> dict[int, int]:
             if len(fields) < 10 or fields[3] != "0A":  # 0A: LISTEN
                 continue
             try:
-                by_inode[int(fields[9])] = int(fields[1].rsplit(":", 1)[1], 16)
-            except (IndexError, ValueError):
+                addr, port = fields[1].rsplit(":", 1)
+                by_inode[int(fields[9])] = (_address(addr), int(port, 16))
+            except ValueError:
                 continue
     return by_inode
 
 
 def listening_inodes(proc_root: str, pid: int, port: int) -> set[int]:
     """Return the socket inodes listening on a TCP port, in the network namespace of a process."""
-    return {inode for inode, p in _listening(proc_root, pid).items() if p == port}
+    return {inode for inode, (_, p) in _listening(proc_root, pid).items() if p == port}
 
 
-def listening_sockets(proc_root: str, pid: int) -> dict[int, int]:
-    """Return the listening TCP sockets a process holds, inode -> port (in its own network namespace)."""
+def listening_sockets(proc_root: str, pid: int) -> dict[int, tuple[str, int]]:
+    """Return the listening TCP sockets a process holds, inode -> (address, port), in its network namespace."""
     by_inode = _listening(proc_root, pid)
     if not by_inode:
         return {}
@@ -302,7 +316,7 @@ def listening_sockets(proc_root: str, pid: int) -> dict[int, int]:
 
 def listening_ports(proc_root: str, pid: int) -> set[int]:
     """Return the TCP ports a process holds a listening socket on."""
-    return set(listening_sockets(proc_root, pid).values())
+    return {port for _, port in listening_sockets(proc_root, pid).values()}
 
 
 def net_namespace(proc_root: str, pid: int | str) -> str | None:

@@ -54,8 +54,8 @@ async def test_discovery_runs_again_only_when_the_process_table_changed(tmp_path
     shutil.copytree(PROC, root, symlinks=True)
     (root / "uptime").write_text("100000.00 1.00\n")
     walks = []
-    real = engine_module.discover
-    monkeypatch.setattr(engine_module, "discover", lambda *a: walks.append(1) or real(*a))
+    real = engine_module.find_engines
+    monkeypatch.setattr(engine_module, "find_engines", lambda *a: walks.append(1) or real(*a))
     cfg = dataclasses.replace(config(discover=True), host=HostConfig(proc_root=str(root)))
     source = EngineSource(cfg, proc_root=str(root), discover_every=0.0)
     try:

@@ -118,3 +118,48 @@ def test_the_api_servers_and_the_engine_core_cgroups_are_all_in_the_reading(cgro
     assert engine["cgroups"][rel_api] == pytest.approx(0.2)
     assert rel_core in engine["cgroups"]
     assert engine["server_cgroups"] == [rel_api]
+
+
+def run_in_own_network(name: str) -> dict:
+    """Run a scenario in a network namespace of its own too: nothing it names can be reached from it."""
+    out = subprocess.run(
+        [
+            "unshare",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--net",
+            sys.executable,
+            str(HERE / "ns_engines.py"),
+            name,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "BOUNDWATCH_LOG_FORMAT": "json", "BW_NS_NET": "own"},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(next(x for x in reversed(out.stdout.splitlines()) if x.startswith("{")))
+
+
+def test_processes_that_look_like_engines_past_the_bound_are_counted_and_not_read():
+    got = run_in_own_network("many_engines")
+    # the 32 started first are read; the 8 started last are counted, in the source's status and on the page
+    assert sorted(t["name"] for t in got["targets"]) == [f"vllm:{21000 + i}" for i in range(32)]
+    assert got["over_bound"] == {"engine": 8}
+    assert 'boundwatch_source_over_bound{source="engine"} 8.0' in got["over_bound_series"]
+    assert len(got["engine_labels"]) == 32 and got["duplicates"] == []
+
+
+def test_a_page_is_read_only_at_loopback_or_where_the_engine_itself_listens():
+    got = run_in_own_network("named_hosts")
+    urls = {t["name"]: t["url"] for t in got["targets"]}
+    assert urls == {
+        "vllm:22001": "http://127.0.0.1:22001/metrics",  # --host names an address nobody listens at
+        "vllm:22002": "http://10.9.9.8:22002/metrics",  # the engine listens at the address it names
+        "vllm:22003": "http://10.9.9.7:22003/metrics",  # a host name: the address its socket is bound to
+        "vllm:22004": "http://127.0.0.1:22004/metrics",  # a host name, bound to every address
+        "vllm:22005": "http://[::1]:22005/metrics",  # loopback, v6
+    }
+    assert got["over_bound"]["engine"] == 0

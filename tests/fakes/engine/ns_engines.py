@@ -14,6 +14,7 @@ import collections
 import dataclasses
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -63,6 +64,21 @@ sys.stdin.read()
 """
 
 
+# An engine's main process that listens where its flags say (`--bind`: the address; IP_FREEBIND, so an
+# address this network namespace lacks can be bound), as vLLM's API server does at `--host`.
+LISTEN = """
+import socket, sys
+addr, port = sys.argv[sys.argv.index("--bind") + 1], int(sys.argv[sys.argv.index("--port") + 1])
+sock = socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET)
+sock.setsockopt(socket.SOL_IP, 15, 1)
+sock.bind((addr, port))
+sock.listen(4)
+print("ready", flush=True)
+sys.stdin.read()
+"""
+MANY = 40  # engines started by `many_engines`: past discovery's bound
+
+
 def spawn(argv: list[str], cwd: str | None = None) -> subprocess.Popen[str]:
     """Start a process whose command line is argv (argv[0] may be any title), running Python."""
     return subprocess.Popen(
@@ -80,6 +96,36 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def wait_for_serving(count: int) -> None:
+    """Wait until count processes show `serve` on their command line."""
+    end = time.monotonic() + 20
+    seen = 0
+    while time.monotonic() < end:
+        seen = 0
+        for pid in os.listdir("/proc"):
+            if pid.isdigit():
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                        seen += b"serve" in fh.read().split(b"\0")
+                except OSError:
+                    pass
+        if seen >= count:
+            return
+        time.sleep(0.05)
+    raise SystemExit(f"engines did not show: {seen} of {count}")
+
+
+def loopback_up() -> None:
+    """Bring up `lo` in a network namespace of this test's own (`unshare --net`: it starts down)."""
+    import fcntl
+    import struct
+
+    with socket.socket() as s:
+        fcntl.ioctl(
+            s, 0x8914, struct.pack("16sH", b"lo", 0x1 | 0x8 | 0x40)
+        )  # SIOCSIFFLAGS: UP, LOOPBACK, RUNNING
 
 
 def wait_for_titles(count: int) -> None:
@@ -190,6 +236,23 @@ def scenario(name: str, args: list[str]) -> list[subprocess.Popen[str]]:
         into_cgroup(api_cgroup, [p for p, t in titles.items() if "APIServer" in t])
         into_cgroup(core_cgroup, [p for p, t in titles.items() if "EngineCore" in t])
         return [main]
+    if name == "many_engines":  # processes that look like engines, more than discovery reads at once
+        return [
+            spawn(["python3", "-c", HOLD, "vllm", "serve", "m", "--port", str(21000 + i)])
+            for i in range(MANY)
+        ]
+    if name == "named_hosts":  # --host: an address nobody listens at, one listened at, a name, loopback v6
+        procs = [
+            spawn(["python3", "-c", HOLD, "vllm", "serve", "m", "--port", "22001", "--host", "10.9.9.9"]),
+            spawn(["python3", "-c", LISTEN, "vllm", "serve", "m", "--port", "22002", "--host", "10.9.9.8", "--bind", "10.9.9.8"]),
+            spawn(["python3", "-c", LISTEN, "vllm", "serve", "m", "--port", "22003", "--host", "gpu-box", "--bind", "10.9.9.7"]),
+            spawn(["python3", "-c", LISTEN, "vllm", "serve", "m", "--port", "22004", "--host", "gpu-box", "--bind", "0.0.0.0"]),
+            spawn(["python3", "-c", HOLD, "vllm", "serve", "m", "--port", "22005", "--host", "::1"]),
+        ]  # fmt: skip
+        for p in procs:
+            if "--bind" in p.args:
+                assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        return procs
     raise SystemExit(f"unknown scenario {name}")
 
 
@@ -249,16 +312,35 @@ async def read_like_the_daemon() -> dict[str, object]:
             for e in snap.engines
         ],
         "duplicates": sorted(k for k, n in series.items() if n > 1),
+        "over_bound": {st.name: st.over_bound for st in snap.sources},
+        "over_bound_series": sorted(
+            k + " " + str(v) for k, v in _values(metrics, "boundwatch_source_over_bound")
+        ),
+        "engine_labels": sorted(set(re.findall(r'engine="([^"]*)"', metrics))),
         "saturated_series": sorted(k for k in series if k.startswith("boundwatch_api_server_saturated")),
     }
+
+
+def _values(metrics: str, name: str) -> list[tuple[str, float]]:
+    """Return one family's samples on a page: (series, value)."""
+    out = []
+    for line in metrics.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            key, value = line.rsplit(" ", 1)
+            out.append((key, float(value)))
+    return out
 
 
 def main() -> None:
     name, *args = sys.argv[1:]
     os.environ["BW_PYTHON"] = sys.executable  # a python that keeps the title it is started with
+    if os.environ.get("BW_NS_NET") == "own":
+        loopback_up()
     procs = scenario(name, args)
+    if name in ("many_engines", "named_hosts"):
+        wait_for_serving(MANY if name == "many_engines" else 5)
     wait_for_titles(
-        {"batch_limits": 0}.get(
+        {"batch_limits": 0, "many_engines": 0, "named_hosts": 0}.get(
             name, 2 if name == "wrapped_engine" else 3 if name != "quota_on_api_servers" else 2
         )
     )

@@ -20,7 +20,7 @@ from exporter.snapshot import Snapshot
 from exporter.snapshot.agent import AgentReading
 from exporter.snapshot.engine import EngineReading
 from exporter.snapshot.frozen import replace
-from exporter.snapshot.totals import EMPTY, BusyTotals, GpuKeys, GpuSource, Tally, Totals
+from exporter.snapshot.totals import EMPTY, BusyTotals, GpuKeys, GpuSource, Tally, Totals, bounded_engines
 
 
 class Accumulate(Protocol):
@@ -273,4 +273,8 @@ def advance(history: Sequence[Snapshot], raw: Snapshot, cfg: Config) -> Snapshot
     inc = EMPTY
     for acc in ACCUMULATORS:
         inc = inc.plus(acc(snap, cfg, prev))
-    return replace(snap, totals=snap.totals.plus(inc))
+    totals = snap.totals.plus(inc)
+    kept = bounded_engines(totals.engine, {e.name for e in snap.engines})
+    if kept is not totals.engine:
+        totals = replace(totals, engine=kept)
+    return replace(snap, totals=totals)

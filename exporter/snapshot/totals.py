@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Generic, NamedTuple, TypeVar
@@ -157,6 +157,39 @@ class EngineTotals:
     step_seconds: Mapping[str, HistogramValue] = field(default_factory=_none)
     api_server_saturated_seconds: Mapping[EngineServer, float] = field(default_factory=_none)
     page_refused: Mapping[EngineReason, float] = field(default_factory=_none)
+
+
+MAX_ENGINE_NAMES = 64  # engines whose counters are kept: the newest Snapshot's, then those seen first
+
+
+def _engine_of(key: str | EngineMethod | EngineReason | EngineServer) -> str:
+    return key if isinstance(key, str) else key[0]
+
+
+def bounded_engines(
+    area: EngineTotals, present: Collection[str], limit: int = MAX_ENGINE_NAMES
+) -> EngineTotals:
+    """Return an engine area with the series of at most `limit` engines: past it, gone engines' go, first seen first.
+
+    Each engine's counters are kept while the daemon runs, and engines come and go under new
+    names (a new port, a look-alike process started by anyone): kept for good, they would grow the
+    page without end. Engines in `present` (the newest Snapshot's) always keep theirs. An engine
+    that comes back after its series went starts them again from 0, which `rate()` reads as a reset.
+    """
+    fields = _names(EngineTotals)
+    names = dict.fromkeys(_engine_of(k) for f in fields for k in getattr(area, f))
+    if len(names) <= limit:
+        return area
+    gone = [name for name in names if name not in present][: len(names) - limit]
+    if not gone:
+        return area
+    drop = set(gone)
+    return EngineTotals(
+        *(
+            MappingProxyType({k: v for k, v in getattr(area, f).items() if _engine_of(k) not in drop})
+            for f in fields
+        )
+    )
 
 
 @dataclass(frozen=True)

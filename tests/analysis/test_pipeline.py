@@ -54,3 +54,24 @@ def test_gpu_indices_give_each_uuid_its_gpu_index():
     assert gpu_indices(snap) == expected
     for uuid in (*expected, "GPU-9"):
         assert gpu_index(snap, uuid) == expected.get(uuid)
+
+
+def test_engines_that_come_and_go_keep_the_counters_of_64_at_most():
+    from exporter.analysis.pipeline import advance
+    from exporter.config import Config
+    from exporter.snapshot import Snapshot
+    from exporter.snapshot.totals import MAX_ENGINE_NAMES
+
+    history: list[Snapshot] = []
+    for i in range(100):  # one engine serving throughout; beside it a new one each tick (a new port)
+        engines = (EngineReading("vllm:8000", "vllm", running=2.0), EngineReading(f"vllm:{9000 + i}", "vllm"))
+        raw = Snapshot(
+            seq=i + 1, at=i * 0.5, mono=i * 0.5, interval=0.5, dt=0.5 if i else 0.0, engines=engines
+        )
+        history.append(advance(history, raw, Config()))
+    totals = history[-1].totals.engine
+    names = {key.engine for key in totals.page_refused}
+    assert len(names) == MAX_ENGINE_NAMES == 64
+    assert {"vllm:8000", "vllm:9099"} <= names and "vllm:9000" not in names  # the first gone go first
+    assert set(totals.running_request_seconds) <= names
+    assert totals.running_request_seconds["vllm:8000"] == 2.0 * 0.5 * 99  # its counter never restarted

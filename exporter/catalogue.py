@@ -68,8 +68,9 @@ SOURCE_ERRORS_TOTAL = _m("boundwatch_source_errors_total", "counter", "Failed re
 SOURCE_OVER_BOUND = _m(
     "boundwatch_source_over_bound",
     "gauge",
-    "What a source found at its last read beyond its bound and left unread: for engine, processes that look "
-    "like engines past the 32 read at once (those started last); 0 normally.",
+    "What a source found at its last read beyond its bounds and left unread: for engine, processes that look "
+    "like engines past the 32 read at once (those started last), and an engine's API servers past 64, "
+    "processes past 512 and cgroups past 16; 0 normally.",
     ["source"],
 )
 SOURCE_DURATION_SECONDS = _m(

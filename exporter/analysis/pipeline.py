@@ -105,7 +105,7 @@ def resolve_agent_gpus(snap: Snapshot, known: Sequence[str] = ()) -> Snapshot:
 def _device(token: str, snap: Snapshot) -> int | None:
     """Return the GPU index of one CUDA_VISIBLE_DEVICES entry: an NVML index, or a UUID (prefix)."""
     token = token.strip()
-    if token.isdigit():
+    if token.isascii() and token.isdigit() and len(token) <= 6:
         index = int(token)
         return index if any(g.index == index for g in snap.gpus) else None
     if not token.startswith(("GPU-", "MIG-")):

@@ -28,23 +28,35 @@ def cpu_ratio(snap: Snapshot) -> Metric:
     return fam
 
 
+MAX_CGROUP_LABEL = 256  # characters of a cgroup's path in its label (Kubernetes' run to ~200)
+
+
+def cgroup_label(path: str) -> str:
+    """Return a cgroup's label: its path, or past MAX_CGROUP_LABEL its end (where a container's id is) after an ellipsis.
+
+    A process that may make cgroups (delegated to a container, or systemd's user slices) names
+    them, up to the kernel's path length: the label is bounded, as every label from outside is.
+    """
+    return path if len(path) <= MAX_CGROUP_LABEL else "\u2026" + path[-(MAX_CGROUP_LABEL - 1) :]
+
+
 def own_cgroup(snap: Snapshot) -> Metric:
     """Render boundwatch_self_cgroup_info{cgroup="/kubepods.slice/pod1/ctr"} 1."""
     fam = c.gauge(c.SELF_CGROUP_INFO)
     if snap.host is not None and snap.host.own_cgroup is not None:
-        fam.add_metric([snap.host.own_cgroup.path], 1.0)
+        fam.add_metric([cgroup_label(snap.host.own_cgroup.path)], 1.0)
     return fam
 
 
-def cgroups_of(snap: Snapshot) -> list[CgroupCpu]:
-    """Return every cgroup the Snapshot knows once, by path: its own cgroup, then the engines' cgroups."""
+def cgroups_of(snap: Snapshot) -> list[tuple[str, CgroupCpu]]:
+    """Return every cgroup the Snapshot knows once, by label: its own cgroup, then the engines' cgroups."""
     groups: dict[str, CgroupCpu] = {}
     if snap.host is not None and snap.host.own_cgroup is not None:
-        groups[snap.host.own_cgroup.path] = snap.host.own_cgroup
+        groups[cgroup_label(snap.host.own_cgroup.path)] = snap.host.own_cgroup
     for engine in snap.engines:
         for cg in engine.cgroups:
-            groups.setdefault(cg.path, cg)
-    return list(groups.values())
+            groups.setdefault(cgroup_label(cg.path), cg)
+    return list(groups.items())
 
 
 def _per_cgroup(spec: c.MetricSpec, value: Callable[[CgroupCpu], float | None]) -> Family:
@@ -52,10 +64,10 @@ def _per_cgroup(spec: c.MetricSpec, value: Callable[[CgroupCpu], float | None]) 
 
     def render(snap: Snapshot) -> Metric:
         fam = c.number(spec)
-        for cg in cgroups_of(snap):
+        for label, cg in cgroups_of(snap):
             v = value(cg)
             if v is not None:
-                fam.add_metric([cg.path], float(v))
+                fam.add_metric([label], float(v))
         return fam
 
     return Family(spec, render)

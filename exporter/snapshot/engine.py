@@ -44,7 +44,9 @@ PAGE_REFUSED_REASONS: tuple[str, ...] = (
     "unparsable",
 )
 
-_SERVER_INDEX = re.compile(r"APIServer_(\d+)")
+_SERVER_INDEX = re.compile(
+    r"APIServer_(\d{1,6})(?!\d)"
+)  # an index of 7 digits or more is no real server's: its position stands
 MAX_ERROR_CHARS = 300  # an error text (a parser quotes the bad line) is cut to this
 
 

@@ -71,6 +71,7 @@ log = structlog.get_logger("boundwatch.engine")
 
 DISCOVER_EVERY_SECONDS = 5.0
 MAX_PLACED = 64  # engines whose placements are kept for one process table (more are worked out each tick)
+MAX_CGROUPS = 16  # cgroups read an engine each tick (each is read, and labels series); the rest are counted
 # All the HTTP pages of one tick are read in at most this many engine timeouts: the engine
 # source's thread gives up after 4 (BlockingReader), so hung engines cannot fail the others' build.
 READ_BUDGET_TIMEOUTS = 3
@@ -138,7 +139,14 @@ class EngineSource:
         # engine name -> (when, the last good page reading): carried between slow reads
         self._pages: dict[str, tuple[float, EngineReading]] = {}
         self.page_reads = 0  # HTTP reads of engine pages started (for tests and benches)
-        self.over_bound = 0  # engines the last discovery found beyond its bound and left unread
+        self._unread_engines = 0  # engines the last discovery found beyond its bound
+        self._unread_cgroups = 0  # the engines' cgroups past MAX_CGROUPS at the last build
+        self._build_unread = 0  # the same, counted during a build (engine thread only)
+
+    @property
+    def over_bound(self) -> int:
+        """Return what the last reads left unread past their bounds: engines, their API servers, processes, cgroups."""
+        return self._unread_engines + sum(t.over_bound for t in self._targets) + self._unread_cgroups
 
     @property
     def targets(self) -> tuple[EngineTarget, ...]:
@@ -232,14 +240,17 @@ class EngineSource:
         if not changed and settled:
             return None
         self._found_targets, unread = find_engines(self.proc_root, list(self._table.rows.values()))
-        if unread and unread != self.over_bound:
+        if unread and unread != self._unread_engines:
             log.warning(
                 "engines_over_bound",
                 unread=unread,
                 read=len(self._found_targets),
                 detail="processes that look like engines beyond the bound: those started last are not read",
             )
-        self.over_bound = unread  # read by the Sampler into the source's status (an int: one store)
+        self._unread_engines = unread  # an int: one store, read on the loop by `over_bound`
+        for t in self._found_targets:
+            if t.over_bound and t.name not in self._found:
+                log.warning("engine_over_bound", engine=t.name, unread=t.over_bound)
         return self._found_targets
 
     def _log_discovery(self, found: Sequence[EngineTarget]) -> None:
@@ -324,6 +335,7 @@ class EngineSource:
             if (info := rows.get(pid) or procs.proc_info(self.proc_root, pid))
         )
         out = []
+        self._build_unread = 0
         for target, (data, error, seconds), carried in zip(self._targets, pages, carry, strict=True):
             if carried is not None:
                 out.append(self._with_processes(target, carried, cpu))
@@ -339,6 +351,7 @@ class EngineSource:
         for name in [n for n in self._pages if n not in names]:
             del self._pages[name]
         self._files.sweep()  # the files of processes, threads and cgroups no longer read are closed
+        self._unread_cgroups = self._build_unread  # an int: one store, read on the loop by `over_bound`
         return tuple(out)
 
     def _claim(self, target: EngineTarget, kind: str) -> str:
@@ -423,13 +436,17 @@ class EngineSource:
         fresh = {*target.api_server_pids, target.root_pid}
         for pid in fresh:
             self._cgroup_paths.pop(pid, None)
-        for pid in dict.fromkeys((*target.engine_pids, *target.api_server_pids)):
+        unread: set[str] = set()
+        for pid in dict.fromkeys((target.root_pid, *target.api_server_pids, *target.engine_pids)):
             path = self._cgroup_of(pid)
-            if path not in cgroups:
+            if path not in cgroups and len(cgroups) >= MAX_CGROUPS:
+                unread.add(path)
+            elif path not in cgroups:
                 version = self._cgroup_version_at(now)
                 cg = read_cgroup_cpu(self.cgroup_root, path, version, now=now, files=self._files)
                 if cg is not None:
                     cgroups[path] = cg
+        self._build_unread += len(unread)
         servers = tuple(replace(s, cgroup=self._cgroup_of(s.pid)) for s in servers)
         return replace(
             reading,

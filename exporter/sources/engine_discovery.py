@@ -22,6 +22,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TypeGuard
 from urllib.parse import urlparse
 
 from exporter.snapshot.engine import GraphConfig
@@ -30,7 +31,7 @@ from exporter.sources.engine_flags import graph_config
 from exporter.sources.engine_scrape import multiproc_dir_usable
 
 DEFAULT_PORTS = {"vllm": 8000, "sglang": 30000}
-API_SERVER_TITLE = re.compile(r"^(?:\S*::)?APIServer_(\d+)\b")
+API_SERVER_TITLE = re.compile(r"^(?:\S*::)?APIServer_(\d{1,6})\b")  # 7 digits or more: no real API server
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
@@ -53,6 +54,16 @@ class EngineTarget:
     max_num_seqs: int | None = None  # the engine's own batch limit, from its command line
     graph_config: GraphConfig | None = None  # what its command line says about CUDA graphs
     extra: dict[str, str] = field(default_factory=dict)
+    over_bound: int = 0  # its API servers past MAX_API_SERVERS and processes past MAX_PROCESSES, not read
+
+
+def _digits(text: str | None, most: int) -> TypeGuard[str]:
+    """Return whether a command line's text is a number of at most `most` ASCII digits, as int() takes it.
+
+    `str.isdigit` also takes digits int() refuses (superscripts) and numbers of any length (int()
+    refuses over 4,300 digits): either would stop discovery for every engine.
+    """
+    return text is not None and 0 < len(text) <= most and text.isascii() and text.isdigit()
 
 
 def _flag(cmdline: Sequence[str], *names: str) -> str | None:
@@ -90,7 +101,7 @@ ANY_ADDRESS = ("0.0.0.0", "::", "", "localhost")  # --host values read over loop
 def _flag_port(kind: str, cmdline: Sequence[str]) -> int:
     """Return the port an engine's flags give, else its kind's default."""
     flag = _flag(cmdline, "--port")
-    return int(flag) if flag and flag.isdigit() and 0 < int(flag) < 65536 else DEFAULT_PORTS[kind]
+    return int(flag) if _digits(flag, 5) and 0 < int(flag) < 65536 else DEFAULT_PORTS[kind]
 
 
 def _page_url(host: str, port: int) -> str:
@@ -162,7 +173,7 @@ def batch_limit(proc_root: str, pid: int | None, kind: str, cmdline: Sequence[st
         config = _flag(cmdline, "--config")
         if value is None and config and pid is not None:
             value = _config_value(proc_root, pid, config)
-    if value and value.isdigit() and 0 < int(value) <= 10_000_000:
+    if _digits(value, 8) and 0 < int(value) <= 10_000_000:
         return int(value)
     return None
 
@@ -188,6 +199,10 @@ class _Engine:
 
 
 MAX_ENGINES = 32  # engines read at once: any process can take an engine's title or command line
+MAX_API_SERVERS = (
+    64  # an engine's API servers read (lowest index first): each is a series and CPU read each tick
+)
+MAX_PROCESSES = 512  # an engine's processes (its main process first) whose cgroups and GPUs are read
 
 
 def discover(proc_root: str, table: Sequence[procs.ProcInfo] | None = None) -> list[EngineTarget]:
@@ -282,6 +297,8 @@ def _target(
                 p for s in e.servers for p in (s.pid, *(d.pid for d in procs.descendants(table, s.pid)))
             )
         )
+    over = max(0, len(servers) - MAX_API_SERVERS) + max(0, len(pids) - MAX_PROCESSES)
+    servers, pids = servers[:MAX_API_SERVERS], pids[:MAX_PROCESSES]
     server_set = {pid for _, pid in servers}
     port: int | None = None
     port_known = _flag(cmdline, "--port") is not None
@@ -304,7 +321,7 @@ def _target(
     elif e.kind == "sglang" or asc in (None, "1"):
         server_pids = (e.root,)  # the main process serves HTTP itself
     else:  # several API servers without titles (vLLM 0.10): the children holding the listening socket
-        server_pids = _socket_holders(proc_root, e.root, list(pids[1:]), port)
+        server_pids = _socket_holders(proc_root, e.root, list(pids[1:]), port)[:MAX_API_SERVERS]
     return EngineTarget(
         url=url,
         kind=e.kind,
@@ -312,13 +329,14 @@ def _target(
         root_pid=e.root,
         api_server_pids=server_pids,
         engine_pids=pids,
-        api_server_count_cmdline=int(asc) if asc and asc.isdigit() else None,
+        api_server_count_cmdline=int(asc) if _digits(asc, 6) else None,
         multiproc_dir=mp_dir,
         cuda_visible_devices=cuda,
         servers_titled=bool(servers),
         port_known=port_known,
         max_num_seqs=batch_limit(proc_root, e.root, e.kind, cmdline),
         graph_config=graph_config(e.kind, cmdline),
+        over_bound=over,
     )
 
 

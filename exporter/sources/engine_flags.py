@@ -49,7 +49,9 @@ def _int(text: object) -> int | None:
         return None
     if isinstance(text, int):
         value = text
-    elif isinstance(text, str) and text.strip().isdigit():
+    elif (
+        isinstance(text, str) and text.strip().isascii() and text.strip().isdigit() and len(text.strip()) <= 9
+    ):
         value = int(text.strip())
     else:
         return None

@@ -656,7 +656,7 @@ class MultiprocReader:
                 if not 0.0 <= value <= MAX_COUNTER:  # NaN, infinite or negative in one process's file
                     self.refused[refusal(value)] += 1
                     continue
-                if bucket and pid.isdigit():
+                if bucket and pid.isascii() and pid.isdigit() and len(pid) <= 10:
                     per_pid[int(pid)] += value
                 if typ != "gauge":
                     counters[(sample, lkey)] += value

@@ -405,3 +405,30 @@ async def test_a_discovery_tick_or_a_disabled_source_reads_through_read_in_a_tas
         assert isinstance(due, asyncio.Task) and await due == ()
     finally:
         await src.aclose()
+
+
+async def test_an_engine_in_more_cgroups_than_are_read_has_the_first_read_and_the_rest_counted(
+    tmp_path, monkeypatch
+):
+    import shutil
+
+    import exporter.sources.engine as engine_module
+
+    proc_root = tmp_path / "proc"
+    shutil.copytree(PROC, proc_root, symlinks=True)
+    cgroup_root = tmp_path / "cgroup"
+    shutil.copytree(FIXTURES / "cgroup" / "v2", cgroup_root)
+    for pid in (4100, 4101, 4102, 4103, 4104, 4105):  # vllm:8001's main process, 2 API servers, 3 more
+        (cgroup_root / "kubepods.slice" / f"c{pid}").mkdir()
+        (cgroup_root / "kubepods.slice" / f"c{pid}" / "cpu.stat").write_text("usage_usec 1000\n")
+        (proc_root / str(pid) / "cgroup").write_text(f"0::/kubepods.slice/c{pid}\n")
+    monkeypatch.setattr(engine_module, "MAX_CGROUPS", 3)
+    source = EngineSource(config(), proc_root=str(proc_root), cgroup_root=str(cgroup_root))
+    try:
+        await source.read()
+        engine = {r.name: r for r in await source.read()}["vllm:8001"]
+        # the main process's and the API servers' cgroups are the ones read; the other three counted
+        assert [c.path for c in engine.cgroups] == [f"/kubepods.slice/c{pid}" for pid in (4100, 4101, 4102)]
+        assert source.over_bound == 3
+    finally:
+        await source.aclose()

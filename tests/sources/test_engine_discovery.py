@@ -49,3 +49,27 @@ def test_a_multiprocess_dir_inside_another_container_is_reached_through_proc_roo
     assert (
         targets["sglang:30001"].multiproc_dir == "/tmp/sglang-mp"
     )  # not reachable: kept as found, HTTP used
+
+
+def test_command_lines_int_refuses_are_no_engine_flags_and_stop_no_discovery(tmp_path):
+    from exporter.sources.engine_discovery import MAX_API_SERVERS, find_engines
+    from exporter.sources.procs import ProcInfo
+
+    hold = ("python3", "-c", "pass")
+    table = [
+        # digits int() refuses: a superscript port, a 5,000-digit batch limit and API-server count
+        ProcInfo(10, 1, "python3", (*hold, "vllm", "serve", "m", "--port", "\u00b2", "--max-num-seqs", "9" * 5000), 1),
+        ProcInfo(20, 1, "python3", (*hold, "vllm", "serve", "m", "--port", "8001", "-asc", "7" * 5000), 2),
+        # under the engine at 8001: a title whose index has 5,000 digits, and more API servers than are read
+        ProcInfo(21, 20, "python3", ("VLLM::APIServer_" + "1" * 5000,), 3),
+        *(ProcInfo(100 + i, 20, "python3", (f"VLLM::APIServer_{i}",), 4) for i in range(MAX_API_SERVERS + 6)),
+    ]  # fmt: skip
+    targets, unread = find_engines(str(tmp_path), table)
+    assert unread == 0
+    by_name = {t.name: t for t in targets}
+    assert set(by_name) == {"vllm:8000", "vllm:8001"}  # the superscript port: the default port
+    assert by_name["vllm:8000"].max_num_seqs is None
+    served = by_name["vllm:8001"]
+    assert served.api_server_count_cmdline is None and 21 not in served.api_server_pids
+    assert served.api_server_pids == tuple(100 + i for i in range(MAX_API_SERVERS))
+    assert served.over_bound == 6 and by_name["vllm:8000"].over_bound == 0

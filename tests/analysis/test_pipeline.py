@@ -30,6 +30,11 @@ def test_cuda_visible_devices_is_the_fallback_by_index_or_uuid():
     by_uuid = _snap(gpus, [EngineReading(name="b", kind="sglang", cuda_visible_devices="GPU-1")])
     assert resolve_engine_gpus(by_index).engines[0].gpus == (1, 2)
     assert resolve_engine_gpus(by_uuid).engines[0].gpus == (1,)
+    # an engine's environment is its own to write: digits int() refuses are no GPU, not a failed tick
+    odd = _snap(
+        gpus, [EngineReading(name="c", kind="vllm", cuda_visible_devices="\u00b2," + "9" * 5000 + ",0")]
+    )
+    assert resolve_engine_gpus(odd).engines[0].gpus == (0,)
 
 
 def test_engine_that_cannot_be_placed_stays_unplaced():

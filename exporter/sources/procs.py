@@ -16,7 +16,7 @@ from pathlib import Path
 
 from exporter.snapshot.engine import ThreadLoad
 from exporter.snapshot.host import ProcessCpu
-from exporter.sources.pseudofiles import KeptFiles, read_path
+from exporter.sources.pseudofiles import KeptFiles, read_head, read_path
 
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -86,14 +86,21 @@ def read_stat(
     return parse_stat(text) if text else None
 
 
+MAX_CMDLINE_BYTES = (
+    64 * 1024
+)  # of a command line (the kernel allows 2 MiB): an engine's flags fit many times over
+MAX_ENVIRON_BYTES = 256 * 1024  # of an environment read at exec (an engine's, to find its GPUs and files)
+
+
 def read_cmdline(proc_root: str, pid: int) -> tuple[str, ...]:
     """Return the command line of a process as words ((): kernel thread, gone, or no permission).
 
     A process that set its title (setproctitle) has the title in the first word, padded with
-    NULs or spaces; the padding is dropped.
+    NULs or spaces; the padding is dropped. At most MAX_CMDLINE_BYTES are read: the table keeps
+    every process's words, and any user may start processes with the largest command lines.
     """
     try:
-        raw = Path(proc_root, str(pid), "cmdline").read_bytes()
+        raw = read_head(f"{proc_root}/{pid}/cmdline", MAX_CMDLINE_BYTES)
     except OSError:
         return ()
     words = [w.decode(errors="replace") for w in raw.split(b"\0")]
@@ -106,10 +113,11 @@ def read_environ(proc_root: str, pid: int) -> dict[str, str]:
     """Return the environment a process was started with ({} without permission).
 
     /proc shows the environment at exec time: a variable the process set later is only seen in
-    the children it spawned afterwards.
+    the children it spawned afterwards. At most MAX_ENVIRON_BYTES are read (a variable past them
+    is not seen).
     """
     try:
-        raw = Path(proc_root, str(pid), "environ").read_bytes()
+        raw = read_head(f"{proc_root}/{pid}/environ", MAX_ENVIRON_BYTES)
     except OSError:
         return {}
     env: dict[str, str] = {}

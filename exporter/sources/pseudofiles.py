@@ -51,6 +51,20 @@ def read_path(path: str) -> bytes:
         os.close(fd)
 
 
+def read_head(path: str, limit: int) -> bytes:
+    """Return at most `limit` bytes from a file's start, read by its path (raises OSError)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        chunks: list[bytes] = []
+        left = limit
+        while left > 0 and (chunk := os.read(fd, min(left, _CHUNK))):
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 class KeptFiles:
     """Pseudo-files kept open by path and read with `pread`; see the module's docstring."""
 

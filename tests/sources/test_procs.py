@@ -364,3 +364,24 @@ def test_a_child_that_inherited_a_listening_socket_holds_it():
         finally:
             child.kill()
             child.wait()
+
+
+def test_a_command_line_and_an_environment_are_read_up_to_their_bounds():
+    # a real process whose command line and environment are each 1 MiB (the kernel takes 128 KiB a
+    # word): what the table keeps is bounded
+    big = ["x" * 100_000] * 10
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()", "vllm", "serve", *big],
+        stdin=subprocess.PIPE,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "3", **{f"BIG{i}": b for i, b in enumerate(big)}},
+    )
+    try:
+        wait_until(lambda: procs.read_cmdline("/proc", child.pid)[3:5] == ("vllm", "serve"), timeout=10)
+        words = procs.read_cmdline("/proc", child.pid)
+        assert sum(len(w) + 1 for w in words) - 1 == procs.MAX_CMDLINE_BYTES
+        env = procs.read_environ("/proc", child.pid)
+        assert env["CUDA_VISIBLE_DEVICES"] == "3"  # before the big variable, as exec laid it out
+        assert sum(len(k) + len(v) + 2 for k, v in env.items()) <= procs.MAX_ENVIRON_BYTES + 1
+    finally:
+        child.kill()
+        child.wait()

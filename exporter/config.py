@@ -71,6 +71,9 @@ class HostConfig:
     timeout_seconds: float = 2.0
 
 
+MAX_HISTORY_SECONDS = 3_600.0  # snapshots are kept in memory (compacted): an hour of 0.5 s ticks is 7,200
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Engine (vLLM / SGLang) source settings."""
@@ -243,7 +246,11 @@ class Config:
         check(
             0.05 <= self.tick_seconds <= 60, "tick_seconds", f"must be in [0.05, 60], got {self.tick_seconds}"
         )
-        check(self.history_seconds >= self.tick_seconds, "history_seconds", "must be at least tick_seconds")
+        check(
+            self.tick_seconds <= self.history_seconds <= MAX_HISTORY_SECONDS,
+            "history_seconds",
+            f"must be at least tick_seconds and at most {MAX_HISTORY_SECONDS:g} (an hour), got {self.history_seconds}",
+        )
         check(
             self.log_level.lower() in {"debug", "info", "warning", "error"},
             "log_level",

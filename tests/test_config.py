@@ -53,6 +53,11 @@ def test_env_list_is_comma_separated():
         ({"BOUNDWATCH_NVML__GPM_EVERY_TICKS": "0"}, "nvml.gpm_every_ticks"),
         ({"BOUNDWATCH_NVML__GPM_EVERY_TICKS": "21"}, "nvml.gpm_every_ticks"),
         ({"BOUNDWATCH_NVML__GPM_GRAPHICS": "sometimes"}, "nvml.gpm_graphics"),
+        (
+            {"BOUNDWATCH_HISTORY_SECONDS": "1e30"},
+            "history_seconds",
+        ),  # the Sampler's deque raised OverflowError
+        ({"BOUNDWATCH_HISTORY_SECONDS": "3601"}, "history_seconds"),
     ],
 )
 def test_bad_configuration_names_the_key(env, message):

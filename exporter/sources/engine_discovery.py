@@ -138,7 +138,10 @@ def _host_of(proc_root: str, cmdline: Sequence[str], port: int, holders: Iterabl
 
 
 MAX_CONFIG_BYTES = 1 << 20
-_YAML_MAX_NUM_SEQS = re.compile(rb"^\s*max[-_]num[-_]seqs\s*:\s*(\d+)\s*(?:#.*)?$", re.MULTILINE)
+# spaces and tabs only: `\s` also takes newlines, and `^\s*` over a file of blank lines is quadratic
+_YAML_MAX_NUM_SEQS = re.compile(
+    rb"^[ \t]*max[-_]num[-_]seqs[ \t]*:[ \t]*(\d{1,8})[ \t]*(?:#.*)?$", re.MULTILINE
+)
 
 
 def _config_value(proc_root: str, pid: int, path: str) -> str | None:

@@ -81,7 +81,7 @@ class _Reader:
     def json(self, text: str) -> dict[str, object]:
         try:
             got = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):  # a command line nested past the parser's depth is refused too
             got = None
         if not isinstance(got, dict):
             self.refused += 1

@@ -22,6 +22,7 @@ import json
 import math
 import os
 import re
+import stat
 import struct
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
@@ -312,12 +313,22 @@ def plain_samples(body: str) -> list[Sample] | None:
     return out
 
 
+MAX_FALLBACK_CHARS = 256 * 1024  # kept text that prometheus_client's parser takes when the plain one cannot
+MAX_FALLBACK_LINE = 4096  # ... and the longest line in it (an engine's are ~100-300 characters)
+
+
 def parse_page(text: str, *, prefilter: bool = True) -> list[Sample]:
-    """Parse a metrics page, cut down to the wanted lines first: plain lines by `plain_samples`, else prometheus_client's parser."""
+    """Parse a metrics page, cut down to the wanted lines first: plain lines by `plain_samples`, else prometheus_client's parser.
+
+    The fallback parser's cost grows with the square of a line's labels: kept text that the plain
+    parser refused, past MAX_FALLBACK_CHARS or with a line past MAX_FALLBACK_LINE, is refused whole.
+    """
     body = prefilter_page(text) if prefilter else text
     plain = plain_samples(body)
     if plain is not None:
         return plain
+    if len(body) > MAX_FALLBACK_CHARS or max(map(len, body.split("\n"))) > MAX_FALLBACK_LINE:
+        raise PageError(f"bad page: {len(body)} characters of read samples, not in the plain text format")
     out: list[Sample] = []
     try:
         for fam in text_string_to_metric_families(body):
@@ -568,20 +579,26 @@ class _FileIndex:
     # (offset of value+timestamp, sample name, labels without le, is a histogram bucket)
 
 
-def _scan(data: bytes, start: int, used: int, index: _FileIndex) -> None:
-    """Index the wanted keys between start and used (the layout of prometheus_client's MmapedDict)."""
-    pos = start
+def _scan(data: bytes, start: int, used: int, index: _FileIndex, room: int) -> int:
+    """Index the wanted keys between start and used (the layout of prometheus_client's MmapedDict).
+
+    At most `room` more entries are indexed; return how many wanted keys were left out past it.
+    """
+    pos, left = start, 0
     while pos < used:
         (length,) = _INT.unpack_from(data, pos)
-        if length <= 0 or pos + 4 + length > used:
+        value_pos = pos + 4 + length + (8 - (length + 4) % 8)
+        if length <= 0 or value_pos + 16 > used:  # a key, or its value, past the used mark
             raise RuntimeError("multiprocess file is corrupt or being written")
         key = data[pos + 4 : pos + 4 + length]
-        value_pos = pos + 4 + length + (8 - (length + 4) % 8)
         pos = value_pos + 16
         if not key.startswith(_FILE_KEY_PREFIXES):
             continue
         parts = key.split(b'"', 4)
         if len(parts) < 5 or parts[3].decode() not in _FILE_WANTED:
+            continue
+        if len(index.entries) >= room:
+            left += 1
             continue
         _, sample, raw_labels, _help = json.loads(key)
         labels = {str(k): str(v) for k, v in raw_labels.items()}
@@ -591,6 +608,35 @@ def _scan(data: bytes, start: int, used: int, index: _FileIndex) -> None:
             sample = sample[: -len("_bucket")] + "_count"
         index.entries.append((value_pos, sample, tuple(sorted(labels.items())), bucket))
     index.scanned_to = used
+    return left
+
+
+def _read_regular(filename: str, limit: int) -> tuple[int, bytes]:
+    """Return a multiprocess file's used mark and its bytes up to it, or (used, b"") past `limit`.
+
+    Opened without blocking and read only if it is a regular file: the dir is the engine user's to
+    write, and a FIFO named `x.db` would hold the engine source's thread for good.
+    """
+    fd = os.open(filename, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise RuntimeError("not a regular file")
+        head = os.read(fd, 8)
+        if len(head) < 8:
+            return 0, b""
+        (used,) = _INT.unpack_from(head, 0)
+        if used > limit:
+            return used, b""
+        chunks = [head]
+        got = 8
+        while got < used and (chunk := os.read(fd, used - got)):
+            chunks.append(chunk)
+            got += len(chunk)
+    finally:
+        os.close(fd)
+    if got < used:
+        raise RuntimeError("multiprocess file shorter than its used mark")
+    return used, b"".join(chunks)
 
 
 class MultiprocReader:
@@ -623,9 +669,11 @@ class MultiprocReader:
         freshest: dict[tuple[tuple[str, str], ...], tuple[float, str]] = {}  # labels -> (timestamp, pid)
         per_pid: dict[int, float] = defaultdict(float)
         seen = set()
-        files = sorted(glob.glob(os.path.join(self.path, "*.db")))
+        files = sorted(glob.glob(os.path.join(glob.escape(self.path), "*.db")))  # the path: anyone's text
         self.truncated = len(files) > MAX_MULTIPROC_FILES
         self.refused = Counter(files=max(0, len(files) - MAX_MULTIPROC_FILES))
+        # one read's budget over all its files, as a page's: bytes read, and entries (kept lines) unpacked
+        bytes_left, room = self.limits.max_bytes, self.limits.max_kept_lines
         for filename in files[:MAX_MULTIPROC_FILES]:
             seen.add(filename)
             base = os.path.basename(filename)
@@ -633,25 +681,36 @@ class MultiprocReader:
             mode = base.split("_")[1] if typ == "gauge" else ""
             pid = _pid_of(filename)
             try:
-                with open(filename, "rb") as fh:
-                    head = fh.read(8)
-                    if len(head) < 8:
-                        continue
-                    (used,) = _INT.unpack_from(head, 0)
-                    if used > self.limits.max_bytes:
-                        self.truncated = True
-                        self.refused["bytes"] += 1
-                        continue
-                    data = head + fh.read(max(0, used - 8))
+                used, data = _read_regular(filename, bytes_left)
+                if used > bytes_left:
+                    self.truncated = True
+                    self.refused["bytes"] += 1
+                    continue
+                if not data:
+                    continue
+                bytes_left -= used
                 index = self._index.get(filename)
                 if index is None or used < index.scanned_to:  # new, or replaced by a new process
                     index = self._index[filename] = _FileIndex()
                 if used > index.scanned_to:
-                    _scan(data, index.scanned_to, used, index)
-            except (OSError, RuntimeError, ValueError, AttributeError, TypeError, struct.error):
+                    left = _scan(data, index.scanned_to, used, index, max(0, room))
+                    if left:
+                        self.truncated = True
+                        self.refused["lines"] += left
+            except (
+                OSError,
+                RuntimeError,
+                ValueError,
+                AttributeError,
+                TypeError,
+                struct.error,
+                RecursionError,
+            ):
                 self._index.pop(filename, None)
-                continue  # a file being created or removed under us
-            for value_pos, sample, lkey, bucket in index.entries:
+                continue  # a file being created or removed under us, or not an engine's
+            entries = index.entries[: max(0, room)]
+            room -= len(index.entries)
+            for value_pos, sample, lkey, bucket in entries:
                 value, ts = _TWO_DOUBLES.unpack_from(data, value_pos)
                 if not 0.0 <= value <= MAX_COUNTER:  # NaN, infinite or negative in one process's file
                     self.refused[refusal(value)] += 1
@@ -708,9 +767,13 @@ _COMBINE: dict[str, Callable[[float, float], float]] = {
 
 def multiproc_dir_usable(path: str | None) -> bool:
     """Say whether a multiprocess dir exists, can be read and holds engine files."""
-    if not path or not os.path.isdir(path) or not os.access(path, os.R_OK):
+    if not path:
         return False
-    return bool(glob.glob(os.path.join(path, "*.db")))
+    try:  # the first `.db` found is enough: no listing of the whole dir (or a glob of the path's own text)
+        with os.scandir(path) as entries:
+            return any(e.name.endswith(".db") and not e.name.startswith(".") for e in entries)
+    except OSError:  # not there, not a dir, not readable
+        return False
 
 
 def raw_from_multiproc(

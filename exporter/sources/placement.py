@@ -21,9 +21,10 @@ from exporter.sources import procs
 
 MAX_PLACEMENTS = 512  # processes per engine
 _CACHE_SIZE = 4096
-_CORE = re.compile(r"^(?:\S*::)?EngineCore(?:_DP(\d+))?\b")
-_WORKER = re.compile(r"^VLLM::Worker(?:_DP(\d+))?(?:_PP(\d+))?_TP(\d+)\b")
-_SCHEDULER = re.compile(r"^sglang::scheduler(?:_DP(\d+))?(?:_PP(\d+))?_TP(\d+)\b")
+# Ranks of at most 6 digits (a title is anyone's to set; int() refuses over 4,300 digits): past them no rank.
+_CORE = re.compile(r"^(?:\S*::)?EngineCore(?:_DP(\d{1,6}))?\b")
+_WORKER = re.compile(r"^VLLM::Worker(?:_DP(\d{1,6}))?(?:_PP(\d{1,6}))?_TP(\d{1,6})\b")
+_SCHEDULER = re.compile(r"^sglang::scheduler(?:_DP(\d{1,6}))?(?:_PP(\d{1,6}))?_TP(\d{1,6})\b")
 _MAX_SPEC = 1024  # characters of CUDA_VISIBLE_DEVICES kept
 
 # (pid, start ticks) -> CUDA_VISIBLE_DEVICES at exec: the environment at exec never changes.

@@ -21,6 +21,8 @@ from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 MAX_REDIRECTS = 5  # aiohttp followed redirects (up to 10); an engine behind a proxy may redirect /metrics
+# Only within the page's own origin (scheme, host, port): the engine at a discovered URL is any
+# process that listens there, and a redirect elsewhere would send the daemon to read another service.
 READ_CHUNK = 1 << 16
 REDIRECTS = frozenset({301, 302, 303, 307, 308})
 
@@ -87,12 +89,15 @@ class PageClient:
     def get_url(self, url: str) -> bytes:
         """Return the body at a URL of the same engine, over the same connection (as `get`)."""
         deadline = time.monotonic() + self.timeout
+        origin = _origin(url)[:3]
         for _ in range(MAX_REDIRECTS + 1):
             status, location, body = self._get_once(url, deadline)
             if status == 200:
                 return body
             if status in REDIRECTS and location:
                 url = urljoin(url, location)
+                if _origin(url)[:3] != origin:
+                    raise PageReadError(f"HTTP {status}: a redirect to another origin, not followed")
                 continue
             raise PageReadError(f"HTTP {status}")
         raise PageReadError(f"more than {MAX_REDIRECTS} redirects")

@@ -49,9 +49,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         srv = self.server
         srv.requests += 1
-        if self.path == "/moved":
+        if self.path in ("/moved", "/away"):
             self.send_response(307)
-            self.send_header("Location", "/metrics")
+            port = self.server.server_address[1]
+            self.send_header(
+                "Location", "/metrics" if self.path == "/moved" else f"http://127.0.0.2:{port}/metrics"
+            )
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
@@ -181,6 +184,16 @@ def test_a_redirect_is_followed(engine):
         assert c.get() == PAGE
     finally:
         c.close()
+
+
+def test_a_redirect_to_another_origin_is_not_followed(engine):
+    c = client(engine.url.replace("/metrics", "/away"))  # the same port at another loopback address
+    try:
+        with pytest.raises(PageReadError, match="another origin"):
+            c.get()
+    finally:
+        c.close()
+    assert engine.requests == 1
 
 
 def test_a_refused_connection_is_said_in_words():

@@ -20,7 +20,16 @@ from exporter.snapshot import Snapshot
 from exporter.snapshot.agent import AgentReading
 from exporter.snapshot.engine import EngineReading
 from exporter.snapshot.frozen import replace
-from exporter.snapshot.totals import EMPTY, BusyTotals, GpuKeys, GpuSource, Tally, Totals, bounded_engines
+from exporter.snapshot.totals import (
+    EMPTY,
+    BusyTotals,
+    EngineServer,
+    GpuKeys,
+    GpuSource,
+    Tally,
+    Totals,
+    bounded_engines,
+)
 
 
 class Accumulate(Protocol):
@@ -274,7 +283,11 @@ def advance(history: Sequence[Snapshot], raw: Snapshot, cfg: Config) -> Snapshot
     for acc in ACCUMULATORS:
         inc = inc.plus(acc(snap, cfg, prev))
     totals = snap.totals.plus(inc)
-    kept = bounded_engines(totals.engine, {e.name for e in snap.engines})
+    kept = bounded_engines(
+        totals.engine,
+        {e.name for e in snap.engines},
+        servers=lambda: [EngineServer(e.name, server) for e in snap.engines for server, _ in e.servers()],
+    )
     if kept is not totals.engine:
         totals = replace(totals, engine=kept)
     return replace(snap, totals=totals)

@@ -44,9 +44,8 @@ PAGE_REFUSED_REASONS: tuple[str, ...] = (
     "unparsable",
 )
 
-_SERVER_INDEX = re.compile(
-    r"APIServer_(\d{1,6})(?!\d)"
-)  # an index of 7 digits or more is no real server's: its position stands
+# An index of 7 digits or more, or of other than ASCII digits, is no real server's: its position stands.
+_SERVER_INDEX = re.compile(r"APIServer_([0-9]{1,6})(?![0-9])")
 MAX_ERROR_CHARS = 300  # an error text (a parser quotes the bad line) is cut to this
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+from collections import Counter
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -160,14 +161,41 @@ class EngineTotals:
 
 
 MAX_ENGINE_NAMES = 64  # engines whose counters are kept: the newest Snapshot's, then those seen first
+MAX_SERVERS_PER_ENGINE = 64  # API servers an engine keeps saturated-seconds series for (discovery reads 64)
 
 
 def _engine_of(key: str | EngineMethod | EngineReason | EngineServer) -> str:
     return key if isinstance(key, str) else key[0]
 
 
+def _bounded_servers(
+    area: EngineTotals, present: Callable[[], Collection[EngineServer]], limit: int
+) -> EngineTotals:
+    """Return an engine area whose engines keep at most `limit` API servers' series, the present ones first.
+
+    A server's label is its title's index, which its process sets: one re-titled each tick would
+    otherwise add a series each tick for as long as its engine's name is kept.
+    """
+    keys = area.api_server_saturated_seconds
+    per = Counter(k.engine for k in keys)
+    if max(per.values(), default=0) <= limit:
+        return area
+    now = set(present())
+    over = {engine: n - limit for engine, n in per.items() if n > limit}
+    kept: dict[EngineServer, float] = {}
+    for key, value in keys.items():
+        if over.get(key.engine, 0) > 0 and key not in now:
+            over[key.engine] -= 1
+            continue
+        kept[key] = value
+    return dataclasses.replace(area, api_server_saturated_seconds=MappingProxyType(kept))
+
+
 def bounded_engines(
-    area: EngineTotals, present: Collection[str], limit: int = MAX_ENGINE_NAMES
+    area: EngineTotals,
+    present: Collection[str],
+    limit: int = MAX_ENGINE_NAMES,
+    servers: Callable[[], Collection[EngineServer]] = tuple,
 ) -> EngineTotals:
     """Return an engine area with the series of at most `limit` engines: past it, gone engines' go, first seen first.
 
@@ -175,7 +203,10 @@ def bounded_engines(
     names (a new port, a look-alike process started by anyone): kept for good, they would grow the
     page without end. Engines in `present` (the newest Snapshot's) always keep theirs. An engine
     that comes back after its series went starts them again from 0, which `rate()` reads as a reset.
+    Each engine keeps at most MAX_SERVERS_PER_ENGINE API servers' series (`servers`: the newest
+    Snapshot's, asked for only when one engine is past that).
     """
+    area = _bounded_servers(area, servers, MAX_SERVERS_PER_ENGINE)
     fields = _names(EngineTotals)
     names = dict.fromkeys(_engine_of(k) for f in fields for k in getattr(area, f))
     if len(names) <= limit:

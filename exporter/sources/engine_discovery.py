@@ -31,7 +31,7 @@ from exporter.sources.engine_flags import graph_config
 from exporter.sources.engine_scrape import multiproc_dir_usable
 
 DEFAULT_PORTS = {"vllm": 8000, "sglang": 30000}
-API_SERVER_TITLE = re.compile(r"^(?:\S*::)?APIServer_(\d{1,6})\b")  # 7 digits or more: no real API server
+API_SERVER_TITLE = re.compile(r"^(?:\S*::)?APIServer_([0-9]{1,6})\b")  # 7 digits or more: no API server
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 

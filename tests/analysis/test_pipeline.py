@@ -80,3 +80,26 @@ def test_engines_that_come_and_go_keep_the_counters_of_64_at_most():
     assert {"vllm:8000", "vllm:9099"} <= names and "vllm:9000" not in names  # the first gone go first
     assert set(totals.running_request_seconds) <= names
     assert totals.running_request_seconds["vllm:8000"] == 2.0 * 0.5 * 99  # its counter never restarted
+
+
+def test_an_api_server_retitled_each_tick_keeps_its_engine_at_64_server_series():
+    from exporter.analysis.pipeline import advance
+    from exporter.config import Config
+    from exporter.snapshot import Snapshot
+    from exporter.snapshot.host import ProcessCpu
+    from exporter.snapshot.totals import MAX_SERVERS_PER_ENGINE, EngineServer
+
+    def server(index: int) -> ProcessCpu:
+        title = f"VLLM::APIServer_{index}"
+        return ProcessCpu(pid=100 + index, name=title, cmdline=(title,), cpu=0.0, busiest_thread=None)
+
+    history: list[Snapshot] = []
+    for i in range(150):  # server 0 stays; the other sets its title to a new index each tick
+        engine = EngineReading("vllm:8000", "vllm", running=1.0, api_servers=(server(0), server(1 + i)))
+        raw = Snapshot(
+            seq=i + 1, at=i * 0.5, mono=i * 0.5, interval=0.5, dt=0.5 if i else 0.0, engines=(engine,)
+        )
+        history.append(advance(history, raw, Config()))
+    saturated = history[-1].totals.engine.api_server_saturated_seconds
+    assert len(saturated) == MAX_SERVERS_PER_ENGINE == 64
+    assert {EngineServer("vllm:8000", "0"), EngineServer("vllm:8000", "150")} <= set(saturated)

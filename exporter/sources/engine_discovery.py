@@ -206,6 +206,9 @@ MAX_API_SERVERS = (
     64  # an engine's API servers read (lowest index first): each is a series and CPU read each tick
 )
 MAX_PROCESSES = 512  # an engine's processes (its main process first) whose cgroups and GPUs are read
+MAX_UNRECOGNISED = (
+    256  # API servers under no recognised engine looked at (their environments and sockets read)
+)
 
 
 def discover(proc_root: str, table: Sequence[procs.ProcInfo] | None = None) -> list[EngineTarget]:
@@ -255,10 +258,15 @@ def _unrecognised(
     each group, or each server, is an engine of its own. A parent that is an init (pid 1) never
     stands for an engine, since every orphan of the host is its child.
     """
+    under: dict[int, bool] = {}  # pid -> whether a recognised engine is above it (each pid walked once)
+    titled = [
+        p for p in table if API_SERVER_TITLE.match(p.title) and not _under_root(by_pid, p.pid, roots, under)
+    ]
+    # the environments and sockets of at most MAX_UNRECOGNISED of them are read, those started first
+    titled = sorted(titled, key=lambda p: (p.start_ticks, p.pid))[:MAX_UNRECOGNISED]
     by_parent: dict[int, list[procs.ProcInfo]] = defaultdict(list)
-    for p in table:
-        if API_SERVER_TITLE.match(p.title) and not any(a.pid in roots for a in _ancestors(by_pid, p.pid)):
-            by_parent[p.ppid].append(p)
+    for p in titled:
+        by_parent[p.ppid].append(p)
     out: list[_Engine] = []
     for parent, servers in sorted(by_parent.items()):
         groups: dict[tuple[str, frozenset[int]], list[procs.ProcInfo]] = defaultdict(list)
@@ -392,16 +400,31 @@ def resolve_in(proc_root: str, pid: int, path: str) -> str:
     return inside if multiproc_dir_usable(inside) else path
 
 
-def _ancestors(by_pid: dict[int, procs.ProcInfo], pid: int) -> list[procs.ProcInfo]:
-    out = []
-    seen = {pid}
+def _under_root(
+    by_pid: dict[int, procs.ProcInfo], pid: int, roots: dict[int, str], seen: dict[int, bool]
+) -> bool:
+    """Say whether a recognised engine's root is an ancestor of a process; `seen` keeps every answer found.
+
+    Each process is walked once over all calls (a chain of thousands of titled processes would
+    otherwise be walked once per process in it).
+    """
+    path: dict[int, None] = {}  # the ancestors walked, in order (a dict: a cycle is found at once)
+    answer = False
     cur = by_pid.get(pid)
-    while cur is not None and cur.ppid not in seen:
-        seen.add(cur.ppid)
-        cur = by_pid.get(cur.ppid)
-        if cur is not None:
-            out.append(cur)
-    return out
+    while cur is not None and cur.ppid not in path and cur.ppid != pid:
+        parent = cur.ppid
+        if parent in seen:
+            answer = seen[parent] or parent in roots
+            break
+        if parent in roots:
+            answer = True
+            break
+        path[parent] = None
+        cur = by_pid.get(parent)
+    for p in path:
+        seen[p] = answer
+    seen[pid] = answer
+    return answer
 
 
 def configured_target(url: str) -> EngineTarget:

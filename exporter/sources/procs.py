@@ -86,9 +86,10 @@ def read_stat(
     return parse_stat(text) if text else None
 
 
-MAX_CMDLINE_BYTES = (
-    64 * 1024
-)  # of a command line (the kernel allows 2 MiB): an engine's flags fit many times over
+# Of a command line, read (the kernel allows 2 MiB; an engine's flags fit many times over) and kept
+# in words (64 KiB of 1-character words would be 32,768 objects a process, for every process).
+MAX_CMDLINE_BYTES = 64 * 1024
+MAX_CMDLINE_WORDS = 1024
 MAX_ENVIRON_BYTES = 256 * 1024  # of an environment read at exec (an engine's, to find its GPUs and files)
 
 
@@ -103,7 +104,7 @@ def read_cmdline(proc_root: str, pid: int) -> tuple[str, ...]:
         raw = read_head(f"{proc_root}/{pid}/cmdline", MAX_CMDLINE_BYTES)
     except OSError:
         return ()
-    words = [w.decode(errors="replace") for w in raw.split(b"\0")]
+    words = [w.decode(errors="replace") for w in raw.split(b"\0", MAX_CMDLINE_WORDS)[:MAX_CMDLINE_WORDS]]
     while words and not words[-1].strip():
         words.pop()
     return tuple(w.rstrip() if i == 0 else w for i, w in enumerate(words))

@@ -104,3 +104,33 @@ def test_a_page_of_long_irregular_lines_is_refused_at_once():
     with pytest.raises(PageError):
         reading_from_page(many)  # 3 MB the plain parser refused: not handed to the quadratic one
     assert time.process_time() - start < 2.0
+
+
+def test_thousands_of_titled_processes_in_a_chain_are_looked_at_in_linear_time(tmp_path: Path):
+    from exporter.sources.engine_discovery import MAX_ENGINES, find_engines
+
+    chain = [ProcInfo(10 + i, 9 + i, "python3", ("VLLM::APIServer_0",), i) for i in range(8000)]
+    start = time.process_time()
+    targets, unread = find_engines(str(tmp_path), chain)  # no /proc files: no environment, no sockets
+    assert time.process_time() - start < 2.0  # each process's ancestors walked once, not once per process
+    assert len(targets) == MAX_ENGINES and unread > 0
+
+
+def test_a_command_line_of_many_words_keeps_the_first_1024():
+    import subprocess
+    import sys
+
+    from exporter.sources import procs
+    from tests.fakes.wait import wait_until
+
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()", *["x"] * 20_000], stdin=subprocess.PIPE
+    )
+    try:
+        words = wait_until(
+            lambda: procs.read_cmdline("/proc", child.pid)[3:] and procs.read_cmdline("/proc", child.pid)
+        )
+        assert len(words) == procs.MAX_CMDLINE_WORDS and words[-1] == "x"
+    finally:
+        child.kill()
+        child.wait()

@@ -39,6 +39,13 @@ FIXES: dict[str, str] = {
         "stuck before the engine (API servers, tokenisation) or the clients send too few. Check the "
         "client's concurrency and the API servers' CPU before tuning the engine."
     ),
+    "scheduler_stalled": (
+        "Requests wait in the engine's queue while none run: the engine's scheduler admits none of them. "
+        "Look at what holds a request before it is scheduled: structured-output grammars being compiled "
+        "(vLLM's guided decoding backend and its cache), KV blocks awaited from a prefill instance "
+        "(disaggregated serving), LoRA adapters loading, or a prompt longer than max_num_batched_tokens "
+        "with chunked prefill off. The engine's own log says which."
+    ),
     "cuda_graph_fallback": (
         "Little of the GPU's time runs inside CUDA graphs during decode: batches larger than the largest "
         "captured size run eager, launch by launch. The capture size counts tokens, not sequences: with "

@@ -1194,6 +1194,22 @@ def work_waits(f: Facts, cfg: VerdictConfig) -> bool:
     return engine_holds_work(f, cfg) or _api_server_saturated(f, cfg) or _quota_throttled(f, cfg)
 
 
+def scheduler_stalled(f: Facts, cfg: VerdictConfig) -> bool:
+    """Say whether requests wait in the engine's queue while none run: its scheduler admits none of them.
+
+    A request being prefilled already counts as running, so a queue with nothing running and the
+    GPU idle is the engine holding its requests back on the host: a grammar being compiled for
+    structured output, KV blocks awaited from another instance, an adapter loading, a prompt larger
+    than one step's token budget without chunked prefill (vLLM's WAITING_FOR_FSM, WAITING_FOR_REMOTE_KVS).
+    """
+    return (
+        f.waiting_mean is not None
+        and f.waiting_mean > cfg.waiting_empty
+        and f.running_mean is not None
+        and f.running_mean <= cfg.waiting_empty
+    )
+
+
 def host_reasons(f: Facts, cfg: VerdictConfig) -> tuple[str, ...]:
     """Return why a GPU with work offered is starved, root causes first; ("unknown",) when nothing fits."""
     found: set[str] = set()
@@ -1211,6 +1227,8 @@ def host_reasons(f: Facts, cfg: VerdictConfig) -> tuple[str, ...]:
         and f.running_mean < cfg.admission_fill * f.max_batch
     ):
         found.add("admission_stalled")
+    if scheduler_stalled(f, cfg):
+        found.add("scheduler_stalled")
     share = f.step_gpu_share
     if share is not None and f.step_method == "agent":
         if share < cfg.step_gpu_share_low:

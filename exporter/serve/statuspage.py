@@ -39,6 +39,7 @@ REASON_TEXT = {
     "api_server_saturated": "API server saturated",
     "cuda_graph_fallback": "CUDA graphs not used",
     "admission_stalled": "admission stalled",
+    "scheduler_stalled": "requests held in the queue",
     "step_overhead": "step overhead",
     "unknown": "cause unknown",
     "no_busy_source": "no busy figure",
@@ -50,6 +51,7 @@ SHORT_TEXT = {
     "api_server_saturated": "API server",
     "cuda_graph_fallback": "no graphs",
     "admission_stalled": "admission",
+    "scheduler_stalled": "queue held",
     "step_overhead": "step overhead",
     "unknown": "host",
 }
@@ -63,6 +65,7 @@ COLOUR = {
     "host:api_server_saturated": "#e03131",
     "host:cuda_graph_fallback": "#ae3ec9",
     "host:admission_stalled": "#d6336c",
+    "host:scheduler_stalled": "#1971c2",
     "host:step_overhead": "#a0522d",
     "host:unknown": "#862e2e",
 }
@@ -70,6 +73,7 @@ DARK_TEXT = frozenset({"idle"})  # bands light enough for dark text
 # The evidence row each host-bound reason points at (highlighted, with busy, when the reason is given).
 HOT = {
     "admission_stalled": "queue",
+    "scheduler_stalled": "queue",
     "api_server_saturated": "api",
     "cpu_quota_throttled": "quota",
     "cuda_graph_fallback": "graphs",

@@ -11,6 +11,7 @@ HOST_REASONS: tuple[str, ...] = (
     "api_server_saturated",
     "cuda_graph_fallback",
     "admission_stalled",
+    "scheduler_stalled",
     "step_overhead",
     "unknown",
 )
@@ -18,6 +19,7 @@ REASONS: tuple[str, ...] = (
     "api_server_saturated",
     "cpu_quota_throttled",
     "admission_stalled",
+    "scheduler_stalled",
     "cuda_graph_fallback",
     "step_overhead",
     "unknown",

@@ -113,7 +113,26 @@ CASES = [
     ("gpu_bound_decode", Scene(busy=0.97, running=64), "gpu", ()),
     ("idle", Scene(busy=0.0, running=0, waiting=0), "idle", ()),
     ("idle_with_busy_gpu_from_another_process", Scene(busy=0.9, running=0, waiting=0), "idle", ()),
-    ("waiting_only_is_work", Scene(busy=0.1, running=0, waiting=5, max_num_seqs=None), "host", ("unknown",)),
+    # Requests wait while none run and the GPU idles: the engine's scheduler holds them (a grammar
+    # compiling, KV blocks awaited); the queue alone says so, with or without a batch limit.
+    (
+        "waiting_only_is_work",
+        Scene(busy=0.1, running=0, waiting=5, max_num_seqs=None),
+        "host",
+        ("scheduler_stalled",),
+    ),
+    (
+        "waiting_only_with_a_limit",
+        Scene(busy=0.05, running=0, waiting=5, max_num_seqs=64),
+        "host",
+        ("scheduler_stalled",),
+    ),
+    (
+        "one_running_beside_a_queue_is_no_stall",
+        Scene(busy=0.3, running=1, waiting=5, max_num_seqs=64, graph_share=0.95),
+        "host",
+        ("step_overhead",),
+    ),
     # The batch is full and decodes in graphs, yet the GPU idles: the host time is in the engine's own
     # step (scheduling, sampling), which the queue shows without any agent timing the steps.
     (

@@ -38,7 +38,7 @@ def test_seed000_renders_host_one_hot_and_its_reasons() -> None:
     bound = {dict(k[1])["verdict"]: val for k, val in got.items() if k[0] == "boundwatch_bound"}
     assert bound == {"idle": 0.0, "gpu": 0.0, "host": 1.0, "unknown": 0.0}
     reasons = {dict(k[1])["reason"]: val for k, val in got.items() if k[0] == "boundwatch_bound_reason"}
-    assert len(reasons) == 9  # every reason, no_gpu_mapping included
+    assert len(reasons) == 10  # every reason, scheduler_stalled and no_gpu_mapping included
     assert {r for r, val in reasons.items() if val} == {
         "api_server_saturated",
         "admission_stalled",

@@ -25,13 +25,16 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def run_scenario(name: str, *args: str) -> dict:
+def run_scenario(name: str, *args: str, own_network: bool = False) -> dict:
+    """Run a scenario as pid 1 of a PID namespace; `own_network`: in a network namespace of its own too
+    (nothing it names can be reached from it)."""
     out = subprocess.run(
         [
             "unshare",
             "--pid",
             "--fork",
             "--mount-proc",
+            *(["--net"] if own_network else []),
             sys.executable,
             str(HERE / "ns_engines.py"),
             name,
@@ -39,9 +42,14 @@ def run_scenario(name: str, *args: str) -> dict:
         ],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=120,
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "BOUNDWATCH_LOG_FORMAT": "json"},
+        env={
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "BOUNDWATCH_LOG_FORMAT": "json",
+            **({"BW_NS_NET": "own"} if own_network else {}),
+        },
     )
     assert out.returncode == 0, out.stderr[-3000:]
     line = next(x for x in reversed(out.stdout.splitlines()) if x.startswith("{"))
@@ -120,31 +128,8 @@ def test_the_api_servers_and_the_engine_core_cgroups_are_all_in_the_reading(cgro
     assert engine["server_cgroups"] == [rel_api]
 
 
-def run_in_own_network(name: str) -> dict:
-    """Run a scenario in a network namespace of its own too: nothing it names can be reached from it."""
-    out = subprocess.run(
-        [
-            "unshare",
-            "--pid",
-            "--fork",
-            "--mount-proc",
-            "--net",
-            sys.executable,
-            str(HERE / "ns_engines.py"),
-            name,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "BOUNDWATCH_LOG_FORMAT": "json", "BW_NS_NET": "own"},
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(next(x for x in reversed(out.stdout.splitlines()) if x.startswith("{")))
-
-
 def test_processes_that_look_like_engines_past_the_bound_are_counted_and_not_read():
-    got = run_in_own_network("many_engines")
+    got = run_scenario("many_engines", own_network=True)
     # the 32 started first are read; the 8 started last are counted, in the source's status and on the page
     assert sorted(t["name"] for t in got["targets"]) == [f"vllm:{21000 + i}" for i in range(32)]
     assert got["over_bound"] == {"engine": 8}
@@ -153,7 +138,7 @@ def test_processes_that_look_like_engines_past_the_bound_are_counted_and_not_rea
 
 
 def test_a_page_is_read_only_at_loopback_or_where_the_engine_itself_listens():
-    got = run_in_own_network("named_hosts")
+    got = run_scenario("named_hosts", own_network=True)
     urls = {t["name"]: t["url"] for t in got["targets"]}
     assert urls == {
         "vllm:22001": "http://127.0.0.1:22001/metrics",  # --host names an address nobody listens at

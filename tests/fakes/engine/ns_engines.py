@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 from exporter.config import Config, EngineConfig, HostConfig
 from exporter.sampling import Sampler
@@ -98,9 +99,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_for_serving(count: int) -> None:
-    """Wait until count processes show `serve` on their command line."""
-    end = time.monotonic() + 20
+def _wait_for(count: int, shows: Callable[[list[bytes]], bool], what: str, seconds: float) -> None:
+    """Wait until count processes' command lines (as words) show what `shows` looks for."""
+    end = time.monotonic() + seconds
     seen = 0
     while time.monotonic() < end:
         seen = 0
@@ -108,13 +109,18 @@ def wait_for_serving(count: int) -> None:
             if pid.isdigit():
                 try:
                     with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                        seen += b"serve" in fh.read().split(b"\0")
+                        seen += shows(fh.read().split(b"\0"))
                 except OSError:
                     pass
         if seen >= count:
             return
         time.sleep(0.05)
-    raise SystemExit(f"engines did not show: {seen} of {count}")
+    raise SystemExit(f"{what} did not show: {seen} of {count}")
+
+
+def wait_for_serving(count: int) -> None:
+    """Wait until count processes show `serve` on their command line."""
+    _wait_for(count, lambda words: b"serve" in words, "engines", 20)
 
 
 def loopback_up() -> None:
@@ -122,28 +128,14 @@ def loopback_up() -> None:
     import fcntl
     import struct
 
+    siocsifflags, up, loopback, running = 0x8914, 0x1, 0x8, 0x40
     with socket.socket() as s:
-        fcntl.ioctl(
-            s, 0x8914, struct.pack("16sH", b"lo", 0x1 | 0x8 | 0x40)
-        )  # SIOCSIFFLAGS: UP, LOOPBACK, RUNNING
+        fcntl.ioctl(s, siocsifflags, struct.pack("16sH", b"lo", up | loopback | running))
 
 
 def wait_for_titles(count: int) -> None:
     """Wait until count processes titled APIServer_<i> show in the table."""
-    end = time.monotonic() + 10
-    while time.monotonic() < end:
-        seen = 0
-        for pid in os.listdir("/proc"):
-            if pid.isdigit():
-                try:
-                    with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                        seen += b"APIServer_" in fh.read().split(b"\0")[0]
-                except OSError:
-                    pass
-        if seen >= count:
-            return
-        time.sleep(0.05)
-    raise SystemExit(f"titles did not show: {seen} of {count}")
+    _wait_for(count, lambda words: b"APIServer_" in words[0], "titles", 10)
 
 
 def into_cgroup(path: str, pids: list[int]) -> None:

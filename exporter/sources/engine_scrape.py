@@ -680,34 +680,11 @@ class MultiprocReader:
             typ = base.split("_", 1)[0]
             mode = base.split("_")[1] if typ == "gauge" else ""
             pid = _pid_of(filename)
-            try:
-                used, data = _read_regular(filename, bytes_left)
-                if used > bytes_left:
-                    self.truncated = True
-                    self.refused["bytes"] += 1
-                    continue
-                if not data:
-                    continue
-                bytes_left -= used
-                index = self._index.get(filename)
-                if index is None or used < index.scanned_to:  # new, or replaced by a new process
-                    index = self._index[filename] = _FileIndex()
-                if used > index.scanned_to:
-                    left = _scan(data, index.scanned_to, used, index, max(0, room))
-                    if left:
-                        self.truncated = True
-                        self.refused["lines"] += left
-            except (
-                OSError,
-                RuntimeError,
-                ValueError,
-                AttributeError,
-                TypeError,
-                struct.error,
-                RecursionError,
-            ):
-                self._index.pop(filename, None)
-                continue  # a file being created or removed under us, or not an engine's
+            got = self._indexed(filename, bytes_left, room)
+            if got is None:
+                continue
+            data, index = got
+            bytes_left -= len(data)
             entries = index.entries[: max(0, room)]
             room -= len(index.entries)
             for value_pos, sample, lkey, bucket in entries:
@@ -744,6 +721,29 @@ class MultiprocReader:
             else:
                 samples += [Sample(n, {**dict(lk), "pid": p}, v) for p, v in by_pid.items()]
         return samples, tuple(sorted(per_pid.items()))
+
+    def _indexed(self, filename: str, bytes_left: int, room: int) -> tuple[bytes, _FileIndex] | None:
+        """Return one file's bytes and its index brought up to date, or None (skipped, counted where over a budget)."""
+        try:
+            used, data = _read_regular(filename, bytes_left)
+            if used > bytes_left:
+                self.truncated = True
+                self.refused["bytes"] += 1
+                return None
+            if not data:
+                return None
+            index = self._index.get(filename)
+            if index is None or used < index.scanned_to:  # new, or replaced by a new process
+                index = self._index[filename] = _FileIndex()
+            if used > index.scanned_to:
+                left = _scan(data, index.scanned_to, used, index, max(0, room))
+                if left:
+                    self.truncated = True
+                    self.refused["lines"] += left
+        except (OSError, RuntimeError, ValueError, AttributeError, TypeError, struct.error, RecursionError):
+            self._index.pop(filename, None)
+            return None  # a file being created or removed under us, or not an engine's
+        return data, index
 
 
 def read_multiproc_dir(path: str) -> tuple[list[Sample], tuple[tuple[int, float], ...]]:

@@ -285,7 +285,7 @@ def advance(history: Sequence[Snapshot], raw: Snapshot, cfg: Config) -> Snapshot
     totals = snap.totals.plus(inc)
     kept = bounded_engines(
         totals.engine,
-        {e.name for e in snap.engines},
+        lambda: [e.name for e in snap.engines],
         servers=lambda: [EngineServer(e.name, server) for e in snap.engines for server, _ in e.servers()],
     )
     if kept is not totals.engine:

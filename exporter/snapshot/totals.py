@@ -177,6 +177,8 @@ def _bounded_servers(
     otherwise add a series each tick for as long as its engine's name is kept.
     """
     keys = area.api_server_saturated_seconds
+    if len(keys) <= limit:  # every tick's case: nothing to count
+        return area
     per = Counter(k.engine for k in keys)
     if max(per.values(), default=0) <= limit:
         return area
@@ -193,7 +195,7 @@ def _bounded_servers(
 
 def bounded_engines(
     area: EngineTotals,
-    present: Collection[str],
+    present: Callable[[], Collection[str]],
     limit: int = MAX_ENGINE_NAMES,
     servers: Callable[[], Collection[EngineServer]] = tuple,
 ) -> EngineTotals:
@@ -201,17 +203,20 @@ def bounded_engines(
 
     Each engine's counters are kept while the daemon runs, and engines come and go under new
     names (a new port, a look-alike process started by anyone): kept for good, they would grow the
-    page without end. Engines in `present` (the newest Snapshot's) always keep theirs. An engine
+    page without end. Engines `present` names (the newest Snapshot's) always keep theirs. An engine
     that comes back after its series went starts them again from 0, which `rate()` reads as a reset.
     Each engine keeps at most MAX_SERVERS_PER_ENGINE API servers' series (`servers`: the newest
     Snapshot's, asked for only when one engine is past that).
     """
     area = _bounded_servers(area, servers, MAX_SERVERS_PER_ENGINE)
     fields = _names(EngineTotals)
+    if sum(len(getattr(area, f)) for f in fields) <= limit:  # every tick's case: no more names than series
+        return area
     names = dict.fromkeys(_engine_of(k) for f in fields for k in getattr(area, f))
     if len(names) <= limit:
         return area
-    gone = [name for name in names if name not in present][: len(names) - limit]
+    now = set(present())
+    gone = [name for name in names if name not in now][: len(names) - limit]
     if not gone:
         return area
     drop = set(gone)

@@ -201,14 +201,11 @@ class _Engine:
     rooted: bool = True  # the root is the engine's main process (its flags and descendants are the engine's)
 
 
-MAX_ENGINES = 32  # engines read at once: any process can take an engine's title or command line
-MAX_API_SERVERS = (
-    64  # an engine's API servers read (lowest index first): each is a series and CPU read each tick
-)
+# Any process can take an engine's title or command line: what discovery reads is bounded.
+MAX_ENGINES = 32  # engines read at once
+MAX_API_SERVERS = 64  # an engine's API servers read (lowest index first): a series and a CPU read each
 MAX_PROCESSES = 512  # an engine's processes (its main process first) whose cgroups and GPUs are read
-MAX_UNRECOGNISED = (
-    256  # API servers under no recognised engine looked at (their environments and sockets read)
-)
+MAX_UNRECOGNISED = 256  # API servers under no recognised engine whose environments and sockets are read
 
 
 def discover(proc_root: str, table: Sequence[procs.ProcInfo] | None = None) -> list[EngineTarget]:

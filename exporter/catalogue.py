@@ -407,7 +407,7 @@ ENGINE_PAGE_REFUSED_TOTAL = _m(
     "counter",
     "What reads of an engine's page or multiprocess files lost, by reason: nan, infinite, negative, "
     "too_large (values refused, never used); bytes, lines (reads cut at the byte or line budget), "
-    "files (multiprocess files over the count budget); label (samples whose labels were cut); "
+    "files (multiprocess files over the count budget, or not regular files); label (samples whose labels were cut); "
     "undecodable (bytes that were not UTF-8, replaced); unparsable (reads the parser refused whole).",
     ["engine", "reason"],
     "engine",

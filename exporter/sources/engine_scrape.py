@@ -611,6 +611,10 @@ def _scan(data: bytes, start: int, used: int, index: _FileIndex, room: int) -> i
     return left
 
 
+class NotRegularFile(RuntimeError):
+    """A multiprocess dir's `.db` entry that is no regular file (a FIFO, a device): refused as `files`."""
+
+
 def _read_regular(filename: str, limit: int) -> tuple[int, bytes]:
     """Return a multiprocess file's used mark and its bytes up to it, or (used, b"") past `limit`.
 
@@ -620,7 +624,7 @@ def _read_regular(filename: str, limit: int) -> tuple[int, bytes]:
     fd = os.open(filename, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise RuntimeError("not a regular file")
+            raise NotRegularFile(filename)
         head = os.read(fd, 8)
         if len(head) < 8:
             return 0, b""
@@ -740,6 +744,10 @@ class MultiprocReader:
                 if left:
                     self.truncated = True
                     self.refused["lines"] += left
+        except NotRegularFile:
+            self.truncated = True
+            self.refused["files"] += 1
+            return None
         except (OSError, RuntimeError, ValueError, AttributeError, TypeError, struct.error, RecursionError):
             self._index.pop(filename, None)
             return None  # a file being created or removed under us, or not an engine's

@@ -72,9 +72,11 @@ def test_a_multiprocess_file_cut_inside_a_value_or_a_fifo_loses_only_itself(tmp_
     cut.write_bytes(bytes(data))
     os.mkfifo(tmp_path / "counter_102.db")  # opening it to read would wait for a writer for good
     start = time.monotonic()
-    r = reading_from_multiproc(MultiprocReader(str(tmp_path)))
+    reader = MultiprocReader(str(tmp_path))
+    r = reading_from_multiproc(reader)
     assert time.monotonic() - start < 5
     assert r.running == 3.0 and r.waiting is None
+    assert reader.refused["files"] == 1  # the FIFO, counted; the cut file is one being written
 
 
 def test_a_multiprocess_read_unpacks_at_most_its_budget_of_entries(tmp_path: Path):

@@ -42,6 +42,8 @@ class Source(Protocol):
     task around `read()` (no task, no timeout context, fewer turns of the event loop). One whose
     `start_read` hands the read to a `BlockingReader` may say so with `reads_in_thread = True`: the
     Sampler's `run` then starts it a tick ahead, under a `Handoff` that says when it is due.
+    A source that leaves part of what it found unread past a bound may say how much in an int
+    `over_bound`; the Sampler copies it into the source's status (`boundwatch_source_over_bound`).
     """
 
     name: str

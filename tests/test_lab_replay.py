@@ -2,9 +2,9 @@
 
 `bench/results/scenarios-recording.jsonl.gz` and `scenarios-run2-recording.jsonl.gz` hold every
 Snapshot the real daemon took on the H200 while the first lab ran (real agent, real cgroup
-quota); `scenarios-field-<mode>.jsonl.gz` those of the field-hard lab (API servers that hold
-requests before the engine, quotas, eager decode; one per agent mode), with the schedule in the
-recording's header. Replaying them re-runs the verdict on real GPU data, so a change to the
+quota); `scenarios-h200-*.jsonl.gz` and `scenarios-h100-*.jsonl.gz` those of the field-hard lab on
+the lent GPUs (API servers that hold requests before the engine, quotas, eager decode; one per agent
+mode and run), with the schedule in the recording's header. Replaying them re-runs the verdict on real GPU data, so a change to the
 classifier that would fail a lab fails here first.
 """
 
@@ -20,7 +20,6 @@ from exporter.config import Config, VerdictConfig
 from exporter.snapshot.codec import read_lines
 
 RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
-FIELD = sorted(RESULTS.glob("scenarios-field-*.jsonl.gz"))
 
 
 def _replayed(recording: Path) -> tuple[dict, list[Tick]]:
@@ -50,23 +49,13 @@ def test_h200_lab_recording_replayed_still_passes(results, recording):
     assert result["every_scenario_right"] and result["every_switch_in_time"], rows
 
 
-@pytest.mark.parametrize(
-    "recording",
-    FIELD
-    or [pytest.param(None, marks=pytest.mark.skip(reason="no scenarios-field-*.jsonl.gz recorded yet"))],
-    ids=[p.name for p in FIELD] or ["none"],
-)
-def test_field_lab_recording_replayed_every_scenario_right(recording):
-    head, ticks = _replayed(recording)
-    segments = [Segment(**s) for s in head["schedule"]]
-    assert len(segments) >= 7 and len(ticks) >= 10 * len(segments)
-    assert recording.stat().st_size < 2_000_000
-    rows = score(ticks, segments)
-    assert passed(rows)["every_scenario_right"], [(r["scenario"], r["right_share"], r["wrong"]) for r in rows]
-
-
 H200 = sorted(RESULTS.glob("scenarios-h200-*.jsonl.gz"))
 LENT = H200 + sorted(RESULTS.glob("scenarios-h100-*.jsonl.gz"))
+
+
+def test_the_lent_gpu_recordings_are_there():
+    """The replays below run over files: none found would pass them all by running none."""
+    assert len(H200) >= 9 and len(LENT) >= len(H200) + 3
 
 
 @pytest.mark.parametrize("recording", LENT, ids=[p.name for p in LENT])

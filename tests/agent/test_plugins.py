@@ -41,10 +41,11 @@ def test_pth_waits_for_torch_before_starting(tmp_path: Path) -> None:
 
 
 def test_pth_now_starts_at_interpreter_start_and_the_process_runs_normally(tmp_path: Path) -> None:
-    code = "from exporter import agent; a = agent.current(); print(a is not None and a.state in ('running', 'unavailable'))"
+    code = "from exporter import agent; a = agent.current(); print(None if a is None else a.state)"
     r = run_with_pth(tmp_path, "now", code)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() in {"True", "False"}  # False only where numpy is missing (agent disabled)
+    # started by the .pth line before this code ran: running, or unavailable where the machine lacks a part
+    assert r.stdout.strip() in {"running", "unavailable"}, r.stdout
 
 
 def test_vllm_plugin_does_nothing_without_vllm() -> None:

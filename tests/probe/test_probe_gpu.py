@@ -44,8 +44,8 @@ def test_duty_phase_truth_matches_target_and_nvml() -> None:
     assert phase["unwritten_stamps"] == 0
     assert phase["truth"] == pytest.approx(0.5, abs=0.05)
     assert phase["burst_seconds_median"] == pytest.approx(0.002, rel=0.05)
-    if phase.get("primary_source"):
-        assert phase["pass"], phase["checks"]
+    assert phase["primary_source"] in ("gpm", "nvml"), phase["sources"]  # the probe's own NVML read
+    assert phase["pass"], phase["checks"]
 
 
 @pytest.mark.gpu

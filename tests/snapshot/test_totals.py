@@ -47,7 +47,10 @@ def test_a_field_taken_whole_from_an_increment_is_frozen_too() -> None:
     inc.count(0, 0.5)
     total = EMPTY.plus(Totals(verdict=VerdictTotals(host_bound_seconds=inc))).plus(EMPTY)
     total = Totals(busy=BusyTotals(busy_seconds=MappingProxyType({GpuSource(0, "nvml"): 1.0}))).plus(total)
-    assert isinstance(total.verdict.host_bound_seconds, MappingProxyType)
+    assert total.verdict.host_bound_seconds == {0: 0.5}
+    # read-only, as every field of the totals (a view: a tick's tally is not written after)
+    with pytest.raises(TypeError):
+        total.verdict.host_bound_seconds[0] = 1.0  # type: ignore[index]
 
 
 def test_a_counter_without_labels_exists_once_an_increment_of_zero_arrives() -> None:

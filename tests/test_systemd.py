@@ -151,23 +151,65 @@ def test_agent_socket_directory_matches_the_daemon_default() -> None:
     assert f'"/run/{runtime_dir}"' in inspect.getsource(wire.default_agent_socket)
 
 
+def _setting(cfg: config.Config, name: str) -> object:
+    """Return the value of the configuration key an environment variable names."""
+    (key,) = config.env_updates({name: "0"})
+    got: object = cfg
+    for part in key.split("."):
+        got = getattr(got, part)
+    return got
+
+
+def _typed(text: str, like: object) -> object:
+    """Return an env value as the setting it is written for reads it (a test-side parse, not config's)."""
+    if isinstance(like, bool):
+        return {"true": True, "false": False}[text]
+    if isinstance(like, tuple):
+        return tuple(p.strip() for p in text.split(",") if p.strip())
+    return type(like)(float(text)) if isinstance(like, int | float) else text
+
+
+# other valid values for the string settings the file names (a path: any path)
+_OTHER = {
+    "BOUNDWATCH_WEB__ADDRESS": "127.0.0.1",
+    "BOUNDWATCH_LOG_LEVEL": "debug",
+    "BOUNDWATCH_LOG_FORMAT": "console",
+}
+
+
+def _other(name: str, default: object) -> str:
+    """Return a valid value for a setting that differs from its default."""
+    if isinstance(default, bool):
+        return "false" if default else "true"
+    if isinstance(default, int | float):
+        return str(default + 1) if isinstance(default, int) else repr(round(default * 0.9, 6))
+    if isinstance(default, tuple):
+        return "http://127.0.0.1:9/metrics"
+    return _OTHER.get(name, "/etc/boundwatch/other")
+
+
 def test_env_file_sets_only_known_keys_and_each_takes_effect() -> None:
-    """Load every BOUNDWATCH_* line, commented or not, and see the key it names change or hold its value."""
+    """Load every BOUNDWATCH_* line, commented or not: its value is read as written, and another moves the key."""
     lines = [(n, v) for n, v, _ in _env_lines() if n.startswith(config.ENV_PREFIX)]
     assert len(lines) >= 10
     for name, value in lines:
         assert len(config.env_updates({name: value})) == 1, f"{name} is not read as a configuration key"
     cfg = config.load(environ=dict(lines))  # raises ConfigError for an unknown key or a bad value
+    defaults = config.load(environ={})
     for name, value in lines:
-        key = next(iter(config.env_updates({name: value})))
-        got: object = cfg
-        for part in key.split("."):
-            got = getattr(got, part)
-        if isinstance(got, tuple):
-            expected: object = tuple(p.strip() for p in value.split(",") if p.strip())
-        else:
-            expected = config._coerce(value, got, key, "")
-        assert got == expected, f"{name}={value} gave {key}={got!r}"
+        got, default = _setting(cfg, name), _setting(defaults, name)
+        like = got if default is None else default  # a setting off by default (None): its type as loaded
+        assert got == _typed(value, like) and type(got) is type(like), f"{name}={value} gave {got!r}"
+        other = _other(name, like)
+        environ = {name: other}
+        if name.startswith("BOUNDWATCH_WEB__TLS_"):  # a certificate and its key go together
+            environ |= {
+                "BOUNDWATCH_WEB__TLS_CERT_FILE": "/c",
+                "BOUNDWATCH_WEB__TLS_KEY_FILE": "/k",
+                name: other,
+            }
+        moved = _setting(config.load(environ=environ), name)
+        assert moved == _typed(other, like) != default, f"{name}={other} gave {moved!r}"
 
 
 def test_env_file_active_lines_load_together() -> None:

@@ -4,8 +4,8 @@
 Snapshot the real daemon took on the H200 while the first lab ran (real agent, real cgroup
 quota); `scenarios-h200-*.jsonl.gz` and `scenarios-h100-*.jsonl.gz` those of the field-hard lab on
 the lent GPUs (API servers that hold requests before the engine, quotas, eager decode; one per agent
-mode and run), with the schedule in the recording's header. Replaying them re-runs the verdict on real GPU data, so a change to the
-classifier that would fail a lab fails here first.
+mode and run), with the schedule in the recording's header. Replaying them re-runs the verdict on
+real GPU data, so a change to the classifier that would fail a lab fails here first.
 """
 
 import gzip

@@ -45,6 +45,7 @@ PARAMS: dict[str, Any] = {
     "agent_missing_for": "30m",
     "agent_lookback": "24h",  # an agent that ran within this long and stopped is missing
     "unsent_for": "15m",  # agents dropping messages (the sidecar's socket queue full) this long
+    "refused_for": "15m",  # inputs left unread past a bound, or refused, this long
     "down_for": "5m",
     "runbook": "https://github.com/boundwatch/boundwatch/blob/main/docs/alerts.md",
 }
@@ -288,6 +289,25 @@ def _health(p: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "The agents on GPU {{ $labels.gpu }} of {{ $labels.instance }} dropped messages for\n"
                 f"{p['unsent_for']} ({{{{ $value | humanize }}}} in the last {w}): the sidecar's socket queue was full, so step\n"
                 "counts and graph shares there lag or miss windows. Raise net.unix.max_dgram_qlen on the host."
+            ),
+        },
+        {
+            "comment": "Inputs from outside left unread past a bound or refused (counted, never used), for long:\n"
+            "the figures drawn from them are partial. One burst does not alert; a bound hit for good does.",
+            "alert": "BoundwatchInputsRefused",
+            "expr": f"max by ({tl}) (boundwatch_source_over_bound{s()}) > 0\n"
+            f"or max by ({tl}) (boundwatch_engine_flags_refused{s()}) > 0\n"
+            f"or sum by ({tl}) (increase(boundwatch_engine_page_refused_total{s()}[{w}])) > 0\n"
+            f"or sum by ({tl}) (increase(boundwatch_agent_refused_total{s()}[{w}])) > 0\n"
+            f"or sum by ({tl}) (increase(boundwatch_agent_bad_messages_total{s()}[{w}])) > 0",
+            "for": p["refused_for"],
+            "severity": "info",
+            "summary": "boundwatch keeps leaving inputs unread or refusing them.",
+            "description": (
+                f"boundwatch on {{{{ $labels.instance }}}} has for {p['refused_for']} left inputs unread past its bounds\n"
+                "or refused them (engines or processes past discovery's caps, bad values or oversized reads\n"
+                "on an engine's page, agent datagrams out of bounds, engine flags it could not read): the\n"
+                "figures drawn from them are partial. The runbook names the counters that say which."
             ),
         },
         {

@@ -18,7 +18,7 @@ from exporter.analysis import activity, agent_union, busy, engine, engine_page, 
 from exporter.config import Config
 from exporter.snapshot import Snapshot
 from exporter.snapshot.agent import AgentReading
-from exporter.snapshot.engine import EngineReading
+from exporter.snapshot.engine import EngineReading, ascii_int
 from exporter.snapshot.frozen import replace
 from exporter.snapshot.totals import (
     EMPTY,
@@ -114,8 +114,7 @@ def resolve_agent_gpus(snap: Snapshot, known: Sequence[str] = ()) -> Snapshot:
 def _device(token: str, snap: Snapshot) -> int | None:
     """Return the GPU index of one CUDA_VISIBLE_DEVICES entry: an NVML index, or a UUID (prefix)."""
     token = token.strip()
-    if token.isascii() and token.isdigit() and len(token) <= 6:
-        index = int(token)
+    if (index := ascii_int(token, 6)) is not None:
         return index if any(g.index == index for g in snap.gpus) else None
     if not token.startswith(("GPU-", "MIG-")):
         return None

@@ -44,6 +44,18 @@ PAGE_REFUSED_REASONS: tuple[str, ...] = (
     "unparsable",
 )
 
+
+def ascii_int(text: str | None, most: int) -> int | None:
+    """Return a number written in at most `most` ASCII digits, else None: how a number from outside is read.
+
+    `str.isdigit` also takes digits int() refuses (superscripts), and int() refuses over 4,300
+    digits: text that a process, a page or a file writes is read through here, so neither can raise.
+    """
+    if text is None or not 0 < len(text) <= most or not (text.isascii() and text.isdigit()):
+        return None
+    return int(text)
+
+
 # An index of 7 digits or more, or of other than ASCII digits, is no real server's: its position stands.
 _SERVER_INDEX = re.compile(r"APIServer_([0-9]{1,6})(?![0-9])")
 MAX_ERROR_CHARS = 300  # an error text (a parser quotes the bad line) is cut to this

@@ -439,9 +439,11 @@ class EngineSource:
         unread: set[str] = set()
         for pid in dict.fromkeys((target.root_pid, *target.api_server_pids, *target.engine_pids)):
             path = self._cgroup_of(pid)
-            if path not in cgroups and len(cgroups) >= MAX_CGROUPS:
+            if path in cgroups:
+                continue
+            if len(cgroups) >= MAX_CGROUPS:
                 unread.add(path)
-            elif path not in cgroups:
+            else:
                 version = self._cgroup_version_at(now)
                 cg = read_cgroup_cpu(self.cgroup_root, path, version, now=now, files=self._files)
                 if cg is not None:

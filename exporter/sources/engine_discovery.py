@@ -22,10 +22,9 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TypeGuard
 from urllib.parse import urlparse
 
-from exporter.snapshot.engine import GraphConfig
+from exporter.snapshot.engine import GraphConfig, ascii_int
 from exporter.sources import procs
 from exporter.sources.engine_flags import graph_config
 from exporter.sources.engine_scrape import multiproc_dir_usable
@@ -55,15 +54,6 @@ class EngineTarget:
     graph_config: GraphConfig | None = None  # what its command line says about CUDA graphs
     extra: dict[str, str] = field(default_factory=dict)
     over_bound: int = 0  # its API servers past MAX_API_SERVERS and processes past MAX_PROCESSES, not read
-
-
-def _digits(text: str | None, most: int) -> TypeGuard[str]:
-    """Return whether a command line's text is a number of at most `most` ASCII digits, as int() takes it.
-
-    `str.isdigit` also takes digits int() refuses (superscripts) and numbers of any length (int()
-    refuses over 4,300 digits): either would stop discovery for every engine.
-    """
-    return text is not None and 0 < len(text) <= most and text.isascii() and text.isdigit()
 
 
 def _flag(cmdline: Sequence[str], *names: str) -> str | None:
@@ -100,8 +90,8 @@ ANY_ADDRESS = ("0.0.0.0", "::", "", "localhost")  # --host values read over loop
 
 def _flag_port(kind: str, cmdline: Sequence[str]) -> int:
     """Return the port an engine's flags give, else its kind's default."""
-    flag = _flag(cmdline, "--port")
-    return int(flag) if _digits(flag, 5) and 0 < int(flag) < 65536 else DEFAULT_PORTS[kind]
+    port = ascii_int(_flag(cmdline, "--port"), 5)
+    return port if port is not None and 0 < port < 65536 else DEFAULT_PORTS[kind]
 
 
 def _page_url(host: str, port: int) -> str:
@@ -176,9 +166,8 @@ def batch_limit(proc_root: str, pid: int | None, kind: str, cmdline: Sequence[st
         config = _flag(cmdline, "--config")
         if value is None and config and pid is not None:
             value = _config_value(proc_root, pid, config)
-    if _digits(value, 8) and 0 < int(value) <= 10_000_000:
-        return int(value)
-    return None
+    limit = ascii_int(value, 8)
+    return limit if limit is not None and 0 < limit <= 10_000_000 else None
 
 
 def _listening_port(proc_root: str, kind: str, pids: Iterable[int]) -> int | None:
@@ -337,7 +326,7 @@ def _target(
         root_pid=e.root,
         api_server_pids=server_pids,
         engine_pids=pids,
-        api_server_count_cmdline=int(asc) if _digits(asc, 6) else None,
+        api_server_count_cmdline=ascii_int(asc, 6),
         multiproc_dir=mp_dir,
         cuda_visible_devices=cuda,
         servers_titled=bool(servers),

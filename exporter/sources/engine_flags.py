@@ -23,7 +23,7 @@ import dataclasses
 import json
 from collections.abc import Sequence
 
-from exporter.snapshot.engine import GraphConfig
+from exporter.snapshot.engine import GraphConfig, ascii_int
 
 MAX_FLAG_CHARS = 4096
 MAX_CAPTURE = 1 << 20
@@ -47,15 +47,8 @@ def _values(cmdline: Sequence[str], *names: str) -> list[str]:
 def _int(text: object) -> int | None:
     if isinstance(text, bool):
         return None
-    if isinstance(text, int):
-        value = text
-    elif (
-        isinstance(text, str) and text.strip().isascii() and text.strip().isdigit() and len(text.strip()) <= 9
-    ):
-        value = int(text.strip())
-    else:
-        return None
-    return value if 0 < value <= MAX_CAPTURE else None
+    value = text if isinstance(text, int) else ascii_int(text.strip(), 9) if isinstance(text, str) else None
+    return value if value is not None and 0 < value <= MAX_CAPTURE else None
 
 
 class _Reader:

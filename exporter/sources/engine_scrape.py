@@ -33,7 +33,7 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.config import EngineConfig
-from exporter.snapshot.engine import PAGE_REFUSED_REASONS, EngineReading, PageSample, RawPage, cut
+from exporter.snapshot.engine import PAGE_REFUSED_REASONS, EngineReading, PageSample, RawPage, ascii_int, cut
 from exporter.snapshot.engine_names import (
     KIND_PREFIXES,
     PREFIXES,
@@ -684,6 +684,7 @@ class MultiprocReader:
             typ = base.split("_", 1)[0]
             mode = base.split("_")[1] if typ == "gauge" else ""
             pid = _pid_of(filename)
+            pid_number = ascii_int(pid, 10)  # its file name's pid, the engine's to write
             got = self._indexed(filename, bytes_left, room)
             if got is None:
                 continue
@@ -696,8 +697,8 @@ class MultiprocReader:
                 if not 0.0 <= value <= MAX_COUNTER:  # NaN, infinite or negative in one process's file
                     self.refused[refusal(value)] += 1
                     continue
-                if bucket and pid.isascii() and pid.isdigit() and len(pid) <= 10:
-                    per_pid[int(pid)] += value
+                if bucket and pid_number is not None:
+                    per_pid[pid_number] += value
                 if typ != "gauge":
                     counters[(sample, lkey)] += value
                 elif mode in ("all", "liveall"):

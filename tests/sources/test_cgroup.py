@@ -1,5 +1,9 @@
 """The cgroup reader on real v1 and v2 fixture trees and on this machine's own cgroup."""
 
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -290,3 +294,89 @@ def test_own_cgroup_on_this_machine_reads():
         pytest.skip("no readable CPU cgroup on this machine")
     assert cg.version in (1, 2)
     assert cg.quota_cores is None or cg.quota_cores > 0
+
+
+def _kernel_cgroup(tmp_name: str) -> tuple[str, Path, list[Path], int]:
+    """Make real cgroups `tmp_name`/leaf on this machine's CPU hierarchies; skip where none is writable.
+
+    Returns the cgroup root, the quota's cgroup, the leaves to put a process in (v1 with cpu and
+    cpuacct mounted apart: one in each) and the version.
+    """
+    root = Path("/sys/fs/cgroup")
+    version = cgroup_version(str(root))
+    if version == 2:
+        bases = [root / tmp_name]
+    else:
+        mounts = [root / n for n in ("cpu,cpuacct", "cpu", "cpuacct") if (root / n).is_dir()]
+        bases = [m / tmp_name for m in mounts if not m.is_symlink()][:2]
+    made: list[Path] = []
+    try:
+        for b in bases:
+            for d in (b, b / "leaf"):
+                d.mkdir()
+                made.append(d)
+    except OSError as e:
+        _remove(made)
+        pytest.skip(f"cannot make a cgroup here: {e}")
+    if not bases:
+        pytest.skip("no CPU cgroup hierarchy here")
+    return str(root), bases[0], [b / "leaf" for b in bases], version
+
+
+def _remove(dirs: list[Path]) -> None:
+    for d in sorted(dirs, key=lambda d: -len(d.parts)):
+        for _ in range(50):
+            try:
+                d.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+def _set_quota(base: Path, version: int, cores: float) -> None:
+    if version == 2:
+        (base.parent / "cgroup.subtree_control").write_text("+cpu")  # the cpu controller in base's files
+        (base / "cgroup.subtree_control").write_text("+cpu")
+        (base / "cpu.max").write_text(f"{int(cores * 100_000)} 100000")
+    else:
+        (base / "cpu.cfs_period_us").write_text("100000")
+        (base / "cpu.cfs_quota_us").write_text(str(int(cores * 100_000)))
+
+
+def test_a_busy_process_under_a_real_kernel_quota_reads_the_quota_its_throttling_and_its_use():
+    """The kernel's own files, not a fixture: a 0.1-core quota on a parent, a spinning child in its leaf.
+
+    The quota binds at the parent, so the throttling must be read there (the kernel counts it there,
+    the leaf's own counters stay 0) and the use from the leaf; both must move while the child spins.
+    """
+    name = f"bw-cgtest-{os.getpid()}"
+    root, base, leaves, version = _kernel_cgroup(name)
+    child = None
+    try:
+        try:
+            _set_quota(base, version, 0.1)
+        except OSError as e:
+            pytest.skip(f"cannot set a CPU quota here: {e}")
+        rel = f"/{name}/leaf"
+        before = read_cgroup_cpu(root, rel, version)
+        assert before is not None and before.quota_cores == pytest.approx(0.1)
+        assert before.counted_at == f"/{name}"  # the ancestor whose quota binds
+        child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for leaf in leaves:
+            (leaf / "cgroup.procs").write_text(str(child.pid))
+        time.sleep(1.0)
+        after = read_cgroup_cpu(root, rel, version)
+    finally:
+        if child is not None:
+            child.kill()
+            child.wait()
+        _remove([d for leaf in leaves for d in (leaf, leaf.parent)])
+    assert after is not None and after.quota_cores == pytest.approx(0.1)
+    assert after.periods is not None and before.periods is not None and after.periods - before.periods >= 5
+    assert after.throttled_periods is not None and before.throttled_periods is not None
+    # a spinner under 0.1 core is throttled in most periods
+    assert after.throttled_periods - before.throttled_periods >= 5
+    assert after.throttled_seconds is not None and before.throttled_seconds is not None
+    assert after.throttled_seconds > before.throttled_seconds
+    used = (after.usage_seconds or 0.0) - (before.usage_seconds or 0.0)
+    assert 0.03 <= used <= 0.3  # about 0.1 core over 1 s: the quota held, and the use is the leaf's

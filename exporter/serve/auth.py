@@ -8,6 +8,7 @@ import collections
 import concurrent.futures
 import hashlib
 import hmac
+import ipaddress
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -68,16 +69,37 @@ def _cost(stored: str) -> int:
     return 0
 
 
+def client_network(address: str) -> str:
+    """Return the network a client address counts in for the failure limit: its /24 (IPv4), /64 (IPv6), or loopback.
+
+    Any local user can send from every address of 127.0.0.0/8, and a host's own IPv6 /64 is as cheap
+    to walk; an address that is not one (a Unix socket's '') counts as itself.
+    """
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return address[:64]
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip.is_loopback:
+        return "loopback"
+    prefix = 24 if ip.version == 4 else 64
+    return str(ipaddress.ip_network(f"{ip}/{prefix}", strict=False))
+
+
 class BasicAuth:
     """Check basic-auth credentials in the same time whatever the user, and rate-limit failures.
 
     - An unknown user is checked against a dummy hash of the costliest stored kind, and when any
       stored hash is bcrypt every check runs one bcrypt: a wrong user and a wrong password take
       the same time, so timing enumerates nobody.
-    - bcrypt (~0.1-0.3 s) runs in at most `at_once` worker threads, never on the event loop.
-    - Each client address has a token bucket of `burst` checks refilled at `rate` per second: a
-      check takes a token (returned when it succeeds); an empty bucket answers 429 without a check,
-      so a wrong-password flood costs a few checks a second, not the cores.
+    - bcrypt (~0.1-0.3 s) runs in at most `at_once` worker threads, never on the event loop, and at
+      most `2 * at_once` checks run or wait at once (past them: 429 without a check).
+    - Each client network (its /24, or /64 for IPv6, loopback as one) has a token bucket of `burst`
+      checks refilled at `rate` per second, and all clients share one `shared` times larger: a check
+      takes a token from both (returned when it succeeds); an empty bucket answers 429 without a
+      check, so a wrong-password flood, even from addresses that change at every request, costs a
+      few checks a second, not the cores, and a new client waits behind a few checks at most.
     - Accepted credentials are remembered (a SHA-256 of user, hash and password, at most
       `remember`) and pass without a check or a token; failures are never remembered.
     """
@@ -91,12 +113,16 @@ class BasicAuth:
         clock: Callable[[], float] = time.monotonic,
         remember: int = 64,
         addresses: int = 4096,
+        shared: int = 4,
     ) -> None:
         self.users = users
         self._burst, self._rate, self._clock = float(burst), rate, clock
         self._remember, self._addresses = remember, addresses
         self._accepted: dict[bytes, None] = {}
         self._buckets: collections.OrderedDict[str, list[float]] = collections.OrderedDict()
+        # one bucket all clients share, `shared` times a client's: addresses that change cannot outrun it
+        self._shared_burst, self._shared_rate = float(burst * shared), rate * shared
+        self._shared = [self._shared_burst, clock()]
         cost = max((_cost(h) for h in users.values()), default=0)
         self._bcrypt = cost > 0
         if self._bcrypt:
@@ -106,6 +132,7 @@ class BasicAuth:
         else:
             self._dummy = hashlib.sha256(b"boundwatch-dummy").hexdigest()
         self._pool = concurrent.futures.ThreadPoolExecutor(at_once, thread_name_prefix="basic-auth")
+        self._queue, self._in_flight = 2 * at_once, 0  # checks running or waiting for a thread, at most
         self.checks = 0  # checks run, for tests and the bench
         self.refused = 0  # answered 429 without a check
         self.failures = 0  # checks that failed
@@ -114,27 +141,34 @@ class BasicAuth:
         """Check one user's password in the calling thread, taking the same time for any user."""
         stored = self.users.get(user)
         ok = password_matches(stored if stored is not None else self._dummy, password)
-        if self._bcrypt and (stored is None or not stored.startswith(BCRYPT_PREFIXES)):
-            password_matches(self._dummy, password)  # same cost as a bcrypt user's check
+        if self._bcrypt and stored is not None and not stored.startswith(BCRYPT_PREFIXES):
+            password_matches(self._dummy, password)  # a SHA-256 user: the same cost as a bcrypt user's check
         return ok and stored is not None
 
     def _take(self, address: str) -> bool:
+        """Take a check's token from the client's network's bucket and from the one all share."""
         now = self._clock()
-        bucket = self._buckets.pop(address, None) or [self._burst, now]
+        key = client_network(address)
+        bucket = self._buckets.pop(key, None) or [self._burst, now]
         bucket[0] = min(self._burst, bucket[0] + (now - bucket[1]) * self._rate)
         bucket[1] = now
-        self._buckets[address] = bucket
+        self._buckets[key] = bucket
         while len(self._buckets) > self._addresses:
             self._buckets.popitem(last=False)
-        if bucket[0] < 1:
+        shared = self._shared
+        shared[0] = min(self._shared_burst, shared[0] + (now - shared[1]) * self._shared_rate)
+        shared[1] = now
+        if bucket[0] < 1 or shared[0] < 1:
             return False
         bucket[0] -= 1
+        shared[0] -= 1
         return True
 
     def _give_back(self, address: str) -> None:
-        bucket = self._buckets.get(address)
+        bucket = self._buckets.get(client_network(address))
         if bucket is not None:
             bucket[0] = min(self._burst, bucket[0] + 1)
+        self._shared[0] = min(self._shared_burst, self._shared[0] + 1)
 
     async def allowed(self, header: str, address: str) -> int:
         """Return 200 when the Authorization header is good, else 401 or 429."""
@@ -147,12 +181,16 @@ class BasicAuth:
         key = hashlib.sha256(f"{user}\0{self.users.get(user)}\0{password}".encode()).digest()
         if key in self._accepted:
             return 200
-        if not self._take(address):
+        if self._in_flight >= self._queue or not self._take(address):
             self.refused += 1
             return 429
         self.checks += 1
-        loop = asyncio.get_running_loop()
-        if not await loop.run_in_executor(self._pool, self.verify, user, password):
+        self._in_flight += 1
+        try:
+            ok = await asyncio.get_running_loop().run_in_executor(self._pool, self.verify, user, password)
+        finally:
+            self._in_flight -= 1
+        if not ok:
             self.failures += 1
             return 401
         self._give_back(address)

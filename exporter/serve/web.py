@@ -36,6 +36,7 @@ REGISTRY: web.AppKey[CollectorRegistry] = web.AppKey("registry", CollectorRegist
 CONFIG: web.AppKey[Config] = web.AppKey("config", Config)
 PAGES: web.AppKey[PageCache] = web.AppKey("pages")
 STATUS_PAGE: web.AppKey[PageCache] = web.AppKey("status_page")
+SNAPSHOT_PAGE: web.AppKey[PageCache] = web.AppKey("snapshot_page")
 BANNER: web.AppKey[str] = web.AppKey("banner", str)  # a line the status page shows on top (the demo's)
 STATUS_TYPE = "text/html; charset=utf-8"
 AUTH: web.AppKey[BasicAuth] = web.AppKey("auth")
@@ -105,9 +106,49 @@ def accepts_gzip(header: str) -> bool:
     return False
 
 
+MAX_ACCEPT_PARTS = 16  # media ranges of an Accept header looked at (Prometheus sends 5)
+_VERSION = re.compile(r"\s*(\d{1,3})(?:\.\d{1,3}){0,2}\s*")
+
+
+def _canonical_range(part: str) -> str:
+    """Return one media range with its version, if any, one of the few this page is written in.
+
+    The version a scraper names is echoed in the answer's Content-Type, so each new one would be a
+    page rendered and kept apart: it becomes the one of its major version that prometheus_client
+    knows (OpenMetrics 0.0.1, 1.0.0 or 2.0.0 (any later), text 0.0.4 or 1.0.0); a version that is not one (`abc`,
+    which prometheus_client's parser cannot compare) is dropped, as if not given.
+    """
+    media, *params = part.split(";")
+    kept = [media.strip()]
+    for param in params:
+        key, sep, value = param.partition("=")
+        if key.strip() != "version":
+            kept.append(f"{key.strip()}{sep}{value.strip()}")
+            continue
+        m = _VERSION.fullmatch(value)
+        if m is None:
+            continue
+        major = int(m.group(1))
+        if kept[0] == "application/openmetrics-text":  # 0.0.1: passed over, for the next range, as before
+            kept.append(f"version={('0.0.1', '1.0.0', '2.0.0')[min(major, 2)]}")
+        else:
+            kept.append("version=1.0.0" if major >= 1 else "version=0.0.4")
+    return ";".join(kept)
+
+
+def negotiate(accept: str) -> tuple[Callable[[CollectorRegistry], bytes], str]:
+    """Return prometheus_client's encoder and Content-Type for an Accept header, from a fixed set of formats.
+
+    Text 0.0.4, text 1.0.0 and OpenMetrics 1.0.0 / 2.0.0, each in one of the four name escapings:
+    whatever a client sends, the page cache holds at most those 13 pages.
+    """
+    ranges = accept.split(",", MAX_ACCEPT_PARTS)[:MAX_ACCEPT_PARTS]
+    return choose_encoder(",".join(_canonical_range(r) for r in ranges))  # type: ignore[return-value]
+
+
 async def metrics(request: web.Request) -> web.Response:
     """Serve the text format, or OpenMetrics when the scraper asks for it; gzip when asked."""
-    encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+    encoder, content_type = negotiate(request.headers.get("Accept", ""))
     gz = accepts_gzip(request.headers.get("Accept-Encoding", ""))
     body = request.app[PAGES].get(content_type, encoder, gz)
     headers = {"Content-Type": content_type, "Vary": "Accept-Encoding"}
@@ -183,13 +224,24 @@ def snapshot_page(snap: Snapshot) -> dict[str, Any]:
     return data
 
 
+SNAPSHOT_TYPE = "application/json; charset=utf-8"
+
+
 async def snapshot_json(request: web.Request) -> web.Response:
-    """Serve the newest Snapshot as JSON (see snapshot_page)."""
+    """Serve the newest Snapshot as JSON (see snapshot_page), rendered at most once per tick, gzipped when asked."""
     snap = request.app[SAMPLER].latest()
     if snap is None:
         return web.json_response({"error": "no snapshot yet"}, status=503)
-    data = snapshot_page(snap)
-    return web.Response(text=json.dumps(data, allow_nan=False), content_type="application/json")
+    gz = accepts_gzip(request.headers.get("Accept-Encoding", ""))
+    body = request.app[SNAPSHOT_PAGE].get(SNAPSHOT_TYPE, lambda _registry: _snapshot_body(snap), gz)
+    headers = {"Content-Type": SNAPSHOT_TYPE, "Vary": "Accept-Encoding"}
+    if gz:
+        headers["Content-Encoding"] = "gzip"
+    return web.Response(body=body, headers=headers)
+
+
+def _snapshot_body(snap: Snapshot) -> bytes:
+    return json.dumps(snapshot_page(snap), allow_nan=False).encode()
 
 
 async def index(request: web.Request) -> web.Response:
@@ -257,6 +309,7 @@ def make_app(cfg: Config, sampler: Sampler, clock: Callable[[], float] = time.mo
     app[REGISTRY] = make_registry(sampler, cfg, HttpCollector(app[LISTENER], auth))
     app[PAGES] = PageCache(app[REGISTRY], sampler, cfg.tick_seconds)
     app[STATUS_PAGE] = PageCache(app[REGISTRY], sampler, cfg.tick_seconds)
+    app[SNAPSHOT_PAGE] = PageCache(app[REGISTRY], sampler, cfg.tick_seconds)
     if auth is not None:
         app[AUTH] = auth
 

@@ -88,7 +88,7 @@ HTTP_REFUSED_TOTAL = _m(
     "boundwatch_http_refused_total",
     "counter",
     "HTTP connections and requests refused, by cause: connection_limit, header_timeout, "
-    "auth_failed, auth_rate_limited.",
+    "tls_handshake, auth_failed, auth_rate_limited.",
     ["cause"],
 )
 RENDER_ERRORS_TOTAL = _m(

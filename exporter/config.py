@@ -291,6 +291,13 @@ class Config:
                 webconfig.load(w.config_file)
             except webconfig.WebConfigError as exc:
                 out.extend(("web.config_file", problem) for problem in exc.problems)
+        elif w.basic_auth_file:
+            from exporter import webconfig
+
+            try:
+                webconfig.load_users_file(w.basic_auth_file)
+            except webconfig.WebConfigError as exc:
+                out.extend(("web.basic_auth_file", problem) for problem in exc.problems)
         for name in ("max_connections", "auth_failure_burst", "auth_checks_at_once"):
             check(getattr(w, name) >= 1, f"web.{name}", f"must be at least 1, got {getattr(w, name)}")
         check(w.auth_failures_per_second > 0, "web.auth_failures_per_second", "must be > 0")

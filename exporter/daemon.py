@@ -154,24 +154,27 @@ async def serve(
 
     sampler = Sampler(cfg, sources, on_tick=on_tick)  # from here on, the sampler owns the sources
     await sampler.start()
-    await sampler.tick()  # serve a first Snapshot from the start
-    app = make_app(cfg, sampler)
     w = cfg.web
-    runner = make_runner(app, w)
-    await runner.setup()
-    if runner.server is None:  # setup() sets it
-        raise RuntimeError("the web runner has no server after setup()")
-    guard = ConnectionGuard(
-        runner.server,
-        connection_cap(w.max_connections, raise_descriptor_limit()),
-        w.header_timeout_seconds,
-        stats=app[LISTENER],
-    )
-    try:
+    runner = None
+    try:  # anything that fails before the daemon listens closes the sampler (its threads, NVML) first
+        await sampler.tick()  # serve a first Snapshot from the start
+        app = make_app(cfg, sampler)
+        runner = make_runner(app, w)
+        await runner.setup()
+        server = runner.server
+        if server is None:  # setup() sets it
+            raise RuntimeError("the web runner has no server after setup()")
+        guard = ConnectionGuard(
+            server,
+            connection_cap(w.max_connections, raise_descriptor_limit()),
+            w.header_timeout_seconds,
+            stats=app[LISTENER],
+        )
         tls = _ssl_context(cfg)
         listener = _listening_socket(w.address, w.port)
     except BaseException:
-        await runner.cleanup()
+        if runner is not None:
+            await runner.cleanup()
         await sampler.aclose()
         raise
     accepting = asyncio.create_task(guard.serve(listener, tls), name="accept")

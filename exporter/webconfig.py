@@ -15,7 +15,10 @@ The same YAML an operator already keeps for node_exporter and the other exporter
     basic_auth_users:
       prometheus: $2y$10$...                         # bcrypt, as `htpasswd -nBC 10 "" | tr -d ':\\n'`
 
-Every unknown key, wrong type or bad value is reported with the file's path; nothing is half-applied.
+Every unknown key, wrong type or bad value is reported with the file's path; nothing is half-applied:
+a key Python's ssl module cannot honour (`curve_preferences`, `client_allowed_sans`, two of the
+client_auth_types) is refused, not ignored. `cipher_suites` (Go's names) choose the TLS 1.0-1.2
+suites, as in exporter-toolkit; TLS 1.3's cannot be chosen there or here.
 The file is mapped onto the daemon's own TLS context and basic-auth guard (one auth path).
 """
 
@@ -44,6 +47,35 @@ TLS_VERSIONS = {
     "TLS12": ssl.TLSVersion.TLSv1_2,
     "TLS13": ssl.TLSVersion.TLSv1_3,
 }
+# exporter-toolkit's cipher_suites are Go's names; OpenSSL's for the same TLS 1.0-1.2 suites (Go's secure list).
+# TLS 1.3's suites cannot be chosen, in Go as here: their names are taken and change nothing.
+CIPHER_SUITES = {
+    "TLS_RSA_WITH_AES_128_CBC_SHA": "AES128-SHA",
+    "TLS_RSA_WITH_AES_256_CBC_SHA": "AES256-SHA",
+    "TLS_RSA_WITH_AES_128_GCM_SHA256": "AES128-GCM-SHA256",
+    "TLS_RSA_WITH_AES_256_GCM_SHA384": "AES256-GCM-SHA384",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA": "ECDHE-ECDSA-AES128-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA": "ECDHE-ECDSA-AES256-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA": "ECDHE-RSA-AES128-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA": "ECDHE-RSA-AES256-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256": "ECDHE-ECDSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384": "ECDHE-ECDSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256": "ECDHE-RSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384": "ECDHE-RSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-RSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-ECDSA-CHACHA20-POLY1305",
+}
+TLS13_SUITES = frozenset({"TLS_AES_128_GCM_SHA256", "TLS_AES_256_GCM_SHA384", "TLS_CHACHA20_POLY1305_SHA256"})
+# the response headers exporter-toolkit lets the file set (any other could break every answer: a
+# Content-Length, a Transfer-Encoding)
+HEADERS = (
+    "Strict-Transport-Security",
+    "X-Content-Type-Options",
+    "X-Frame-Options",
+    "X-XSS-Protection",
+    "Content-Security-Policy",
+)
+HEADER_VALUES = {"X-Content-Type-Options": ("nosniff",), "X-Frame-Options": ("deny", "sameorigin")}
 _TOP = {"tls_server_config", "http_server_config", "basic_auth_users"}
 _TLS = {
     "cert_file",
@@ -80,6 +112,8 @@ class WebConfigFile:
     client_ca_file: str | None = None
     min_version: str | None = None
     max_version: str | None = None
+    ciphers: str | None = None  # OpenSSL's names of the TLS 1.0-1.2 suites asked for, ':'-joined
+    prefer_server_cipher_suites: bool | None = None
     headers: tuple[tuple[str, str], ...] = field(default=())
     users: Mapping[str, str] = field(default_factory=dict)
 
@@ -101,6 +135,12 @@ class WebConfigFile:
             ctx.minimum_version = TLS_VERSIONS[self.min_version]
         if self.max_version:
             ctx.maximum_version = TLS_VERSIONS[self.max_version]
+        if self.ciphers:
+            ctx.set_ciphers(self.ciphers)
+        if self.prefer_server_cipher_suites is True:
+            ctx.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
+        elif self.prefer_server_cipher_suites is False:
+            ctx.options &= ~ssl.OP_CIPHER_SERVER_PREFERENCE
         return ctx
 
 
@@ -156,23 +196,116 @@ def _tls(d: dict[str, Any], path: str, base: Path, problems: list[str]) -> dict[
             problems.append(f"{where}.{key}: {value!r} is not one of {', '.join(TLS_VERSIONS)}")
         elif value is not None:
             out[key] = value
+    low, high = out.get("min_version"), out.get("max_version")
+    if low and high and TLS_VERSIONS[low] > TLS_VERSIONS[high]:
+        problems.append(f"{where}: min_version {low} is above max_version {high}: no handshake could succeed")
+    ciphers = _ciphers(d.get("cipher_suites"), where, problems)
+    if ciphers:
+        out["ciphers"] = ciphers
+    prefer = d.get("prefer_server_cipher_suites")
+    if prefer is not None and not isinstance(prefer, bool):
+        problems.append(f"{where}.prefer_server_cipher_suites: must be true or false, got {prefer!r}")
+    elif prefer is not None:
+        out["prefer_server_cipher_suites"] = prefer
+    if d.get("curve_preferences"):
+        problems.append(
+            f"{where}.curve_preferences: not supported (Python's ssl module cannot choose the key exchange's groups)"
+        )
     if d.get("client_allowed_sans"):
         problems.append(f"{where}.client_allowed_sans: not supported (restrict with client_ca_file)")
     return out
+
+
+def _ciphers(value: Any, where: str, problems: list[str]) -> str | None:
+    """Return OpenSSL's cipher string for exporter-toolkit's cipher_suites (Go's names), or None."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        problems.append(f"{where}.cipher_suites: must be a list of names, got {value!r}"[:300])
+        return None
+    unknown = [v for v in value if v not in CIPHER_SUITES and v not in TLS13_SUITES]
+    if unknown:
+        problems.append(
+            f"{where}.cipher_suites: {', '.join(unknown[:5])[:200]} not among {', '.join(CIPHER_SUITES)}"
+            " (and TLS 1.3's, which cannot be chosen)"
+        )
+        return None
+    names = ":".join(CIPHER_SUITES[v] for v in value if v in CIPHER_SUITES)
+    if not names:
+        return None
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).set_ciphers(names)
+    except ssl.SSLError:
+        problems.append(f"{where}.cipher_suites: this machine's OpenSSL offers none of them")
+        return None
+    return names
+
+
+def is_bcrypt(stored: str) -> bool:
+    """Say whether a stored hash is bcrypt of a cost bcrypt takes (4-31), as exporter-toolkit's `bcrypt.Cost` checks."""
+    return (
+        stored.startswith(BCRYPT_PREFIXES)
+        and len(stored) == 60
+        and stored[4:6].isdigit()
+        and 4 <= int(stored[4:6]) <= 31
+        and stored[6] == "$"
+    )
 
 
 def _users(d: dict[str, Any], path: str, problems: list[str]) -> dict[str, str]:
     users: dict[str, str] = {}
     for user, stored in d.items():
         if not isinstance(user, str) or not user or ":" in user:
-            problems.append(f"{path}: basic_auth_users: bad user name {user!r}")
+            problems.append(f"{path}: basic_auth_users: bad user name {user!r}"[:300])
             continue
-        if not isinstance(stored, str) or not stored.startswith(BCRYPT_PREFIXES) or len(stored) != 60:
+        if not isinstance(stored, str) or not is_bcrypt(stored):
             problems.append(
-                f"{path}: basic_auth_users.{user}: must be a bcrypt hash ($2y$..., 60 characters)"
+                f"{path}: basic_auth_users.{user}: must be a bcrypt hash ($2y$<cost 04-31>$..., 60 characters)"
             )
             continue
         users[user] = stored
+    return users
+
+
+def load_users_file(path: str) -> dict[str, str]:
+    """Read the daemon's own users file (`web.basic_auth_file`): `user:hash` lines, blank lines and # comments ignored.
+
+    A hash is bcrypt (`$2b$...`, what `htpasswd -nB user` writes) or 64 hex digits of the password's
+    SHA-256. Raise WebConfigError listing every bad line by number, never its text (a password
+    written there by mistake stays out of logs).
+    """
+    p = Path(path)
+    try:
+        if p.stat().st_size > MAX_FILE_BYTES:
+            raise WebConfigError([f"{path}: over {MAX_FILE_BYTES} bytes"])
+        lines = p.read_text().splitlines()
+    except OSError as exc:
+        raise WebConfigError([f"{path}: cannot read it: {exc.strerror or exc}"]) from None
+    except UnicodeDecodeError:
+        raise WebConfigError([f"{path}: not UTF-8 text"]) from None
+    users: dict[str, str] = {}
+    problems: list[str] = []
+    for number, raw in enumerate(lines, 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        user, sep, stored = line.partition(":")
+        stored = stored.strip()
+        if sep and user and is_bcrypt(stored):
+            users[user] = stored
+        elif sep and user and len(stored) == 64 and all(c in "0123456789abcdefABCDEF" for c in stored):
+            users[user] = stored.lower()
+        else:
+            problems.append(
+                f"{path}: line {number}: expected user:bcrypt-hash (cost 04-31) or user:sha256-hex"
+            )
+    if any(is_bcrypt(h) for h in users.values()):
+        try:
+            import bcrypt  # noqa: F401
+        except ImportError:
+            problems.append(f"{path}: bcrypt hashes need the bcrypt package (pip install bcrypt)")
+    if problems:
+        raise WebConfigError(problems)
     return users
 
 
@@ -196,8 +329,16 @@ def parse(text: str, path: str) -> WebConfigFile:
     headers = _mapping(http.get("headers"), f"{path}: http_server_config.headers", problems)
     pairs = []
     for name, value in headers.items():
-        if not isinstance(name, str) or not isinstance(value, str) or "\n" in name + value:
-            problems.append(f"{path}: http_server_config.headers.{name}: must map a name to one line of text")
+        if name not in HEADERS:
+            problems.append(
+                f"{path}: http_server_config.headers.{name}: not one of {', '.join(HEADERS)}"[:400]
+            )
+        elif not isinstance(value, str) or not value.isprintable() or not value.isascii():
+            problems.append(f"{path}: http_server_config.headers.{name}: must be one line of printable ASCII")
+        elif name in HEADER_VALUES and value.lower() not in HEADER_VALUES[name]:
+            problems.append(
+                f"{path}: http_server_config.headers.{name}: must be {' or '.join(HEADER_VALUES[name])}"
+            )
         else:
             pairs.append((name, value))
     users = _users(

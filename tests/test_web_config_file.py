@@ -6,6 +6,7 @@ import json
 import ssl
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -119,6 +120,111 @@ def test_the_daemon_serves_mutual_tls_basic_auth_and_headers_from_the_web_config
         assert http_get(daemon.metrics_url, context=with_cert, auth=("prometheus", "wrong"))[0] == 401
         with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
             http_get(daemon.metrics_url, context=without_cert, auth=creds)  # no client certificate
+        counted = b""
+        for _ in range(50):  # the failed handshake is counted (the page is rendered once a tick)
+            counted = http_get(daemon.metrics_url, context=with_cert, auth=creds)[1]
+            if b'boundwatch_http_refused_total{cause="tls_handshake"} 1.0' in counted:
+                break
+            time.sleep(0.1)
+        assert b'boundwatch_http_refused_total{cause="tls_handshake"} 1.0' in counted
         req = urllib.request.Request(daemon.metrics_url.replace("/metrics", "/healthz"))
         with urllib.request.urlopen(req, context=with_cert, timeout=10) as resp:
             assert resp.headers["Strict-Transport-Security"] == "max-age=31536000"
+
+
+def _handshake(server: ssl.SSLContext, client: ssl.SSLContext) -> str:
+    """Run a TLS handshake between two contexts in memory; return the cipher chosen (SSLError if none)."""
+    s_in, s_out, c_in, c_out = ssl.MemoryBIO(), ssl.MemoryBIO(), ssl.MemoryBIO(), ssl.MemoryBIO()
+    srv = server.wrap_bio(s_in, s_out, server_side=True)
+    cli = client.wrap_bio(c_in, c_out, server_hostname="127.0.0.1")
+    done = {"s": False, "c": False}
+    for _ in range(20):
+        for name, end, out, peer_in in (("c", cli, c_out, s_in), ("s", srv, s_out, c_in)):
+            if not done[name]:
+                try:
+                    end.do_handshake()
+                    done[name] = True
+                except ssl.SSLWantReadError:
+                    pass
+            peer_in.write(out.read())
+        if all(done.values()):
+            return str(cli.cipher()[0])
+    raise AssertionError("the handshake did not finish")
+
+
+def test_cipher_suites_are_applied_and_a_client_with_none_of_them_is_refused(tmp_path: Path) -> None:
+    paths = _pki(tmp_path)
+    cfg = tmp_path / "web.yml"
+    cfg.write_text(
+        "tls_server_config:\n  cert_file: cert.pem\n  key_file: key.pem\n  max_version: TLS12\n"
+        "  cipher_suites: [TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384, TLS_AES_128_GCM_SHA256]\n"
+        "  prefer_server_cipher_suites: true\n"
+    )
+    got = webconfig.load(str(cfg))
+    assert (
+        got.ciphers == "ECDHE-ECDSA-AES256-GCM-SHA384"
+    )  # TLS 1.3's name taken and changes nothing, as in Go
+    server = got.ssl_context()
+    assert server is not None and server.options & ssl.OP_CIPHER_SERVER_PREFERENCE
+    client = ssl.create_default_context(cafile=str(paths["ca.pem"]))
+    assert _handshake(server, client) == "ECDHE-ECDSA-AES256-GCM-SHA384"
+    only_128 = ssl.create_default_context(cafile=str(paths["ca.pem"]))
+    only_128.maximum_version = ssl.TLSVersion.TLSv1_2
+    only_128.set_ciphers("ECDHE-ECDSA-AES128-GCM-SHA256")
+    with pytest.raises(ssl.SSLError):
+        _handshake(webconfig.load(str(cfg)).ssl_context(), only_128)  # type: ignore[arg-type]
+    plain = tmp_path / "plain.yml"
+    plain.write_text("tls_server_config:\n  cert_file: cert.pem\n  key_file: key.pem\n  max_version: TLS12\n")
+    assert _handshake(webconfig.load(str(plain)).ssl_context(), only_128) == "ECDHE-ECDSA-AES128-GCM-SHA256"  # type: ignore[arg-type]
+
+
+def test_tls_settings_that_cannot_be_honoured_are_refused_not_ignored(tmp_path: Path) -> None:
+    _pki(tmp_path)
+    cfg = tmp_path / "web.yml"
+    cfg.write_text(
+        "tls_server_config:\n  cert_file: cert.pem\n  key_file: key.pem\n  min_version: TLS13\n  max_version: TLS12\n"
+        "  cipher_suites: [TLS_RSA_WITH_RC4_128_SHA]\n  curve_preferences: [CurveP384]\n"
+        "  prefer_server_cipher_suites: yes please\n"
+        "http_server_config:\n  headers:\n    Content-Length: '3'\n    X-Frame-Options: allow\n"
+        "    Content-Security-Policy: \"default-src 'self'\\r\\nX-Injected: 1\"\n"
+        "    Strict-Transport-Security: max-age=31536000\n"
+        "basic_auth_users:\n  prom: $2b$99$" + "a" * 53 + "\n"
+    )
+    with pytest.raises(webconfig.WebConfigError) as err:
+        webconfig.load(str(cfg))
+    text = "\n".join(err.value.problems)
+    for expected in (
+        "min_version TLS13 is above max_version TLS12",
+        "cipher_suites: TLS_RSA_WITH_RC4_128_SHA not among",
+        "curve_preferences: not supported",
+        "prefer_server_cipher_suites: must be true or false",
+        "headers.Content-Length: not one of Strict-Transport-Security",
+        "headers.X-Frame-Options: must be deny or sameorigin",
+        "headers.Content-Security-Policy: must be one line of printable ASCII",
+        "basic_auth_users.prom: must be a bcrypt hash",  # a cost bcrypt refuses: the daemon crashed on it
+    ):
+        assert expected in text, text
+    assert len(err.value.problems) == 8  # the good header is no problem
+
+
+@pytest.mark.parametrize(
+    ("env", "problem"),
+    [
+        ({"BOUNDWATCH_WEB__BASIC_AUTH_FILE": "/nonexistent/users"}, "cannot read it"),
+        ({"BOUNDWATCH_WEB__BASIC_AUTH_FILE": "USERS"}, "line 1: expected user:bcrypt-hash"),
+    ],
+)
+def test_check_config_reads_the_users_file_and_never_echoes_its_lines(tmp_path: Path, env, problem) -> None:
+    users = tmp_path / "users"
+    users.write_text("prom:my-plain-password\n")
+    env = {k: v.replace("USERS", str(users)) for k, v in env.items()}
+    p = subprocess.run(
+        [sys.executable, "-m", "exporter", "--check-config"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**__import__("os").environ, **env},
+    )
+    assert p.returncode == 2 and "web.basic_auth_file" in p.stderr and problem in p.stderr
+    assert "my-plain-password" not in p.stderr + p.stdout

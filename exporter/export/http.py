@@ -23,6 +23,8 @@ class ListenerCounts(Protocol):
     def refused_total(self) -> int: ...
     @property
     def timed_out_total(self) -> int: ...
+    @property
+    def tls_failed_total(self) -> int: ...
 
 
 class AuthCounts(Protocol):
@@ -53,6 +55,7 @@ class HttpCollector:
         refused = c.counter(c.HTTP_REFUSED_TOTAL)
         refused.add_metric(["connection_limit"], self.listener.refused_total)
         refused.add_metric(["header_timeout"], self.listener.timed_out_total)
+        refused.add_metric(["tls_handshake"], self.listener.tls_failed_total)
         if self.auth is not None:
             refused.add_metric(["auth_failed"], self.auth.failures)
             refused.add_metric(["auth_rate_limited"], self.auth.refused)

@@ -11,43 +11,13 @@ import hmac
 import ipaddress
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
+from exporter.webconfig import BCRYPT_PREFIXES
+
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-BCRYPT_PREFIXES = ("$2a$", "$2b$", "$2y$")
-
-
-def load_basic_auth(path: str) -> dict[str, str]:
-    """Read `user:hash` lines (blank lines and # comments ignored).
-
-    A hash is bcrypt (`$2b$...`, what `htpasswd -nB user` and Prometheus' exporter-toolkit web
-    config use) or 64 hex digits of the password's SHA-256.
-    """
-    users: dict[str, str] = {}
-    for raw in Path(path).read_text().splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        user, sep, stored = line.partition(":")
-        stored = stored.strip()
-        if sep and stored.startswith(BCRYPT_PREFIXES) and len(stored) == 60:
-            try:
-                import bcrypt  # noqa: F401
-            except ImportError:
-                raise ValueError(
-                    f"{path}: bcrypt hashes need the bcrypt package (pip install bcrypt)"
-                ) from None
-            users[user] = stored
-        elif sep and len(stored) == 64 and all(c in "0123456789abcdefABCDEF" for c in stored):
-            users[user] = stored.lower()
-        else:
-            raise ValueError(f"{path}: expected user:bcrypt-hash or user:sha256-hex, got {line!r}")
-    return users
 
 
 def password_matches(stored: str, password: str) -> bool:

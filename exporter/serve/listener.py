@@ -59,6 +59,7 @@ class ListenerStats:
     open: int = 0
     refused_total: int = 0
     timed_out_total: int = 0
+    tls_failed_total: int = 0  # TLS handshakes that failed or timed out
 
 
 class ConnectionGuard:
@@ -79,6 +80,8 @@ class ConnectionGuard:
         self.stats = stats if stats is not None else ListenerStats()
         self._logged_at = -1e9
         self._refused_logged = 0
+        self._tls_logged_at = -1e9
+        self._tls_failed_logged = 0
 
     async def serve(self, listener: socket.socket, ssl_context: ssl.SSLContext | None = None) -> None:
         """Accept connections until cancelled: refuse those over the cap, hand the others to aiohttp."""
@@ -132,6 +135,19 @@ class ConnectionGuard:
                 self.stats.open -= 1
             if isinstance(exc, asyncio.CancelledError):
                 raise
+            self._handshake_failed(exc)
+
+    def _handshake_failed(self, exc: BaseException) -> None:
+        """Count a failed TLS handshake, logging at most once every 10 s (the last one's reason)."""
+        self.stats.tls_failed_total += 1
+        now = self._clock()
+        if now - self._tls_logged_at >= 10.0:
+            log.warning(
+                "tls_handshakes_failed",
+                failed=self.stats.tls_failed_total - self._tls_failed_logged,
+                last_error=(str(exc) or type(exc).__name__)[:200],
+            )
+            self._tls_logged_at, self._tls_failed_logged = now, self.stats.tls_failed_total
 
     def refuse(self) -> None:
         """Count a refused connection, logging at most once every 10 s."""

@@ -19,13 +19,14 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.exposition import choose_encoder
 
-from exporter import __version__
+from exporter import __version__, webconfig
 from exporter.config import Config, WebConfig
 from exporter.export.collectors import SnapshotCollector, counter_series
 from exporter.export.http import HttpCollector
+from exporter.logs import scrub
 from exporter.sampling import Sampler
 from exporter.serve import statuspage
-from exporter.serve.auth import BasicAuth, basic_auth_middleware, load_basic_auth
+from exporter.serve.auth import BasicAuth, basic_auth_middleware
 from exporter.serve.listener import ListenerStats
 from exporter.snapshot import Snapshot
 from exporter.snapshot.codec import encode
@@ -171,12 +172,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 HIDDEN_FIELDS = frozenset({"environ", "env", "environment", "argv", "args"})
 TITLE_ONLY_FIELDS = frozenset({"cmdline"})  # served as the process title (first word), never the arguments
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@\s]*@")
-
-
-def redact(text: str) -> str:
-    """Return text with the user:password part of any URL in it removed."""
-    return _USERINFO.sub(r"\1", text) if "@" in text else text
+redact = scrub  # every URL's user:password and query values removed (exporter.logs.scrub)
 
 
 def _title_only(name: str, value: Any) -> Any:
@@ -289,14 +285,12 @@ def make_app(cfg: Config, sampler: Sampler, clock: Callable[[], float] = time.mo
     w = cfg.web
     users: dict[str, str] = {}
     if w.config_file:  # exporter-toolkit's file: its users and headers (its TLS is the daemon's)
-        from exporter import webconfig
-
         file = webconfig.load(w.config_file)
         users = dict(file.users)
         if file.headers:
             middlewares.append(headers_middleware(file.headers))
     elif w.basic_auth_file:
-        users = load_basic_auth(w.basic_auth_file)
+        users = webconfig.load_users_file(w.basic_auth_file)
     if users or w.basic_auth_file:  # a users file with nobody in it refuses everyone
         auth = BasicAuth(
             users, w.auth_failure_burst, w.auth_failures_per_second, w.auth_checks_at_once, clock

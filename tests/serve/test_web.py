@@ -121,9 +121,16 @@ async def test_bcrypt_basic_auth_as_htpasswd_writes_it(aiohttp_client, tmp_path)
 def test_basic_auth_file_names_the_formats_it_takes(tmp_path):
     import pytest
 
-    from exporter.serve.auth import load_basic_auth
+    from exporter.webconfig import WebConfigError, load_users_file
 
     bad = tmp_path / "users"
-    bad.write_text("prom:plaintext-password\n")
-    with pytest.raises(ValueError, match="user:bcrypt-hash or user:sha256-hex"):
-        load_basic_auth(str(bad))
+    bad.write_text("# users\nprom:plaintext-password\n\nops:$2b$99$" + "a" * 53 + "\n")
+    with pytest.raises(WebConfigError) as err:
+        load_users_file(str(bad))
+    assert [p.split(": ", 1)[1] for p in err.value.problems] == [
+        "line 2: expected user:bcrypt-hash (cost 04-31) or user:sha256-hex",
+        "line 4: expected user:bcrypt-hash (cost 04-31) or user:sha256-hex",  # a cost bcrypt refuses
+    ]
+    assert "plaintext-password" not in str(err.value)  # a password written by mistake is never echoed
+    with pytest.raises(WebConfigError, match="cannot read it"):
+        load_users_file(str(tmp_path / "missing"))

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
+import math
 import re
 import sys
-from collections.abc import MutableMapping
+import time
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
 import structlog
+from aiohttp.http_exceptions import HttpProcessingError
 
 # a URL: its scheme, its authority up to the first '/', and the rest up to a space or a quote
 _URL = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^\s/\"'<>]*)([^\s\"'<>]*)")
@@ -67,6 +70,39 @@ class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
         pass
 
 
+class ClientErrorFilter(logging.Filter):
+    """Log a client's malformed request (aiohttp's "Error handling request" for an HTTP parse error) at most once in `every` s.
+
+    Anyone who reaches the port can send them, before any credentials are asked for: each was an
+    error-level record with a traceback (~650 bytes). The one logged says how many were left out
+    since the last and carries no traceback (it is the client's, not the daemon's); any other record,
+    a handler's own exception among them, passes as it is.
+    """
+
+    def __init__(self, every: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self._every, self._clock = every, clock
+        self._at = -math.inf
+        self.left_out = 0  # since the last logged
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Pass a record, or leave out a client's malformed request logged under `every` s ago."""
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, HttpProcessingError):
+            return True
+        now = self._clock()
+        if now - self._at < self._every:
+            self.left_out += 1
+            return False
+        record.msg = (
+            f"{record.getMessage()}: {exc.__class__.__name__} ({self.left_out} more left out since the last)"
+        )
+        record.args, record.exc_info, record.exc_text = (), None, None
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        self._at, self.left_out = now, 0
+        return True
+
+
 def configure(level: str = "info", fmt: str = "auto") -> None:
     """Configure structlog, and route stdlib logging (aiohttp's records) through the same renderer."""
     use_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
@@ -96,6 +132,10 @@ def configure(level: str = "info", fmt: str = "auto") -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(numeric)
+    server = logging.getLogger("aiohttp.server")
+    for old_filter in [f for f in server.filters if isinstance(f, ClientErrorFilter)]:
+        server.removeFilter(old_filter)
+    server.addFilter(ClientErrorFilter())
     structlog.configure(
         processors=[*shared, structlog.processors.format_exc_info, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),

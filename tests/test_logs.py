@@ -56,3 +56,46 @@ def test_log_lines_from_structlog_and_stdlib_never_carry_a_urls_credentials(monk
     assert [e["event"] for e in lines] == ["engine_down", "GET http://h:1/m?token=redacted failed"]
     assert lines[0]["url"] == "http://127.0.0.1:8000/metrics?token=redacted"
     assert "hunter2" not in err.getvalue() and "SECRET" not in err.getvalue()
+
+
+async def test_malformed_requests_log_one_line_in_ten_seconds_without_a_traceback(monkeypatch) -> None:
+    """Anyone who reaches the port can send them before any credentials: each was a traceback at error level."""
+    import asyncio
+
+    from aiohttp import web as aioweb
+    from aiohttp.test_utils import TestServer
+
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    app = aioweb.Application()
+
+    async def broken(_request: aioweb.Request) -> aioweb.Response:
+        raise RuntimeError("a bug of ours")
+
+    app.router.add_get("/broken", broken)
+    try:
+        configure("info", "json")
+        async with TestServer(app, host="127.0.0.1") as server:
+            for _ in range(30):
+                reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+                writer.write(b"GET /\x01 HTTP/1.1\r\n\r\n")
+                await writer.drain()
+                assert (await reader.read(100)).split(b" ")[1] == b"400"
+                writer.close()
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(b"GET /broken HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert (await reader.read(100)).startswith(b"HTTP/1.1 500")
+            writer.close()
+            await asyncio.sleep(0.05)
+    finally:
+        logging.getLogger().handlers.clear()
+    lines = [json.loads(line) for line in err.getvalue().splitlines()]
+    bad = [e for e in lines if "BadHttpMessage" in e["event"] or "InvalidURLError" in e["event"]]
+    assert len(bad) == 1 and "exception" not in bad[0] and bad[0]["level"] == "warning"
+    assert "0 more left out" in bad[0]["event"]
+    ours = [e for e in lines if "a bug of ours" in e.get("exception", "")]
+    assert len(ours) == 1  # a handler's own exception keeps its traceback
+    kept = [
+        line for line in err.getvalue().splitlines() if '"aiohttp.access"' not in line
+    ]  # the daemon has none
+    assert sum(map(len, kept)) < 3000  # 31 requests: was ~20 KB of tracebacks

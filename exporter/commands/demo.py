@@ -524,11 +524,29 @@ def validate(args: argparse.Namespace) -> tuple[World | None, str]:
     return World(args.gpus, args.idle_gpus, order, args.phase_seconds, not args.no_stagger), ""
 
 
+def _asks_tls(web: Any) -> bool:
+    """Say whether the configuration asks for TLS (web.tls_* or the web config file's tls_server_config)."""
+    if web.tls_cert_file:
+        return True
+    if not web.config_file:
+        return False
+    from exporter import webconfig
+
+    return webconfig.load(web.config_file).tls  # checked when the configuration was loaded
+
+
 def run(args: argparse.Namespace) -> int:
     """Serve the demo; exit 2 on bad flags, 1 when the port is taken."""
     world, error = validate(args)
     if world is None:
         print(f"demo: {error}", file=sys.stderr)
+        return 2
+    if _asks_tls(args.cfg.web):  # served as asked or not at all: never plain HTTP where TLS was asked for
+        print(
+            "demo: serves plain HTTP only (no TLS): run the daemon for TLS, or leave out web.tls_* and "
+            "the web config file's tls_server_config",
+            file=sys.stderr,
+        )
         return 2
     try:
         asyncio.run(serve(demo_config(args.cfg), world, args.seconds))

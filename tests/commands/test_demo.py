@@ -136,3 +136,21 @@ def test_bad_flags_exit_2(flags: list[str], capsys: pytest.CaptureFixture[str]) 
     """Refuse a phase name that does not exist, no GPUs, or a phase length out of range."""
     assert main(["demo", *flags]) == 2
     assert "demo:" in capsys.readouterr().err
+
+
+def test_tls_asked_for_is_refused_not_served_as_plain_http(
+    tmp_path, monkeypatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The demo has no TLS listener: where TLS is asked for it says so and serves nothing."""
+    trustme = pytest.importorskip("trustme")
+    cert = trustme.CA().issue_cert("127.0.0.1")
+    cert.cert_chain_pems[0].write_to_path(str(tmp_path / "c.pem"))
+    cert.private_key_pem.write_to_path(str(tmp_path / "k.pem"))
+    web = tmp_path / "web.yml"
+    web.write_text("tls_server_config:\n  cert_file: c.pem\n  key_file: k.pem\n")
+    assert main(["demo", "--web.config.file", str(web), "--seconds", "1"]) == 2
+    monkeypatch.setenv("BOUNDWATCH_WEB__TLS_CERT_FILE", str(tmp_path / "c.pem"))
+    monkeypatch.setenv("BOUNDWATCH_WEB__TLS_KEY_FILE", str(tmp_path / "k.pem"))
+    assert main(["demo", "--seconds", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("demo: serves plain HTTP only (no TLS)") == 2

@@ -88,7 +88,8 @@ HTTP_REFUSED_TOTAL = _m(
     "boundwatch_http_refused_total",
     "counter",
     "HTTP connections and requests refused, by cause: connection_limit, header_timeout, "
-    "tls_handshake, auth_failed, auth_rate_limited.",
+    "tls_handshake, idle_evicted (an idle kept-alive connection closed at the cap for a new one), "
+    "auth_failed, auth_rate_limited.",
     ["cause"],
 )
 RENDER_ERRORS_TOTAL = _m(

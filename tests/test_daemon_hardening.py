@@ -99,8 +99,10 @@ def test_a_request_head_sent_a_byte_at_a_time_is_cut_off(tmp_path):
 def test_connections_beyond_the_cap_get_503_at_once(tmp_path):
     with standin_daemon(tmp_path, env={"BOUNDWATCH_WEB__MAX_CONNECTIONS": "8"}) as daemon:
         held = [socket.create_connection(("127.0.0.1", daemon.port), timeout=5) for _ in range(8)]
+        for sock in held:  # each mid-request (a head begun): in use, never closed to make room
+            sock.sendall(b"GET /metrics HTTP/1.1\r\n")
         try:
-            time.sleep(0.5)  # all eight accepted
+            time.sleep(1.5)  # all eight accepted, and silent for longer than an idle one may be at the cap
             extra = socket.create_connection(("127.0.0.1", daemon.port), timeout=5)
             start = time.monotonic()
             answer = extra.recv(256)
@@ -112,6 +114,34 @@ def test_connections_beyond_the_cap_get_503_at_once(tmp_path):
         time.sleep(0.5)
         status, body = http_get(daemon.metrics_url)
         assert status == 200 and b'boundwatch_http_refused_total{cause="connection_limit"} 1.0' in body
+
+
+def test_at_the_cap_an_idle_kept_alive_connection_makes_room_for_a_new_scraper(tmp_path):
+    """A client that holds every slot with kept-alive connections it uses now and then cannot keep Prometheus out."""
+    with standin_daemon(tmp_path, env={"BOUNDWATCH_WEB__MAX_CONNECTIONS": "8"}) as daemon:
+        held = [socket.create_connection(("127.0.0.1", daemon.port), timeout=5) for _ in range(8)]
+        try:
+            for sock in held:  # one whole request each, then silence on a kept-alive connection
+                sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert sock.recv(4096).startswith(b"HTTP/1.1 ")
+            time.sleep(1.5)
+            status, body = http_get(daemon.metrics_url)  # the cap is reached: the idlest makes room
+            assert status == 200
+            closed = 0
+            for sock in held:
+                sock.settimeout(0.05)
+                try:
+                    closed += sock.recv(1) == b""
+                except TimeoutError:
+                    pass
+            assert closed == 1  # one, the longest silent; the others stay
+        finally:
+            for sock in held:
+                sock.close()
+        time.sleep(0.6)
+        body = http_get(daemon.metrics_url)[1]
+        assert b'boundwatch_http_refused_total{cause="idle_evicted"} 1.0' in body
+        assert b'boundwatch_http_refused_total{cause="connection_limit"} 0.0' in body
 
 
 def _nofile_1024() -> None:
@@ -237,7 +267,9 @@ def test_at_a_hard_1024_descriptor_limit_excess_connections_get_503_not_emfile(t
             for sock in held:
                 sock.settimeout(0)
                 with contextlib.suppress(OSError):
-                    refused += sock.recv(64).startswith(b"HTTP/1.1 503")
+                    # 503 at once, or (at the cap, an older one silent for a second) closed to make room
+                    answer = sock.recv(64)
+                    refused += answer.startswith(b"HTTP/1.1 503") or answer == b""
             for sock in held[:200]:
                 sock.close()
             time.sleep(0.5)

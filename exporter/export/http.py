@@ -25,6 +25,8 @@ class ListenerCounts(Protocol):
     def timed_out_total(self) -> int: ...
     @property
     def tls_failed_total(self) -> int: ...
+    @property
+    def evicted_total(self) -> int: ...
 
 
 class AuthCounts(Protocol):
@@ -56,6 +58,7 @@ class HttpCollector:
         refused.add_metric(["connection_limit"], self.listener.refused_total)
         refused.add_metric(["header_timeout"], self.listener.timed_out_total)
         refused.add_metric(["tls_handshake"], self.listener.tls_failed_total)
+        refused.add_metric(["idle_evicted"], self.listener.evicted_total)
         if self.auth is not None:
             refused.add_metric(["auth_failed"], self.auth.failures)
             refused.add_metric(["auth_rate_limited"], self.auth.refused)

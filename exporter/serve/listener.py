@@ -31,6 +31,9 @@ REFUSED = (
 )
 END_OF_HEADERS = b"\r\n\r\n"
 BACKLOG = 256
+IDLE_EVICT_SECONDS = (
+    1.0  # at the cap, a connection silent this long (nothing under way) makes room for a new one
+)
 DESCRIPTORS_KEPT = 128  # descriptors left for the sources (/proc, NVML, engine pages, the agent socket)
 
 
@@ -60,6 +63,7 @@ class ListenerStats:
     refused_total: int = 0
     timed_out_total: int = 0
     tls_failed_total: int = 0  # TLS handshakes that failed or timed out
+    evicted_total: int = 0  # idle connections closed at the cap to let a new one in
 
 
 class ConnectionGuard:
@@ -82,6 +86,32 @@ class ConnectionGuard:
         self._refused_logged = 0
         self._tls_logged_at = -1e9
         self._tls_failed_logged = 0
+        self._live: dict[_Guarded, None] = {}  # open connections, the longest silent first
+
+    def _evict_idlest(self) -> bool:
+        """At the cap, close the connection silent longest if it has been for IDLE_EVICT_SECONDS; say whether one was.
+
+        One that is mid-request (a head arriving, an answer still being written) is never taken: a
+        client holding every slot with kept-alive connections it uses now and then (each under the
+        idle timeout) cannot keep a new scraper out, while one that is being served is never cut.
+        """
+        now = self._clock()
+        for i, conn in enumerate(self._live):
+            if i >= 64 or now - conn.last_data < IDLE_EVICT_SECONDS:
+                return False  # the rest have been silent for less time still
+            if conn.idle():
+                del self._live[conn]
+                conn.evict()
+                self.stats.evicted_total += 1
+                return True
+        return False
+
+    def _active(self, conn: _Guarded) -> None:
+        self._live.pop(conn, None)
+        self._live[conn] = None
+
+    def _gone(self, conn: _Guarded) -> None:
+        self._live.pop(conn, None)
 
     async def serve(self, listener: socket.socket, ssl_context: ssl.SSLContext | None = None) -> None:
         """Accept connections until cancelled: refuse those over the cap, hand the others to aiohttp."""
@@ -96,7 +126,7 @@ class ConnectionGuard:
                         loop.call_exception_handler({"message": "accept() failed", "exception": exc})
                         await asyncio.sleep(0.1)
                     continue
-                if self.stats.open >= self.max_connections:
+                if self.stats.open >= self.max_connections and not self._evict_idlest():
                     self.refuse()
                     conn.setblocking(False)
                     with contextlib.suppress(OSError):
@@ -174,6 +204,7 @@ class _Guarded(asyncio.Protocol):
         self._partial = False  # part of a request's head has arrived, not yet its end
         self._tail = b""
         self.made = False
+        self.last_data = guard._clock()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.made = True
@@ -181,6 +212,17 @@ class _Guarded(asyncio.Protocol):
         self._inner = self._guard.factory()
         self._inner.connection_made(transport)
         self._arm()  # the first request's head must arrive in time too
+        self._guard._active(self)
+
+    def idle(self) -> bool:
+        """Say whether nothing is under way here: no request head arriving, no answer left to write."""
+        t = self._transport
+        return t is not None and not self._partial and t.get_write_buffer_size() == 0
+
+    def evict(self) -> None:
+        """Close this idle connection (its client reconnects when it next asks)."""
+        if self._transport is not None:
+            self._transport.close()
 
     def _arm(self) -> None:
         if self._timer is None:
@@ -219,6 +261,8 @@ class _Guarded(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._inner is None:
             return
+        self.last_data = self._guard._clock()
+        self._guard._active(self)
         self._scan(data)
         self._inner.data_received(data)
 
@@ -235,6 +279,7 @@ class _Guarded(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._guard._gone(self)
         inner, self._inner = self._inner, None
         self._transport = None
         if inner is not None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from exporter.sources.cgroup import cgroup_path_of, cgroup_version, read_cgroup_cpu
+from tests.fakes.cgroups import remove_cgroups
 
 FIX = Path(__file__).parents[1] / "fixtures" / "cgroup"
 
@@ -316,21 +317,11 @@ def _kernel_cgroup(tmp_name: str) -> tuple[str, Path, list[Path], int]:
                 d.mkdir()
                 made.append(d)
     except OSError as e:
-        _remove(made)
+        remove_cgroups(made)
         pytest.skip(f"cannot make a cgroup here: {e}")
     if not bases:
         pytest.skip("no CPU cgroup hierarchy here")
     return str(root), bases[0], [b / "leaf" for b in bases], version
-
-
-def _remove(dirs: list[Path]) -> None:
-    for d in sorted(dirs, key=lambda d: -len(d.parts)):
-        for _ in range(50):
-            try:
-                d.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
 
 
 def _set_quota(base: Path, version: int, cores: float) -> None:
@@ -370,7 +361,7 @@ def test_a_busy_process_under_a_real_kernel_quota_reads_the_quota_its_throttling
         if child is not None:
             child.kill()
             child.wait()
-        _remove([d for leaf in leaves for d in (leaf, leaf.parent)])
+        remove_cgroups([d for leaf in leaves for d in (leaf, leaf.parent)])
     assert after is not None and after.quota_cores == pytest.approx(0.1)
     assert after.periods is not None and before.periods is not None and after.periods - before.periods >= 5
     assert after.throttled_periods is not None and before.throttled_periods is not None

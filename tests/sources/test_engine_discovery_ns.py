@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from engine_fixtures import HERE
 
+from tests.fakes.cgroups import remove_cgroups
+
 ROOT = Path(__file__).resolve().parents[2]
 CPU_V1 = Path("/sys/fs/cgroup/cpu")
 
@@ -107,15 +109,7 @@ def cgroups():
     (api / "cpu.cfs_period_us").write_text("100000")
     (api / "cpu.cfs_quota_us").write_text("20000")  # 0.2 of a core for the API servers alone
     yield api, core
-    for d in (api, core, base):
-        for _ in range(50):
-            try:
-                d.rmdir()
-                break
-            except OSError:
-                import time
-
-                time.sleep(0.1)
+    remove_cgroups((api, core, base))
 
 
 def test_the_api_servers_and_the_engine_core_cgroups_are_all_in_the_reading(cgroups):

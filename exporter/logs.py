@@ -17,18 +17,30 @@ from aiohttp.http_exceptions import HttpProcessingError
 _URL = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^\s/\"'<>]*)([^\s\"'<>]*)")
 
 
+_TRAILING = ".,;:!?)]}"  # punctuation after a URL in prose: the sentence's, not the URL's
+# schemes whose query may carry a token (a presigned URL's signature)
+_WEB = ("http://", "https://", "ws://", "wss://")
+
+
 def _scrub_url(m: re.Match[str]) -> str:
     scheme, authority, rest = m.groups()
+    after = ""
+    if rest:
+        kept = rest.rstrip(_TRAILING)
+        rest, after = kept, rest[len(kept) :]
+    elif authority:
+        kept = authority.rstrip(_TRAILING)
+        authority, after = kept, authority[len(kept) :]
     host = authority.rpartition("@")[2]  # user:password@ (a password may hold '@': up to the last)
     cut = min((i for i in (host.find("?"), host.find("#")) if i >= 0), default=len(host))
     host, rest = host[:cut], host[cut:] + rest
     path, q, query = rest.partition("?")
-    if not q:
-        return scheme + host + rest
+    if not q or scheme.lower() not in _WEB:
+        return scheme + host + rest + after
     query, hash_, fragment = query.partition("#")
     params = (part.partition("=") for part in query.split("&"))
     query = "&".join(key + ("=redacted" if sep else "") for key, sep, _ in params)
-    return f"{scheme}{host}{path}?{query}{hash_}{fragment}"
+    return f"{scheme}{host}{path}?{query}{hash_}{fragment}{after}"
 
 
 def scrub(text: str) -> str:
@@ -41,10 +53,17 @@ def scrub(text: str) -> str:
 
 
 def _scrub_event(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-    """A structlog processor: `scrub` every text value of an event (URLs in errors and fields alike)."""
+    """A structlog processor, after the traceback is rendered: `scrub` every value of an event that shows a URL.
+
+    Text is scrubbed as it is; any other value (an exception, a list) that shows a URL is logged as
+    its scrubbed text.
+    """
     for key, value in event.items():
-        if isinstance(value, str) and "://" in value:
-            event[key] = scrub(value)
+        if isinstance(value, str):
+            if "://" in value:
+                event[key] = scrub(value)
+        elif not isinstance(value, int | float | bool | type(None)) and "://" in (text := str(value)):
+            event[key] = scrub(text)
     return event
 
 
@@ -114,7 +133,6 @@ def configure(level: str = "info", fmt: str = "auto") -> None:
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
-        _scrub_event,
     ]
     handler = _StderrHandler()
     handler.setFormatter(
@@ -123,6 +141,7 @@ def configure(level: str = "info", fmt: str = "auto") -> None:
             processors=[
                 structlog.stdlib.ProcessorFormatter.remove_processors_meta,
                 structlog.processors.format_exc_info,
+                _scrub_event,
                 renderer,
             ],
         )
@@ -137,7 +156,7 @@ def configure(level: str = "info", fmt: str = "auto") -> None:
         server.removeFilter(old_filter)
     server.addFilter(ClientErrorFilter())
     structlog.configure(
-        processors=[*shared, structlog.processors.format_exc_info, renderer],
+        processors=[*shared, structlog.processors.format_exc_info, _scrub_event, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
         logger_factory=lambda *_: _StderrLogger(),
         cache_logger_on_first_use=False,

@@ -26,6 +26,10 @@ from exporter.serve import web
         ("http://u:p?x@host/m", "http://host/m"),  # a '?' in the user part: still all of it
         ("http://host:8000/metrics", "http://host:8000/metrics"),
         ("no URL: a@b ? c=d", "no URL: a@b ? c=d"),
+        ("(http://h/m?a=b) twice", "(http://h/m?a=redacted) twice"),  # the sentence's punctuation kept
+        ("at http://u:p@h/m?x=1: refused", "at http://h/m?x=redacted: refused"),
+        ("s3://bucket/llama?versionId=v7", "s3://bucket/llama?versionId=v7"),  # a model's name, no web query
+        ("redis://u:pw@cache:6379/0", "redis://cache:6379/0"),  # a password in any scheme
     ],
 )
 def test_scrub_removes_a_urls_credentials_and_keeps_where_it_points(text: str, shown: str) -> None:
@@ -50,10 +54,20 @@ def test_log_lines_from_structlog_and_stdlib_never_carry_a_urls_credentials(monk
         logging.getLogger("aiohttp.client").warning(
             "GET %s failed", "http://admin:hunter2@h:1/m?token=SECRET"
         )
+        try:
+            raise ConnectionError("cannot read http://admin:hunter2@h:1/m?token=SECRET")
+        except ConnectionError as exc:
+            structlog.get_logger().exception("read_failed", error=exc)  # a traceback and an object
     finally:
         logging.getLogger().handlers.clear()
     lines = [json.loads(line) for line in err.getvalue().splitlines()]
-    assert [e["event"] for e in lines] == ["engine_down", "GET http://h:1/m?token=redacted failed"]
+    assert [e["event"] for e in lines] == [
+        "engine_down",
+        "GET http://h:1/m?token=redacted failed",
+        "read_failed",
+    ]
+    assert "cannot read http://h:1/m?token=redacted" in lines[2]["exception"]
+    assert lines[2]["error"] == "cannot read http://h:1/m?token=redacted"
     assert lines[0]["url"] == "http://127.0.0.1:8000/metrics?token=redacted"
     assert "hunter2" not in err.getvalue() and "SECRET" not in err.getvalue()
 

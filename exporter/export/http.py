@@ -27,6 +27,8 @@ class ListenerCounts(Protocol):
     def tls_failed_total(self) -> int: ...
     @property
     def evicted_total(self) -> int: ...
+    @property
+    def write_timed_out_total(self) -> int: ...
 
 
 class AuthCounts(Protocol):
@@ -59,6 +61,7 @@ class HttpCollector:
         refused.add_metric(["header_timeout"], self.listener.timed_out_total)
         refused.add_metric(["tls_handshake"], self.listener.tls_failed_total)
         refused.add_metric(["idle_evicted"], self.listener.evicted_total)
+        refused.add_metric(["write_timeout"], self.listener.write_timed_out_total)
         if self.auth is not None:
             refused.add_metric(["auth_failed"], self.auth.failures)
             refused.add_metric(["auth_rate_limited"], self.auth.refused)

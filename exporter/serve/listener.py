@@ -18,7 +18,7 @@ import socket
 import ssl
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -64,6 +64,9 @@ class ListenerStats:
     timed_out_total: int = 0
     tls_failed_total: int = 0  # TLS handshakes that failed or timed out
     evicted_total: int = 0  # idle connections closed at the cap to let a new one in
+    write_timed_out_total: int = 0  # connections cut because their client stopped reading an answer
+    # transports with a request being handled (the app's middleware marks them): never idle
+    handling: dict[Any, int] = field(default_factory=dict)
 
 
 class ConnectionGuard:
@@ -96,15 +99,23 @@ class ConnectionGuard:
         idle timeout) cannot keep a new scraper out, while one that is being served is never cut.
         """
         now = self._clock()
+        busy = []
+        found = None
         for i, conn in enumerate(self._live):
             if i >= 64 or now - conn.last_data < IDLE_EVICT_SECONDS:
-                return False  # the rest have been silent for less time still
+                break  # the rest have been silent for less time still
             if conn.idle():
-                del self._live[conn]
-                conn.evict()
-                self.stats.evicted_total += 1
-                return True
-        return False
+                found = conn
+                break
+            busy.append(conn)
+        for conn in busy:  # under way (a handler, an answer being written): behind the others next time
+            self._active(conn)
+        if found is None:
+            return False
+        del self._live[found]
+        found.evict()
+        self.stats.evicted_total += 1
+        return True
 
     def _active(self, conn: _Guarded) -> None:
         self._live.pop(conn, None)
@@ -204,7 +215,8 @@ class _Guarded(asyncio.Protocol):
         self._partial = False  # part of a request's head has arrived, not yet its end
         self._tail = b""
         self.made = False
-        self.last_data = guard._clock()
+        self.last_data = guard._clock()  # when the last whole request head arrived (or the connection)
+        self._stalled: asyncio.TimerHandle | None = None  # set while the client does not read our answer
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.made = True
@@ -215,9 +227,14 @@ class _Guarded(asyncio.Protocol):
         self._guard._active(self)
 
     def idle(self) -> bool:
-        """Say whether nothing is under way here: no request head arriving, no answer left to write."""
+        """Say whether nothing is under way here: no head arriving, no request handled, no answer left to write."""
         t = self._transport
-        return t is not None and not self._partial and t.get_write_buffer_size() == 0
+        return (
+            t is not None
+            and not self._partial
+            and t not in self._guard.stats.handling
+            and t.get_write_buffer_size() == 0
+        )
 
     def evict(self) -> None:
         """Close this idle connection (its client reconnects when it next asks)."""
@@ -240,12 +257,17 @@ class _Guarded(asyncio.Protocol):
         if self._transport is not None:
             self._transport.abort()
 
-    def _scan(self, data: bytes) -> None:
-        """Track request heads: arm the deadline at a head's first byte, disarm it at its end."""
+    def _scan(self, data: bytes) -> bool:
+        """Track request heads: arm the deadline at a head's first byte, disarm it at its end; say whether one ended."""
         buf = self._tail + data
         at = 0
+        ended = False
         while True:
             if not self._partial:
+                while (
+                    at < len(buf) and buf[at] in b"\r\n"
+                ):  # blank lines before a request: no head (RFC 9112 2.2)
+                    at += 1
                 if at >= len(buf):
                     break
                 self._partial = True
@@ -255,30 +277,48 @@ class _Guarded(asyncio.Protocol):
                 break
             self._partial = False
             self._disarm()
+            ended = True
             at = end + len(END_OF_HEADERS)
         self._tail = buf[-3:] if self._partial else b""
+        return ended
 
     def data_received(self, data: bytes) -> None:
         if self._inner is None:
             return
-        self.last_data = self._guard._clock()
-        self._guard._active(self)
-        self._scan(data)
+        if self._scan(data):  # a whole request head is activity; bytes alone (blank lines) are not
+            self.last_data = self._guard._clock()
+            self._guard._active(self)
         self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:
         return None if self._inner is None else self._inner.eof_received()
 
     def pause_writing(self) -> None:
+        if self._stalled is None:  # the client stopped reading: it has a header timeout to start again
+            self._stalled = asyncio.get_running_loop().call_later(
+                self._guard.header_timeout, self._write_expired
+            )
         if self._inner is not None:
             self._inner.pause_writing()
 
     def resume_writing(self) -> None:
+        if self._stalled is not None:
+            self._stalled.cancel()
+            self._stalled = None
         if self._inner is not None:
             self._inner.resume_writing()
 
+    def _write_expired(self) -> None:
+        self._stalled = None
+        self._guard.stats.write_timed_out_total += 1
+        if self._transport is not None:
+            self._transport.abort()
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._stalled is not None:
+            self._stalled.cancel()
+            self._stalled = None
         self._guard._gone(self)
         inner, self._inner = self._inner, None
         self._transport = None

@@ -265,12 +265,38 @@ def status_page(app: web.Application) -> bytes:
     ).encode()
 
 
+def handling_middleware(stats: ListenerStats) -> Any:
+    """Return a middleware (the outermost) that marks a connection as handling a request until its answer is made.
+
+    The listener never closes such a connection to make room at its cap (a scrape waiting on its
+    bcrypt check, say).
+    """
+
+    @web.middleware
+    async def mark(request: web.Request, handler: Any) -> web.StreamResponse:
+        handling, transport = stats.handling, request.transport
+        handling[transport] = handling.get(transport, 0) + 1
+        try:
+            return await handler(request)
+        finally:
+            left = handling.pop(transport, 1) - 1
+            if left > 0:
+                handling[transport] = left
+
+    return mark
+
+
 def headers_middleware(headers: tuple[tuple[str, str], ...]) -> Any:
     """Return a middleware that sets the configured headers on every response."""
 
     @web.middleware
     async def add_headers(request: web.Request, handler: Any) -> web.StreamResponse:
-        response = await handler(request)
+        try:
+            response = await handler(request)
+        except web.HTTPException as exc:  # a 404 or 405 is an answer too
+            for name, value in headers:
+                exc.headers[name] = value
+            raise
         for name, value in headers:
             response.headers[name] = value
         return response
@@ -296,10 +322,11 @@ def make_app(cfg: Config, sampler: Sampler, clock: Callable[[], float] = time.mo
             users, w.auth_failure_burst, w.auth_failures_per_second, w.auth_checks_at_once, clock
         )
         middlewares.append(basic_auth_middleware(auth))
-    app = web.Application(middlewares=middlewares)
+    listener = ListenerStats()
+    app = web.Application(middlewares=[handling_middleware(listener), *middlewares])
     app[SAMPLER] = sampler
     app[CONFIG] = cfg
-    app[LISTENER] = ListenerStats()
+    app[LISTENER] = listener
     app[REGISTRY] = make_registry(sampler, cfg, HttpCollector(app[LISTENER], auth))
     app[PAGES] = PageCache(app[REGISTRY], sampler, cfg.tick_seconds)
     app[STATUS_PAGE] = PageCache(app[REGISTRY], sampler, cfg.tick_seconds)

@@ -1,4 +1,4 @@
-"""HTTP basic auth for the app: the users file, constant-time checks off the event loop, a rate limit on failures."""
+"""HTTP basic auth for the app: constant-time checks off the event loop, a rate limit on failures (users: exporter.webconfig)."""
 
 from __future__ import annotations
 

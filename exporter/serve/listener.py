@@ -31,9 +31,8 @@ REFUSED = (
 )
 END_OF_HEADERS = b"\r\n\r\n"
 BACKLOG = 256
-IDLE_EVICT_SECONDS = (
-    1.0  # at the cap, a connection silent this long (nothing under way) makes room for a new one
-)
+# at the cap, a connection silent this long (no request since, nothing under way) makes room for a new one
+IDLE_EVICT_SECONDS = 1.0
 DESCRIPTORS_KEPT = 128  # descriptors left for the sources (/proc, NVML, engine pages, the agent socket)
 
 

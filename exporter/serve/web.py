@@ -116,8 +116,8 @@ def _canonical_range(part: str) -> str:
 
     The version a scraper names is echoed in the answer's Content-Type, so each new one would be a
     page rendered and kept apart: it becomes the one of its major version that prometheus_client
-    knows (OpenMetrics 0.0.1, 1.0.0 or 2.0.0 (any later), text 0.0.4 or 1.0.0); a version that is not one (`abc`,
-    which prometheus_client's parser cannot compare) is dropped, as if not given.
+    knows (OpenMetrics 0.0.1, 1.0.0, or 2.0.0 for any later; text 0.0.4 or 1.0.0); a version that
+    is not one (`abc`, which prometheus_client's parser cannot compare) is dropped, as if not given.
     """
     media, *params = part.split(";")
     kept = [media.strip()]

@@ -13,9 +13,12 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import structlog
 from aiohttp import web
 
 from exporter.webconfig import BCRYPT_PREFIXES
+
+log = structlog.get_logger("boundwatch.web")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -93,8 +96,16 @@ class BasicAuth:
         # one bucket all clients share, `shared` times a client's: addresses that change cannot outrun it
         self._shared_burst, self._shared_rate = float(burst * shared), rate * shared
         self._shared = [self._shared_burst, clock()]
-        cost = max((_cost(h) for h in users.values()), default=0)
+        costs = {_cost(h) for h in users.values()}
+        cost = max(costs, default=0)
         self._bcrypt = cost > 0
+        if len(costs) > 1:  # each check takes its user's own cost: the time of a wrong password tells it
+            log.warning(
+                "basic_auth_costs_differ",
+                costs=sorted(costs),
+                detail="a wrong password's check takes as long as its user's hash cost, so timing "
+                "tells users of a lower cost from unknown ones: hash every user at one cost",
+            )
         if self._bcrypt:
             import bcrypt
 

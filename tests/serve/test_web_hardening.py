@@ -324,3 +324,19 @@ async def test_a_stale_snapshot_is_logged_once_not_per_scrape(aiohttp_client):
         "snapshot_stale",
         "snapshot_fresh",
     ]
+
+
+def test_users_of_different_bcrypt_costs_are_warned_of_once():
+    """A wrong password takes its user's cost: timing tells a cheaper user from an unknown one."""
+    import bcrypt
+    import structlog
+
+    from exporter.serve.auth import BasicAuth
+
+    users = {
+        n: bcrypt.hashpw(b"x", bcrypt.gensalt(rounds=r)).decode() for n, r in (("a", 4), ("b", 5), ("c", 5))
+    }
+    with structlog.testing.capture_logs() as logs:
+        BasicAuth(users).close()
+        BasicAuth({"a": users["a"]}).close()  # one cost: nothing to say
+    assert [(e["event"], e["costs"]) for e in logs] == [("basic_auth_costs_differ", [4, 5])]

@@ -540,6 +540,26 @@ def test_uuid_indices_are_bounded():
     )  # the rest dropped
 
 
+def test_uuids_that_came_and_went_give_their_places_to_a_gpu_that_comes_later():
+    """64 made-up UUIDs, then forgotten by the feed: a real GPU's agent still gets an index and its busy."""
+    cfg = Config()
+    junk = [_activity(f"GPU-junk-{i:02d}", 0.0) for i in range(pipeline.MAX_UUID_INDICES)]
+    history = [pipeline.advance([], _agent_snap(0, junk), cfg)]
+    assert len(history[-1].gpu_uuids) == pipeline.MAX_UUID_INDICES
+    real = "GPU-6f5e0000-real"
+    history.append(pipeline.advance(history, _agent_snap(1, junk[1:] + [_activity(real, 0.7)]), cfg))
+    snap = history[-1]
+    assert snap.gpu_uuids[0] == real and snap.gpu_uuids[1:] == tuple(
+        a.uuid for a in junk[1:]
+    )  # the others keep theirs
+    assert snap.agent is not None and {a.uuid: a.gpu for a in snap.agent.activity}[real] == 0
+    assert snap.busy[0] == (0.7, "cupti")
+    full = pipeline.advance(
+        history, _agent_snap(2, junk[1:] + [_activity(real, 0.7), _activity("GPU-x", 0.1)]), cfg
+    )
+    assert "GPU-x" not in full.gpu_uuids  # every place named now: none taken from a GPU in use
+
+
 def test_agents_place_their_engine_by_uuid_with_or_without_nvml():
     nvml = tuple(GpuReading(index=i, uuid=UUIDS[i], name="NVIDIA H200", driver="580") for i in range(8))
     engine = EngineReading(name="vllm:8000", kind="vllm", running=8.0, waiting=0.0, pids=(10, 11, 12))

@@ -46,7 +46,10 @@ def uuid_indices(snap: Snapshot, known: Sequence[str] = ()) -> tuple[str, ...]:
     """Return the UUIDs outside NVML in first-seen order: `known` (the previous tick's), then new ones.
 
     Such a UUID gets the index (highest NVML index + 1) + its position, so it never collides with
-    an NVML GPU and keeps its index while the daemon runs; past MAX_UUID_INDICES, new UUIDs get none.
+    an NVML GPU and keeps its index while any agent names it. With MAX_UUID_INDICES taken, a new
+    UUID takes the first place whose UUID no agent names any more (the feed forgets a silent agent),
+    so UUIDs that came and went (made up, say) cannot keep a GPU that comes later out for good; with
+    every place named now, it gets none (the feed bounds the GPUs it keeps, and counts the rest).
     """
     nvml = {g.uuid for g in snap.gpus}
     table = [u for u in known if u not in nvml][:MAX_UUID_INDICES]
@@ -54,10 +57,19 @@ def uuid_indices(snap: Snapshot, known: Sequence[str] = ()) -> tuple[str, ...]:
     if snap.agent is not None:
         found = [a.uuid for a in snap.agent.activity] + [s.device_uuid for s in snap.agent.agents]
         found += [u.uuid for u in snap.agent.graphs]
+        named = set(found)
         for uuid in found:
-            if uuid and uuid not in nvml and uuid not in seen and len(table) < MAX_UUID_INDICES:
+            if not uuid or uuid in nvml or uuid in seen:
+                continue
+            if len(table) < MAX_UUID_INDICES:
                 table.append(uuid)
-                seen.add(uuid)
+            else:
+                free = next((i for i, u in enumerate(table) if u not in named), None)
+                if free is None:
+                    continue
+                seen.discard(table[free])
+                table[free] = uuid
+            seen.add(uuid)
     return tuple(table)
 
 

@@ -547,7 +547,7 @@ def test_uuids_that_came_and_went_give_their_places_to_a_gpu_that_comes_later():
     history = [pipeline.advance([], _agent_snap(0, junk), cfg)]
     assert len(history[-1].gpu_uuids) == pipeline.MAX_UUID_INDICES
     real = "GPU-6f5e0000-real"
-    history.append(pipeline.advance(history, _agent_snap(1, junk[1:] + [_activity(real, 0.7)]), cfg))
+    history.append(pipeline.advance(history, _agent_snap(1, [*junk[1:], _activity(real, 0.7)]), cfg))
     snap = history[-1]
     assert snap.gpu_uuids[0] == real and snap.gpu_uuids[1:] == tuple(
         a.uuid for a in junk[1:]
@@ -555,7 +555,7 @@ def test_uuids_that_came_and_went_give_their_places_to_a_gpu_that_comes_later():
     assert snap.agent is not None and {a.uuid: a.gpu for a in snap.agent.activity}[real] == 0
     assert snap.busy[0] == (0.7, "cupti")
     full = pipeline.advance(
-        history, _agent_snap(2, junk[1:] + [_activity(real, 0.7), _activity("GPU-x", 0.1)]), cfg
+        history, _agent_snap(2, [*junk[1:], _activity(real, 0.7), _activity("GPU-x", 0.1)]), cfg
     )
     assert "GPU-x" not in full.gpu_uuids  # every place named now: none taken from a GPU in use
 

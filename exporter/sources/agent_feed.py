@@ -75,6 +75,9 @@ MAX_STEP_THREADS = 8  # step wall time may exceed their span this many times (ov
 LOG_EVERY_S = 60.0  # bad and refused datagrams: one log line per minute at most
 # light-agent figures, bounded at the edge
 MAX_STEPS_PER_MESSAGE = 16  # steps entries read from one datagram (an agent sends at most 8)
+# steps records kept from one agent between two reads (an agent sends a few datagrams a tick): with
+# MAX_AGENTS, 8,192 records at most, none ever dropped for another agent's
+MAX_STEPS_PER_AGENT_READ = 64
 MAX_ENGINE_CORES = 64  # (engine-core pid, engine, DP rank) entries per tick in all
 MAX_GRAPH_PROCESSES = 256  # processes with graph counts per tick
 MAX_REQUESTS = 1_000_000  # running / waiting / batch limit above this are not plausible
@@ -128,6 +131,8 @@ class _Agent:
     graphs: tuple[int, int, str] | None = None  # its newest graph counts' (captures, dev, uuid)
     quiet_ns: int = 0  # time counted for it as quiet since its last graph counts (zero replays)
     parent: int = -1  # from another PID namespace: its parent's pid as this daemon sees it (-1: not read)
+    steps_read: int = -1  # the feed's read its steps_taken counts for
+    steps_taken: int = 0  # steps records kept from it since that read
 
 
 @dataclass
@@ -199,6 +204,7 @@ class AgentFeed:
         self._gpus: dict[str, _Gpu] = {}
         self._engines: set[str] = set()
         self._steps: list[tuple[int, wire.Steps]] = []  # (message pid, steps)
+        self._reads = 0  # reads that took the steps (each agent's steps_taken counts within one)
         # pid -> [observed ns, replays, captures, dev, uuid, since ns, until ns] (GraphUse)
         self._graphs: dict[int, list[int | str]] = {}
         self._collected_at = clock()  # the last collect(): a quiet agent's zero replays cover the time since
@@ -472,11 +478,15 @@ class AgentFeed:
             self._take_window(agent, w, now, wall)
         if len(msg.steps) > MAX_STEPS_PER_MESSAGE:
             self._refuse("limits", f"pid {msg.pid}: {len(msg.steps)} steps entries in one datagram")
+        if agent.steps_read != self._reads:  # its count of steps records restarts each read
+            agent.steps_read, agent.steps_taken = self._reads, 0
         for s in msg.steps[:MAX_STEPS_PER_MESSAGE]:
+            if agent.steps_taken >= MAX_STEPS_PER_AGENT_READ:  # a flood of records (zero steps cost no
+                self._refuse("limits", f"pid {msg.pid}: over {MAX_STEPS_PER_AGENT_READ} steps records a tick")
+                continue  # budget) stays its sender's: the others' records are never pushed out
             if self._steps_allowed(agent, s, wall):
+                agent.steps_taken += 1
                 self._steps.append((msg.pid, s))
-        if len(self._steps) > 10_000:
-            del self._steps[:-10_000]
         if msg.graphs is not None:
             self._take_graphs(agent, msg.graphs, wall)
 
@@ -752,8 +762,13 @@ class AgentFeed:
         """Sum the steps per engine core: (engine-core pid, engine, DP rank); workers' mode counts join their owner."""
         groups: dict[tuple[int, str, int], _EngineTotals] = {}
         per_pid: dict[int, int] = {}
+        per_sender: dict[int, set[tuple[int, str, int]]] = {}  # the groups each sender's records went to
         for pid, s in self._steps:
             key = (s.owner or pid, s.engine, s.dp)
+            mine = per_sender.setdefault(pid, set())
+            if key not in mine and len(mine) >= MAX_ENGINES_PER_AGENT:  # owners made up by one sender
+                self._refused["engines"] += 1  # cannot take the tick's groups from the others
+                continue
             tot = groups.get(key)
             if tot is None:
                 if len(groups) >= MAX_ENGINE_CORES or per_pid.get(key[0], 0) >= MAX_ENGINES_PER_AGENT:
@@ -761,8 +776,10 @@ class AgentFeed:
                     continue
                 per_pid[key[0]] = per_pid.get(key[0], 0) + 1
                 tot = groups[key] = _EngineTotals()
+            mine.add(key)
             tot.add(s)
         self._steps.clear()
+        self._reads += 1
         return tuple(groups[k].steps(*k) for k in sorted(groups))
 
     def _forget(self, now: float, silent_for: float | None = None) -> None:

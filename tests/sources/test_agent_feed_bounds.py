@@ -179,6 +179,44 @@ async def test_steps_over_a_plausible_rate_are_refused(feed: AgentFeed) -> None:
     assert refused(reading)["limits"] == 2
 
 
+async def test_a_flood_of_empty_steps_records_stays_its_senders_and_never_pushes_out_anothers(
+    feed: AgentFeed,
+) -> None:
+    """Records of zero steps cost no step budget: a sender's own cap keeps them from the others' (an audit's)."""
+    empty = wire.Steps("vllm", n=0, wall=0, running=1, waiting=0)
+    ok = wire.Steps(
+        "vllm", n=7, wall=70 * MS, t0=T0 + 3 * MS, t1=T0 + 80 * MS, hist=(0,) * 3 + (7,) + (0,) * 8
+    )
+    await send(feed, message(4242, steps=(ok,)))  # the real engine's first, then the flood
+    flood = message(7777, steps=(empty,) * agent_feed.MAX_STEPS_PER_MESSAGE)
+    await send(feed, *(flood for _ in range(700)))  # 11,200 records: past the 10,000 once kept in all
+    reading = await feed.read()
+    assert {s.pid: s.steps for s in reading.steps} == {7777: 0, 4242: 7}
+    assert (
+        refused(reading)["limits"]
+        == 700 * agent_feed.MAX_STEPS_PER_MESSAGE - agent_feed.MAX_STEPS_PER_AGENT_READ
+    )
+    await send(feed, message(7777, steps=(empty,)))  # a new read: its count starts again
+    assert {s.pid for s in (await feed.read()).steps} == {7777}
+
+
+async def test_engine_cores_made_up_by_one_sender_cannot_take_the_ticks_groups(feed: AgentFeed) -> None:
+    fake = [
+        message(
+            7777, steps=tuple(wire.Steps("vllm", n=0, wall=0, owner=100_000 + 16 * j + i) for i in range(16))
+        )
+        for j in range(4)
+    ]
+    await send(feed, *fake)  # 64 engine cores named by one sender: the tick's whole bound once
+    ok = wire.Steps("vllm", n=10, wall=10 * MS, running=5)
+    await send(feed, message(4242, steps=(ok,)))
+    reading = await feed.read()
+    got = {s.pid: s.steps for s in reading.steps}
+    assert got[4242] == 10  # the real engine core's steps are there
+    assert len([p for p in got if p >= 100_000]) == agent_feed.MAX_ENGINES_PER_AGENT
+    assert refused(reading)["engines"] == 64 - agent_feed.MAX_ENGINES_PER_AGENT
+
+
 async def test_untimed_steps_cannot_outrun_the_clock(feed: AgentFeed) -> None:
     s = wire.Steps("vllm", n=1000, wall=10_000 * MS, hist=(0,) * 11 + (1000,))  # 10 s of steps per message
     await send(feed, *(message(4, steps=(s,)) for _ in range(20)))  # all at once

@@ -131,6 +131,7 @@ class _Agent:
     graphs: tuple[int, int, str] | None = None  # its newest graph counts' (captures, dev, uuid)
     quiet_ns: int = 0  # time counted for it as quiet since its last graph counts (zero replays)
     parent: int = -1  # from another PID namespace: its parent's pid as this daemon sees it (-1: not read)
+    graphs_end: int = 0  # ns: the newest graph counts' end (counts ending no later are refused)
     steps_read: int = -1  # the feed's read its steps_taken counts for
     steps_taken: int = 0  # steps records kept from it since that read
 
@@ -689,9 +690,13 @@ class AgentFeed:
         if _off_clock(g.t1, wall):
             self._refuse("clock", f"pid {agent.pid}: graph counts end {(g.t1 - wall) / 1e9:+.1f} s from now")
             return
+        if g.t1 <= agent.graphs_end:  # the same counts again (or older ones): counted once
+            self._refuse("overlap", f"pid {agent.pid}: graph counts end before the previous ones")
+            return
         tot = self._graph_totals(agent.pid)
         if tot is None:
             return
+        agent.graphs_end = g.t1
         whole = max(0, min(g.t1 - g.t0, 60 * 1_000_000_000))  # one message covers seconds, not minutes
         span, agent.quiet_ns = max(0, whole - agent.quiet_ns), 0  # its quiet time was counted already
         _, dev, uuid = agent.graphs or (

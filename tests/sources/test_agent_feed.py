@@ -338,9 +338,22 @@ def test_graph_use_per_process_sums_windows_and_keeps_the_newest_capture_count(t
     assert f.collect().graphs == ()
     # what they cover never reaches past their arrival, nor further back than the span they give
     wall[0] = T0 + 200 * MS
-    f.receive(light(7, graphs=wire.GraphCounts(t0=T0, t1=T0 + 900 * MS, replays=5)))
-    (g7,) = f.collect().graphs
-    assert (g7.since_ns, g7.until_ns) == (T0, T0 + 200 * MS)
+    f.receive(light(9, graphs=wire.GraphCounts(t0=T0, t1=T0 + 900 * MS, replays=5)))
+    (g9,) = f.collect().graphs
+    assert (g9.since_ns, g9.until_ns) == (T0, T0 + 200 * MS)
+
+
+def test_the_same_graph_counts_sent_again_count_once(tmp_path: Path) -> None:
+    """Windows and steps refuse what ends no later than the last; graph counts too (an input audit's)."""
+    f = AgentFeed(AgentFeedConfig(socket=str(tmp_path / "x.sock")), wall_ns=lambda: T0 + 1000 * MS)
+    counts = wire.GraphCounts(t0=T0, t1=T0 + 490 * MS, replays=100, captures=3, dev=0, uuid=UUID)
+    for _ in range(5):
+        f.receive(light(7, graphs=counts))
+    f.receive(light(7, graphs=wire.GraphCounts(t0=T0, t1=T0 + 400 * MS, replays=50)))  # older: refused too
+    reading = f.collect()
+    (g,) = reading.graphs
+    assert (g.replays, g.observed_ns) == (100, 490 * MS)  # not 500 replays over 2.45 s
+    assert dict(reading.refused)["overlap"] == 5
 
 
 def test_a_raw_window_is_the_one_its_constructor_builds_and_stays_frozen() -> None:

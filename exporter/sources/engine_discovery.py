@@ -340,9 +340,11 @@ def _target(
 def _distinct(proc_root: str, targets: list[EngineTarget]) -> list[EngineTarget]:
     """Give engines that would share a name distinct names, and never let two read the same page.
 
-    Of the engines named alike, the one whose port is known (from its flags or its sockets) and
-    that shares the daemon's network namespace keeps the name and the URL; the others are named
-    `<name>-2`, `-3`... and read only their multiprocess files, if any.
+    Of the engines named alike, the one whose processes listen on the port keeps the name and the
+    URL (a process with only the command line, `vllm serve --port N`, started earlier, is no engine
+    there), then the one whose port is known (from its flags or its sockets) and that shares the
+    daemon's network namespace; the others are named `<name>-2`, `-3`... and read only their
+    multiprocess files, if any.
     """
     here = procs.net_namespace(proc_root, "self")
     by_name: dict[str, list[int]] = defaultdict(list)
@@ -355,6 +357,7 @@ def _distinct(proc_root: str, targets: list[EngineTarget]) -> list[EngineTarget]
         ranked = sorted(
             indices,
             key=lambda i: (
+                not _listens(proc_root, targets[i]),
                 not targets[i].port_known,
                 procs.net_namespace(proc_root, targets[i].root_pid or 0) != here,
                 targets[i].root_pid or 0,
@@ -368,6 +371,15 @@ def _distinct(proc_root: str, targets: list[EngineTarget]) -> list[EngineTarget]
                 extra={**targets[i].extra, "no_url": f"its port is not known apart from {name}'s"},
             )
     return out
+
+
+def _listens(proc_root: str, t: EngineTarget) -> bool:
+    """Say whether an engine's main process or an API server holds a listening socket on its name's port."""
+    port = ascii_int(t.name.rpartition(":")[2], 5)
+    if port is None:
+        return False
+    pids = dict.fromkeys(p for p in (t.root_pid, *t.api_server_pids) if p)
+    return any(port in procs.listening_ports(proc_root, pid) for pid in pids)
 
 
 def _socket_holders(proc_root: str, root: int, children: Sequence[int], port: int) -> tuple[int, ...]:

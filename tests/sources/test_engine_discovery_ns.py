@@ -142,3 +142,15 @@ def test_a_page_is_read_only_at_loopback_or_where_the_engine_itself_listens():
         "vllm:22005": "http://[::1]:22005/metrics",  # loopback, v6
     }
     assert got["over_bound"]["engine"] == 0
+
+
+def test_of_two_engines_named_alike_the_one_that_listens_on_the_port_keeps_the_name_and_the_page():
+    """A process that only has `vllm serve --port N` on its command line, started first, is not the engine."""
+    got = run_scenario("impostor", own_network=True)
+    by_name = {t["name"]: t for t in got["targets"]}
+    assert sorted(by_name) == ["vllm:22100", "vllm:22100-2"]
+    assert (
+        by_name["vllm:22100"]["root_listens"]
+        and by_name["vllm:22100"]["url"] == "http://127.0.0.1:22100/metrics"
+    )
+    assert not by_name["vllm:22100-2"]["root_listens"] and by_name["vllm:22100-2"]["url"] == ""

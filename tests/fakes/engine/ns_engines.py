@@ -245,6 +245,14 @@ def scenario(name: str, args: list[str]) -> list[subprocess.Popen[str]]:
             if "--bind" in p.args:
                 assert p.stdout is not None and p.stdout.readline().strip() == "ready"
         return procs
+    if name == "impostor":  # a process with only the command line, started first, and the engine that listens
+        impostor = spawn(["python3", "-c", HOLD, "vllm", "serve", "m", "--port", "22100"])
+        time.sleep(0.2)  # the impostor's pid is the lower one
+        real = spawn(
+            ["python3", "-c", LISTEN, "vllm", "serve", "m", "--port", "22100", "--bind", "127.0.0.1"]
+        )
+        assert real.stdout is not None and real.stdout.readline().strip() == "ready"
+        return [impostor, real]
     raise SystemExit(f"unknown scenario {name}")
 
 
@@ -285,6 +293,7 @@ async def read_like_the_daemon() -> dict[str, object]:
                 "servers": len(t.api_server_pids),
                 "root_is_server": t.root_pid in t.api_server_pids,
                 "port_known": getattr(t, "port_known", None),
+                "root_listens": "--bind" in _cmdline(t.root_pid),  # this scenario's listeners have --bind
                 "max_num_seqs": getattr(t, "max_num_seqs", None),
             }
             for t in targets
@@ -313,6 +322,14 @@ async def read_like_the_daemon() -> dict[str, object]:
     }
 
 
+def _cmdline(pid: int | None) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().decode().split("\0")
+    except OSError:
+        return []
+
+
 def _values(metrics: str, name: str) -> list[tuple[str, float]]:
     """Return one family's samples on a page: (series, value)."""
     out = []
@@ -329,10 +346,10 @@ def main() -> None:
     if os.environ.get("BW_NS_NET") == "own":
         loopback_up()
     procs = scenario(name, args)
-    if name in ("many_engines", "named_hosts"):
-        wait_for_serving(MANY if name == "many_engines" else 5)
+    if name in ("many_engines", "named_hosts", "impostor"):
+        wait_for_serving({"many_engines": MANY, "named_hosts": 5, "impostor": 2}[name])
     wait_for_titles(
-        {"batch_limits": 0, "many_engines": 0, "named_hosts": 0}.get(
+        {"batch_limits": 0, "many_engines": 0, "named_hosts": 0, "impostor": 0}.get(
             name, 2 if name == "wrapped_engine" else 3 if name != "quota_on_api_servers" else 2
         )
     )

@@ -279,7 +279,8 @@ AGENT_REFUSED_TOTAL = _m(
     "Agent datagrams, windows, step records or graph counts refused, by reason: peer (sender not allowed), "
     "agents, devices, gpus or engines (over a bound), clock (end far from now: a window, steps, or graph "
     "counts, whose coverage is then unknown), overlap (replayed or "
-    "overlapping), limits (over a physical limit), backlog (too many windows waiting), inbox "
+    "overlapping), limits (over a physical limit, or an agent's step records past 64 a tick), backlog "
+    "(too many windows waiting), inbox "
     "(datagrams dropped while the event loop did not read them).",
     ["reason"],
     "busy",

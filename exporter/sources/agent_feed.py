@@ -78,6 +78,9 @@ MAX_STEPS_PER_MESSAGE = 16  # steps entries read from one datagram (an agent sen
 # steps records kept from one agent between two reads (an agent sends a few datagrams a tick): with
 # MAX_AGENTS, 8,192 records at most, none ever dropped for another agent's
 MAX_STEPS_PER_AGENT_READ = 64
+MAX_STEP_RECORDS = (
+    10_000  # kept from all agents between two reads (agents forgotten and new ones in one tick)
+)
 MAX_ENGINE_CORES = 64  # (engine-core pid, engine, DP rank) entries per tick in all
 MAX_GRAPH_PROCESSES = 256  # processes with graph counts per tick
 MAX_REQUESTS = 1_000_000  # running / waiting / batch limit above this are not plausible
@@ -481,10 +484,12 @@ class AgentFeed:
             self._refuse("limits", f"pid {msg.pid}: {len(msg.steps)} steps entries in one datagram")
         if agent.steps_read != self._reads:  # its count of steps records restarts each read
             agent.steps_read, agent.steps_taken = self._reads, 0
+        # A flood of records (those of zero steps cost no step budget) stays its sender's: refused past
+        # its own bound, and past all agents' together, never pushing out records already kept.
         for s in msg.steps[:MAX_STEPS_PER_MESSAGE]:
-            if agent.steps_taken >= MAX_STEPS_PER_AGENT_READ:  # a flood of records (zero steps cost no
+            if agent.steps_taken >= MAX_STEPS_PER_AGENT_READ or len(self._steps) >= MAX_STEP_RECORDS:
                 self._refuse("limits", f"pid {msg.pid}: over {MAX_STEPS_PER_AGENT_READ} steps records a tick")
-                continue  # budget) stays its sender's: the others' records are never pushed out
+                continue
             if self._steps_allowed(agent, s, wall):
                 agent.steps_taken += 1
                 self._steps.append((msg.pid, s))

@@ -274,15 +274,7 @@ def load_users_file(path: str) -> dict[str, str]:
     SHA-256. Raise WebConfigError listing every bad line by number, never its text (a password
     written there by mistake stays out of logs).
     """
-    p = Path(path)
-    try:
-        if p.stat().st_size > MAX_FILE_BYTES:
-            raise WebConfigError([f"{path}: over {MAX_FILE_BYTES} bytes"])
-        lines = p.read_text().splitlines()
-    except OSError as exc:
-        raise WebConfigError([f"{path}: cannot read it: {exc.strerror or exc}"]) from None
-    except UnicodeDecodeError:
-        raise WebConfigError([f"{path}: not UTF-8 text"]) from None
+    lines = _read_text(path).splitlines()
     users: dict[str, str] = {}
     problems: list[str] = []
     for number, raw in enumerate(lines, 1):
@@ -351,13 +343,17 @@ def parse(text: str, path: str) -> WebConfigFile:
 
 def load(path: str) -> WebConfigFile:
     """Read and check a web config file; raise WebConfigError listing every problem."""
+    return parse(_read_text(path), path)
+
+
+def _read_text(path: str) -> str:
+    """Return a configuration file's text (at most MAX_FILE_BYTES, UTF-8), or raise WebConfigError saying why not."""
     p = Path(path)
     try:
         if p.stat().st_size > MAX_FILE_BYTES:
             raise WebConfigError([f"{path}: over {MAX_FILE_BYTES} bytes"])
-        text = p.read_text()
+        return p.read_text()
     except OSError as exc:
         raise WebConfigError([f"{path}: cannot read it: {exc.strerror or exc}"]) from None
     except UnicodeDecodeError:
         raise WebConfigError([f"{path}: not UTF-8 text"]) from None
-    return parse(text, path)

@@ -150,12 +150,18 @@ def negotiate(accept: str) -> tuple[Callable[[CollectorRegistry], bytes], str]:
 async def metrics(request: web.Request) -> web.Response:
     """Serve the text format, or OpenMetrics when the scraper asks for it; gzip when asked."""
     encoder, content_type = negotiate(request.headers.get("Accept", ""))
+    return cached_answer(request, request.app[PAGES], content_type, encoder)
+
+
+def cached_answer(
+    request: web.Request, cache: PageCache, content_type: str, render: Callable[[CollectorRegistry], bytes]
+) -> web.Response:
+    """Answer with a page from its cache (rendered at most once a tick), gzipped when the request asks."""
     gz = accepts_gzip(request.headers.get("Accept-Encoding", ""))
-    body = request.app[PAGES].get(content_type, encoder, gz)
     headers = {"Content-Type": content_type, "Vary": "Accept-Encoding"}
     if gz:
         headers["Content-Encoding"] = "gzip"
-    return web.Response(body=body, headers=headers)
+    return web.Response(body=cache.get(content_type, render, gz), headers=headers)
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -228,12 +234,7 @@ async def snapshot_json(request: web.Request) -> web.Response:
     snap = request.app[SAMPLER].latest()
     if snap is None:
         return web.json_response({"error": "no snapshot yet"}, status=503)
-    gz = accepts_gzip(request.headers.get("Accept-Encoding", ""))
-    body = request.app[SNAPSHOT_PAGE].get(SNAPSHOT_TYPE, lambda _registry: _snapshot_body(snap), gz)
-    headers = {"Content-Type": SNAPSHOT_TYPE, "Vary": "Accept-Encoding"}
-    if gz:
-        headers["Content-Encoding"] = "gzip"
-    return web.Response(body=body, headers=headers)
+    return cached_answer(request, request.app[SNAPSHOT_PAGE], SNAPSHOT_TYPE, lambda _r: _snapshot_body(snap))
 
 
 def _snapshot_body(snap: Snapshot) -> bytes:
@@ -242,12 +243,7 @@ def _snapshot_body(snap: Snapshot) -> bytes:
 
 async def index(request: web.Request) -> web.Response:
     """Serve the status page, rendered at most once per tick (and gzipped once when asked)."""
-    gz = accepts_gzip(request.headers.get("Accept-Encoding", ""))
-    body = request.app[STATUS_PAGE].get(STATUS_TYPE, lambda _registry: status_page(request.app), gz)
-    headers = {"Content-Type": STATUS_TYPE, "Vary": "Accept-Encoding"}
-    if gz:
-        headers["Content-Encoding"] = "gzip"
-    return web.Response(body=body, headers=headers)
+    return cached_answer(request, request.app[STATUS_PAGE], STATUS_TYPE, lambda _r: status_page(request.app))
 
 
 def status_page(app: web.Application) -> bytes:

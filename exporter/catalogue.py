@@ -89,7 +89,8 @@ HTTP_REFUSED_TOTAL = _m(
     "counter",
     "HTTP connections and requests refused, by cause: connection_limit, header_timeout, "
     "tls_handshake, idle_evicted (an idle kept-alive connection closed at the cap for a new one), "
-    "write_timeout (a client that stopped reading its answer), auth_failed, auth_rate_limited.",
+    "write_timeout (a client that stopped reading its answer), bad_request (malformed HTTP), "
+    "auth_failed, auth_rate_limited.",
     ["cause"],
 )
 RENDER_ERRORS_TOTAL = _m(

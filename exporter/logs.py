@@ -103,12 +103,14 @@ class ClientErrorFilter(logging.Filter):
         self._every, self._clock = every, clock
         self._at = -math.inf
         self.left_out = 0  # since the last logged
+        self.total = 0  # every one seen (boundwatch_http_refused_total{cause="bad_request"})
 
     def filter(self, record: logging.LogRecord) -> bool:
         """Pass a record, or leave out a client's malformed request logged under `every` s ago."""
         exc = record.exc_info[1] if record.exc_info else None
         if not isinstance(exc, HttpProcessingError):
             return True
+        self.total += 1
         now = self._clock()
         if now - self._at < self._every:
             self.left_out += 1
@@ -120,6 +122,10 @@ class ClientErrorFilter(logging.Filter):
         record.levelno, record.levelname = logging.WARNING, "WARNING"
         self._at, self.left_out = now, 0
         return True
+
+
+# the one filter on aiohttp's server logger (configure installs it): its `total` is the count exported
+CLIENT_ERRORS = ClientErrorFilter()
 
 
 def configure(level: str = "info", fmt: str = "auto") -> None:
@@ -152,9 +158,8 @@ def configure(level: str = "info", fmt: str = "auto") -> None:
     root.addHandler(handler)
     root.setLevel(numeric)
     server = logging.getLogger("aiohttp.server")
-    for old_filter in [f for f in server.filters if isinstance(f, ClientErrorFilter)]:
-        server.removeFilter(old_filter)
-    server.addFilter(ClientErrorFilter())
+    if CLIENT_ERRORS not in server.filters:
+        server.addFilter(CLIENT_ERRORS)
     structlog.configure(
         processors=[*shared, structlog.processors.format_exc_info, _scrub_event, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),

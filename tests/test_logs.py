@@ -79,8 +79,14 @@ async def test_malformed_requests_log_one_line_in_ten_seconds_without_a_tracebac
     from aiohttp import web as aioweb
     from aiohttp.test_utils import TestServer
 
+    from exporter.export.http import HttpCollector
+    from exporter.logs import CLIENT_ERRORS
+    from exporter.serve.listener import ListenerStats
+
     err = io.StringIO()
     monkeypatch.setattr(sys, "stderr", err)
+    for name, fresh in (("_at", float("-inf")), ("left_out", 0), ("total", 0)):  # the process's one
+        monkeypatch.setattr(CLIENT_ERRORS, name, fresh)  # filter, as at start (restored after)
     app = aioweb.Application()
 
     async def broken(_request: aioweb.Request) -> aioweb.Response:
@@ -107,6 +113,14 @@ async def test_malformed_requests_log_one_line_in_ten_seconds_without_a_tracebac
     bad = [e for e in lines if "BadHttpMessage" in e["event"] or "InvalidURLError" in e["event"]]
     assert len(bad) == 1 and "exception" not in bad[0] and bad[0]["level"] == "warning"
     assert "0 more left out" in bad[0]["event"]
+    # each counted, as boundwatch_http_refused_total{cause="bad_request"}
+    assert CLIENT_ERRORS.total == 30
+    refused = next(
+        m
+        for m in HttpCollector(ListenerStats(), None, lambda: CLIENT_ERRORS.total).collect()
+        if m.samples[0].labels
+    )
+    assert {s.labels["cause"]: s.value for s in refused.samples}["bad_request"] == CLIENT_ERRORS.total
     ours = [e for e in lines if "a bug of ours" in e.get("exception", "")]
     assert len(ours) == 1  # a handler's own exception keeps its traceback
     kept = [

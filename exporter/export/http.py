@@ -6,7 +6,7 @@ this module only names them, so export imports nothing of the web side.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from prometheus_client.metrics_core import Metric
@@ -47,9 +47,12 @@ SELF_FAMILIES: tuple[c.MetricSpec, ...] = (c.HTTP_CONNECTIONS, c.HTTP_REFUSED_TO
 class HttpCollector:
     """Render the listener's and basic auth's counts: connections open, and what was refused."""
 
-    def __init__(self, listener: ListenerCounts, auth: AuthCounts | None) -> None:
+    def __init__(
+        self, listener: ListenerCounts, auth: AuthCounts | None, bad_requests: Callable[[], int] = lambda: 0
+    ) -> None:
         self.listener = listener
         self.auth = auth
+        self.bad_requests = bad_requests  # malformed requests aiohttp answered 400 (counted where logged)
 
     def collect(self) -> Iterator[Metric]:
         """Yield the open connections and the refusals by cause."""
@@ -62,6 +65,7 @@ class HttpCollector:
         refused.add_metric(["tls_handshake"], self.listener.tls_failed_total)
         refused.add_metric(["idle_evicted"], self.listener.evicted_total)
         refused.add_metric(["write_timeout"], self.listener.write_timed_out_total)
+        refused.add_metric(["bad_request"], self.bad_requests())
         if self.auth is not None:
             refused.add_metric(["auth_failed"], self.auth.failures)
             refused.add_metric(["auth_rate_limited"], self.auth.refused)

@@ -23,7 +23,7 @@ from exporter import __version__, webconfig
 from exporter.config import Config, WebConfig
 from exporter.export.collectors import SnapshotCollector, counter_series
 from exporter.export.http import HttpCollector
-from exporter.logs import scrub
+from exporter.logs import CLIENT_ERRORS, scrub
 from exporter.sampling import Sampler
 from exporter.serve import statuspage
 from exporter.serve.auth import BasicAuth, basic_auth_middleware
@@ -323,7 +323,9 @@ def make_app(cfg: Config, sampler: Sampler, clock: Callable[[], float] = time.mo
     app[SAMPLER] = sampler
     app[CONFIG] = cfg
     app[LISTENER] = listener
-    app[REGISTRY] = make_registry(sampler, cfg, HttpCollector(app[LISTENER], auth))
+    app[REGISTRY] = make_registry(
+        sampler, cfg, HttpCollector(app[LISTENER], auth, lambda: CLIENT_ERRORS.total)
+    )
     app[PAGES] = PageCache(app[REGISTRY], sampler, cfg.tick_seconds)
     app[STATUS_PAGE] = PageCache(app[REGISTRY], sampler, cfg.tick_seconds)
     app[SNAPSHOT_PAGE] = PageCache(app[REGISTRY], sampler, cfg.tick_seconds)

@@ -411,7 +411,8 @@ ENGINE_PAGE_REFUSED_TOTAL = _m(
     "What reads of an engine's page or multiprocess files lost, by reason: nan, infinite, negative, "
     "too_large (values refused, never used); bytes, lines (reads cut at the byte or line budget), "
     "files (multiprocess files over the count budget, or not regular files); label (samples whose labels were cut); "
-    "undecodable (bytes that were not UTF-8, replaced); unparsable (reads the parser refused whole).",
+    "undecodable (bytes that were not UTF-8, replaced); unparsable (reads the parser refused whole); "
+    "model (reads naming another model while the same processes serve, held 30 s before it is served).",
     ["engine", "reason"],
     "engine",
 )

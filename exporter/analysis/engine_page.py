@@ -368,6 +368,50 @@ def _failed(reading: EngineReading, exc: Exception) -> EngineReading:
     )
 
 
+# How long a new model name must read the same before it is served (boundwatch_engine_info's label):
+# a page whose model_name changes each read would make a new series each read. A real switch restarts
+# the engine (new processes: served at once); the same processes serving another name wait this long.
+MODEL_HOLD_SECONDS = 30.0
+
+
+def hold_models(snap: Snapshot, prev: Snapshot | None, hold_seconds: float = MODEL_HOLD_SECONDS) -> Snapshot:
+    """Return the Snapshot with each engine's model name held where its page changed it under it.
+
+    An engine keeps the name it served while the same processes serve it: a read that fails or
+    names no model keeps it, and a new name is served once it has read the same for `hold_seconds`;
+    until then it is pending and each such read counts as page_refused reason `model`. New
+    processes (a restart) are served their name at once.
+    """
+    if prev is None or not snap.engines or not prev.engines:
+        return snap
+    before = {p.name: p for p in prev.engines}
+    engines, changed = [], False
+    for e in snap.engines:
+        held = _held_model(e, before.get(e.name), snap.mono, hold_seconds)
+        changed = changed or held is not e
+        engines.append(held)
+    return replace(snap, engines=tuple(engines)) if changed else snap
+
+
+def _held_model(e: EngineReading, p: EngineReading | None, now: float, hold_seconds: float) -> EngineReading:
+    """Return one engine's reading with its served model name (hold_models)."""
+    if p is None or not p.model or e.model == p.model:
+        return e if e.model_pending is None else replace(e, model_pending=None)
+    if e.pids and p.pids and not set(e.pids) & set(p.pids):  # restarted: its own name at once
+        return e
+    if not e.model:  # a failed read, or a page that names no model: the name stays
+        return replace(e, model=p.model, model_pending=p.model_pending)
+    pending = p.model_pending
+    if pending is None or pending[0] != e.model:
+        pending = (e.model, now)
+    if now - pending[1] >= hold_seconds:
+        return replace(e, model_pending=None)
+    lost = dict(e.page_refused)
+    lost["model"] = lost.get("model", 0) + 1
+    refused = tuple((r, lost[r]) for r in PAGE_REFUSED_REASONS if lost.get(r, 0) > 0)
+    return replace(e, model=p.model, model_pending=pending, page_refused=refused)
+
+
 def normalise_engines(snap: Snapshot, max_label_chars: int = 128) -> Snapshot:
     """Return the Snapshot with every raw engine reading normalised (read_raw); one that fails is an error reading.
 

@@ -255,6 +255,7 @@ def replay(snapshots: Sequence[Snapshot], cfg: Config) -> list[Snapshot]:
     for snap in snapshots:
         prev = out[-1] if out else None
         snap, paged = _normalised_again(snap, cfg)
+        snap = engine_page.hold_models(snap, prev)
         snap = agent_union.merge_snapshot(snap, prev)
         if snap.agent is not None and snap.agent.windows:  # merged again: placed again
             snap = resolve_agent_gpus(snap, prev.gpu_uuids if prev is not None else ())
@@ -281,7 +282,7 @@ def _normalised_again(snap: Snapshot, cfg: Config) -> tuple[Snapshot, frozenset[
 def advance(history: Sequence[Snapshot], raw: Snapshot, cfg: Config) -> Snapshot:
     """Return the next Snapshot from this tick's raw readings and the snapshots before it."""
     prev = history[-1] if history else None
-    raw = engine_page.normalise_engines(raw, cfg.engine.max_label_chars)
+    raw = engine_page.hold_models(engine_page.normalise_engines(raw, cfg.engine.max_label_chars), prev)
     snap = engine.with_acceptance(history, rederive(raw, prev))
     snap = engine.serve_counts(snap, prev)
     shown = MappingProxyType(pick_busy(snap))

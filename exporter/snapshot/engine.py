@@ -30,7 +30,8 @@ COUNTS_SOURCES: tuple[str, ...] = ("agent", "page")
 # what any engine reports), reads cut at a budget (bytes, lines: the page's or the kept lines';
 # files: multiprocess files over the count, each file over the byte budget counting as bytes),
 # samples whose label names or values were cut (label), undecodable bytes replaced (undecodable),
-# and reads the metrics parser refused whole (unparsable).
+# reads the metrics parser refused whole (unparsable), and reads whose model name differed from the
+# one served and was held back (model: analysis.engine_page.hold_models).
 PAGE_REFUSED_REASONS: tuple[str, ...] = (
     "nan",
     "infinite",
@@ -42,6 +43,7 @@ PAGE_REFUSED_REASONS: tuple[str, ...] = (
     "label",
     "undecodable",
     "unparsable",
+    "model",
 )
 
 
@@ -206,6 +208,9 @@ class EngineReading:
     name: str
     kind: str  # "vllm" | "sglang"
     model: str = ""
+    # A model name read that differs from `model` and is not yet served: (the name, the monotonic time
+    # it was first read); served once it has read the same for MODEL_HOLD_SECONDS (hold_models).
+    model_pending: tuple[str, float] | None = None
     url: str = ""
     running: float | None = None
     waiting: float | None = None

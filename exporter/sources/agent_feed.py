@@ -494,7 +494,7 @@ class AgentFeed:
                 agent.steps_taken += 1
                 self._steps.append((msg.pid, s))
         if msg.graphs is not None:
-            self._take_graphs(agent, msg.graphs, wall)
+            self._take_graphs(agent, msg.graphs, now, wall)
 
     def _foreign(self, peer: int, pid: int) -> bool:
         """Say whether a sender whose pid says `pid` and whose peer pid is `peer` runs in another PID
@@ -534,6 +534,7 @@ class AgentFeed:
     def _evict_gpu(self) -> bool:
         """Forget the least recently seen GPU key no live agent or pending window uses; say whether one went."""
         used = {uuid or f"cuda{dev}" for a in self._agents.values() for dev, uuid in a.uuids.items()}
+        used |= {a.graphs[2] for a in self._agents.values() if a.graphs is not None and a.graphs[2]}
         used |= {key for key, _ in self._pending}
         idle = [(g.last_seen, key) for key, g in self._gpus.items() if key not in used]
         if not idle:
@@ -689,7 +690,7 @@ class AgentFeed:
         self._refused = dict.fromkeys(REFUSED_REASONS, 0)
         return reading
 
-    def _take_graphs(self, agent: _Agent, g: wire.GraphCounts, wall: int) -> None:
+    def _take_graphs(self, agent: _Agent, g: wire.GraphCounts, now: float, wall: int) -> None:
         """Add one message's light-hook graph counts to its process's totals for this tick (bounded; `wall`: its arrival)."""
         # on a clock far from ours what the counts cover is unknown (the verdict weighs replays by it)
         if _off_clock(g.t1, wall):
@@ -709,6 +710,9 @@ class AgentFeed:
             -1,
             "",
         )  # a message that does not name its GPU keeps the last named
+        if g.uuid and g.uuid != uuid and self._gpu(g.uuid, g.dev, now) is None:  # a GPU named here first
+            self._refuse("gpus", f"{MAX_GPUS} GPUs already known; {g.uuid[:96]} refused")
+            g = replace(g, uuid="")
         agent.graphs = (min(g.captures, MAX_COUNT), min(g.dev, 1023) if g.dev >= 0 else dev, g.uuid or uuid)
         tot[0] = int(tot[0]) + span
         tot[1] = int(tot[1]) + min(g.replays, MAX_COUNT)

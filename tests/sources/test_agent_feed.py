@@ -722,3 +722,26 @@ async def test_closing_stops_a_paced_reader(feed: AgentFeed, monkeypatch: pytest
     assert reader is not None and reader.is_alive()
     feed.close()
     assert not reader.is_alive()
+
+
+def test_a_gpu_first_named_by_graph_counts_takes_a_place_or_is_counted(tmp_path: Path) -> None:
+    """Graph counts naming a UUID no agent's devices named: it takes a GPU place like one, and with every
+    place named by live agents it is refused as `gpus` (before, dropped further on with no count)."""
+    from exporter.sources import agent_feed
+
+    wall = T0 + 1000 * MS
+    f = AgentFeed(AgentFeedConfig(socket=str(tmp_path / "x.sock")), wall_ns=lambda: wall)
+    new = wire.GraphCounts(t0=T0, t1=T0 + 500 * MS, replays=9, captures=1, dev=3, uuid="GPU-graphs-only")
+    f.receive(light(7, graphs=new))
+    assert "GPU-graphs-only" in f._gpus  # a place, as a device named in `devices` gets
+    (g,) = f.collect().graphs
+    assert g.uuid == "GPU-graphs-only"
+    for i in range(agent_feed.MAX_GPUS - 1):  # every other place named by a live agent's devices
+        f.receive(wire.encode(wire.Message(pid=100 + i, state="running", devices=((0, f"GPU-{i}"),))))
+    assert dict(f.collect().refused)["gpus"] == 0
+    assert len(f._gpus) == agent_feed.MAX_GPUS and "GPU-graphs-only" in f._gpus  # its own still named
+    late = wire.GraphCounts(t0=T0, t1=T0 + 500 * MS, replays=4, captures=1, dev=2, uuid="GPU-late")
+    f.receive(light(8, graphs=late))
+    reading = f.collect()
+    assert dict(reading.refused)["gpus"] == 1 and "GPU-late" not in f._gpus
+    assert {u.uuid for u in reading.graphs if u.pid == 8} == {""}  # its counts kept, the UUID not

@@ -58,7 +58,7 @@ HOSTILE_TICKS: list[tuple[bytes, dict[str, int]]] = [
     (page(waiting="-3", prompt="-1"), {"negative": 2}),
     (page(running="1e300", prompt="1e300"), {"too_large": 2}),
     (b"# \xff\xfe not UTF-8\n" + page(), {"undecodable": 2}),
-    (page(model="x" * 1000), {"label": 3}),
+    (page(model="x" * 1000), {"label": 3, "model": 1}),  # cut, and another name than the one served: held
     (b'vllm:num_requests_running{engine="0" 1\n{{{', {"unparsable": 1}),
     (b"#\n" * 300 + page(), {"lines": 1}),  # past max_page_lines: only comments are left
     (page(prompt="1" + "0" * 9000), {"bytes": 1}),  # past max_page_bytes, so cut before prompt

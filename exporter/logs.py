@@ -17,6 +17,10 @@ from aiohttp.http_exceptions import HttpProcessingError
 _URL = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^\s/\"'<>]*)([^\s\"'<>]*)")
 
 
+# an authority that is no host[:port] (what follows its ':' is no port): a user:password whose password
+# holds a '/' not percent-encoded, so the authority went on past it (up to the last '@' before the query)
+_NOT_A_PORT = re.compile(r"[^@\[\]/]*:(?!\d*$)")
+
 _TRAILING = ".,;:!?)]}"  # punctuation after a URL in prose: the sentence's, not the URL's
 # schemes whose query may carry a token (a presigned URL's signature)
 _WEB = ("http://", "https://", "ws://", "wss://")
@@ -31,6 +35,12 @@ def _scrub_url(m: re.Match[str]) -> str:
     elif authority:
         kept = authority.rstrip(_TRAILING)
         authority, after = kept, authority[len(kept) :]
+    if rest and "@" not in authority and _NOT_A_PORT.match(authority):  # user:pa/ss@host: a '/' unencoded
+        at = rest.rfind(
+            "@", 0, min((i for i in (rest.find("?"), rest.find("#")) if i >= 0), default=len(rest))
+        )
+        if at >= 0:
+            authority, rest = authority + rest[: at + 1], rest[at + 1 :]
     host = authority.rpartition("@")[2]  # user:password@ (a password may hold '@': up to the last)
     cut = min((i for i in (host.find("?"), host.find("#")) if i >= 0), default=len(host))
     host, rest = host[:cut], host[cut:] + rest

@@ -30,6 +30,14 @@ from exporter.serve import web
         ("at http://u:p@h/m?x=1: refused", "at http://h/m?x=redacted: refused"),
         ("s3://bucket/llama?versionId=v7", "s3://bucket/llama?versionId=v7"),  # a model's name, no web query
         ("redis://u:pw@cache:6379/0", "redis://cache:6379/0"),  # a password in any scheme
+        # a '/' left unencoded in a password: the authority is no host:port, so it ran on to the '@'
+        ("bad URL http://admin:pa/ss@host:8000/metrics", "bad URL http://host:8000/metrics"),
+        ("http://u:p/a/s@s@h/m?t=x@y", "http://h/m?t=redacted"),
+        # a path holding '@' after a real host[:port] (an npm scope, say) is a path
+        ("http://host:8000/@scope/pkg", "http://host:8000/@scope/pkg"),
+        ("http://host/a@b", "http://host/a@b"),
+        ("http://[::1]:80/a@b", "http://[::1]:80/a@b"),
+        ("http://h:/a@b", "http://h:/a@b"),
     ],
 )
 def test_scrub_removes_a_urls_credentials_and_keeps_where_it_points(text: str, shown: str) -> None:

@@ -263,9 +263,8 @@ class _Guarded(asyncio.Protocol):
         ended = False
         while True:
             if not self._partial:
-                while (
-                    at < len(buf) and buf[at] in b"\r\n"
-                ):  # blank lines before a request: no head (RFC 9112 2.2)
+                # blank lines before a request: no head (RFC 9112 2.2)
+                while at < len(buf) and buf[at] in b"\r\n":
                     at += 1
                 if at >= len(buf):
                     break

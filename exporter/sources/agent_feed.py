@@ -78,9 +78,8 @@ MAX_STEPS_PER_MESSAGE = 16  # steps entries read from one datagram (an agent sen
 # steps records kept from one agent between two reads (an agent sends a few datagrams a tick): with
 # MAX_AGENTS, 8,192 records at most, none ever dropped for another agent's
 MAX_STEPS_PER_AGENT_READ = 64
-MAX_STEP_RECORDS = (
-    10_000  # kept from all agents between two reads (agents forgotten and new ones in one tick)
-)
+# kept from all agents between two reads (agents forgotten and new ones in one tick)
+MAX_STEP_RECORDS = 10_000
 MAX_ENGINE_CORES = 64  # (engine-core pid, engine, DP rank) entries per tick in all
 MAX_GRAPH_PROCESSES = 256  # processes with graph counts per tick
 MAX_REQUESTS = 1_000_000  # running / waiting / batch limit above this are not plausible

@@ -34,10 +34,15 @@ async def _sampler(clock: Clock, gpus: int = 8) -> Sampler:
     return sampler
 
 
-async def test_many_scrapes_in_one_tick_render_the_page_once_per_format(aiohttp_client):
+async def _client(aiohttp_client, gpus: int = 8):  # type: ignore[no-untyped-def]
+    """Return a clock, a Sampler that has ticked twice on it with `gpus` stand-in GPUs, and a client of its app."""
     clock = Clock(50.0)
-    sampler = await _sampler(clock)
-    client = await aiohttp_client(make_app(Config(), sampler))
+    sampler = await _sampler(clock, gpus)
+    return clock, sampler, await aiohttp_client(make_app(Config(), sampler))
+
+
+async def test_many_scrapes_in_one_tick_render_the_page_once_per_format(aiohttp_client):
+    clock, sampler, client = await _client(aiohttp_client)
     pages = client.app[web.PAGES]
     bodies = await asyncio.gather(*(client.get("/metrics") for _ in range(20)))
     texts = {await r.text() for r in bodies}
@@ -53,9 +58,7 @@ async def test_many_scrapes_in_one_tick_render_the_page_once_per_format(aiohttp_
 
 
 async def test_ticks_without_scrapes_render_nothing(aiohttp_client):
-    clock = Clock(50.0)
-    sampler = await _sampler(clock)
-    client = await aiohttp_client(make_app(Config(), sampler))
+    clock, sampler, client = await _client(aiohttp_client)
     for _ in range(10):
         clock.t += 0.5
         await sampler.tick()
@@ -65,9 +68,7 @@ async def test_ticks_without_scrapes_render_nothing(aiohttp_client):
 
 
 async def test_a_stalled_sampler_page_still_ages(aiohttp_client):
-    clock = Clock(50.0)
-    sampler = await _sampler(clock)
-    client = await aiohttp_client(make_app(Config(), sampler))
+    clock, _, client = await _client(aiohttp_client)
     first = await (await client.get("/metrics")).text()
     clock.t += 2.0  # no tick: the cached page lives at most one tick
     second = await (await client.get("/metrics")).text()
@@ -76,9 +77,7 @@ async def test_a_stalled_sampler_page_still_ages(aiohttp_client):
 
 
 async def test_gzip_when_asked_compressed_once_per_tick(aiohttp_client):
-    clock = Clock(50.0)
-    sampler = await _sampler(clock)
-    client = await aiohttp_client(make_app(Config(), sampler))
+    _, _, client = await _client(aiohttp_client)
     plain = await (
         await client.get("/metrics", headers={"Accept-Encoding": "identity"}, auto_decompress=False)
     ).read()
@@ -97,9 +96,7 @@ async def test_gzip_when_asked_compressed_once_per_tick(aiohttp_client):
 
 async def test_any_accept_version_is_one_of_a_few_pages_and_a_bad_one_is_the_default(aiohttp_client):
     """A version is echoed in the answer's type: each new one would be a page rendered and kept for good."""
-    clock = Clock(50.0)
-    sampler = await _sampler(clock, gpus=1)
-    client = await aiohttp_client(make_app(Config(), sampler))
+    _, _, client = await _client(aiohttp_client, gpus=1)
     pages = client.app[web.PAGES]
     types = set()
     for n in range(300):
@@ -123,9 +120,7 @@ async def test_any_accept_version_is_one_of_a_few_pages_and_a_bad_one_is_the_def
 
 
 async def test_snapshot_json_is_rendered_once_per_tick_and_gzipped_when_asked(aiohttp_client):
-    clock = Clock(50.0)
-    sampler = await _sampler(clock)
-    client = await aiohttp_client(make_app(Config(), sampler))
+    clock, sampler, client = await _client(aiohttp_client)
     cache = client.app[web.SNAPSHOT_PAGE]
     answers = await asyncio.gather(*(client.get("/api/snapshot") for _ in range(20)))
     bodies = {await r.read() for r in answers}
@@ -311,9 +306,7 @@ async def test_a_wrong_password_flood_runs_few_checks_and_gets_429(aiohttp_clien
 async def test_a_stale_snapshot_is_logged_once_not_per_scrape(aiohttp_client):
     import structlog
 
-    clock = Clock(50.0)
-    sampler = await _sampler(clock, gpus=1)
-    client = await aiohttp_client(make_app(Config(), sampler))
+    clock, sampler, client = await _client(aiohttp_client, gpus=1)
     with structlog.testing.capture_logs() as logs:
         for _ in range(10):
             clock.t += 1.0  # ticks stopped: each scrape sees an older snapshot and a new page

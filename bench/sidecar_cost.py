@@ -87,6 +87,13 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK
 
 
+def user_system(pid: int) -> tuple[float, float]:
+    """Return a process's utime and stime apart, s (1/CLK s steps): how much of its CPU is the kernel's."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) / CLK, int(fields[12]) / CLK
+
+
 def run_seconds(pid: int) -> float:
     """Return a long-lived process's time on CPU, s: its threads' schedstat (ns), else `cpu_seconds`.
 
@@ -973,6 +980,7 @@ def run_one(
         t0, c0 = time.time(), run_seconds(daemon.pid)
         w0 = thread_wakes(daemon.pid)
         c0_other = run_seconds(daemons[-1].pid)
+        us0 = user_system(daemon.pid)
         rss = []
         next_scrape = time.time()
         while time.time() - t0 < seconds:
@@ -985,6 +993,7 @@ def run_one(
             time.sleep(1.0)
         t1, c1, w1 = time.time(), run_seconds(daemon.pid), thread_wakes(daemon.pid)
         c1_other = run_seconds(daemons[-1].pid)
+        us1 = user_system(daemon.pid)
         ticks1 = metric(bw_port, "boundwatch_ticks_total")
         _dt, nbytes, series = scrape(bw_port)
         dump = os.environ.get("BW_COST_DUMP")  # a path: the daemon's last /metrics page, to see what it read
@@ -1002,6 +1011,9 @@ def run_one(
             "seconds": round(t1 - t0, 1),
             "warmup_seconds": warmup,
             "cpu_share_of_core": round((c1 - c0) / (t1 - t0), 5),
+            "user_system_share_of_core": [
+                round((b - a) / (t1 - t0), 5) for a, b in zip(us0, us1, strict=True)
+            ],
             "ticks_per_second": round(((ticks1 or 0) - (ticks0 or 0)) / (t1 - t0), 3),
             "rss_mib_first": round(rss[0] / 2**20, 1) if rss else None,
             "rss_mib_last": round(rss[-1] / 2**20, 1) if rss else None,

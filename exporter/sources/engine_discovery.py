@@ -53,7 +53,9 @@ class EngineTarget:
     max_num_seqs: int | None = None  # the engine's own batch limit, from its command line
     graph_config: GraphConfig | None = None  # what its command line says about CUDA graphs
     extra: dict[str, str] = field(default_factory=dict)
-    over_bound: int = 0  # its API servers past MAX_API_SERVERS and processes past MAX_PROCESSES, not read
+    # its API servers past MAX_API_SERVERS and processes past MAX_PROCESSES, not read, and its command
+    # line and its processes' environments cut at their bounds (procs.MAX_CMDLINE_*, MAX_ENVIRON_BYTES)
+    over_bound: int = 0
 
 
 def _flag(cmdline: Sequence[str], *names: str) -> str | None:
@@ -307,8 +309,11 @@ def _target(
     url = _page_url(_host_of(proc_root, cmdline, port, server_set or {e.root}), port)
     asc = _flag(cmdline, "--api-server-count", "-asc")
     mp_dir = cuda = None
-    for pid in [*server_set, *pids]:
-        env = procs.read_environ(proc_root, pid)
+    if info is not None and e.rooted and info.cmdline_cut:
+        over += 1  # the flags read from it may have been past the bound
+    for pid in dict.fromkeys([*server_set, *pids]):  # the servers are among the pids too: read once
+        env, cut = procs.environ_of(proc_root, pid)
+        over += cut
         if mp_dir is None and env.get(MULTIPROC_ENV):
             mp_dir = resolve_in(proc_root, pid, env[MULTIPROC_ENV])
         if cuda is None and pid not in server_set:

@@ -30,6 +30,7 @@ class ProcInfo:
     comm: str
     cmdline: tuple[str, ...]
     start_ticks: int  # start time since boot, clock ticks: tells a reused pid apart
+    cmdline_cut: bool = False  # the command line was longer than what was read (MAX_CMDLINE_*)
 
     @property
     def title(self) -> str:
@@ -94,39 +95,61 @@ MAX_ENVIRON_BYTES = 256 * 1024  # of an environment read at exec (an engine's, t
 
 
 def read_cmdline(proc_root: str, pid: int) -> tuple[str, ...]:
-    """Return the command line of a process as words ((): kernel thread, gone, or no permission).
+    """Return the command line of a process as words ((): kernel thread, gone, or no permission)."""
+    return cmdline_of(proc_root, pid)[0]
+
+
+def cmdline_of(proc_root: str, pid: int) -> tuple[tuple[str, ...], bool]:
+    """Return the command line of a process as words, and whether it was cut at its bounds.
 
     A process that set its title (setproctitle) has the title in the first word, padded with
-    NULs or spaces; the padding is dropped. At most MAX_CMDLINE_BYTES are read: the table keeps
-    every process's words, and any user may start processes with the largest command lines.
+    NULs or spaces; the padding is dropped. At most MAX_CMDLINE_BYTES and MAX_CMDLINE_WORDS are
+    kept: the table keeps every process's words, and any user may start processes with the
+    largest command lines. One byte more is read, to tell a line that fills the bound from one
+    cut at it; a word the byte bound cuts short is not kept.
     """
     try:
-        raw = read_head(f"{proc_root}/{pid}/cmdline", MAX_CMDLINE_BYTES)
+        raw = read_head(f"{proc_root}/{pid}/cmdline", MAX_CMDLINE_BYTES + 1)
     except OSError:
-        return ()
-    words = [w.decode(errors="replace") for w in raw.split(b"\0", MAX_CMDLINE_WORDS)[:MAX_CMDLINE_WORDS]]
+        return (), False
+    cut = len(raw) > MAX_CMDLINE_BYTES
+    parts = raw[:MAX_CMDLINE_BYTES].split(b"\0", MAX_CMDLINE_WORDS)
+    if len(parts) > MAX_CMDLINE_WORDS:  # the rest past the last word kept: padding, or words cut
+        cut = bool(parts.pop().strip(b"\0 ")) or cut
+    elif cut:  # the bytes ran out inside a word: a word cut short is not kept (`-n 25` of `-n 256`)
+        parts.pop()
+    words = [w.decode(errors="replace") for w in parts]
     while words and not words[-1].strip():
         words.pop()
-    return tuple(w.rstrip() if i == 0 else w for i, w in enumerate(words))
+    return tuple(w.rstrip() if i == 0 else w for i, w in enumerate(words)), cut
 
 
 def read_environ(proc_root: str, pid: int) -> dict[str, str]:
-    """Return the environment a process was started with ({} without permission).
+    """Return the environment a process was started with ({} without permission)."""
+    return environ_of(proc_root, pid)[0]
+
+
+def environ_of(proc_root: str, pid: int) -> tuple[dict[str, str], bool]:
+    """Return the environment a process was started with, and whether it was cut at its bound.
 
     /proc shows the environment at exec time: a variable the process set later is only seen in
-    the children it spawned afterwards. At most MAX_ENVIRON_BYTES are read (a variable past them
-    is not seen).
+    the children it spawned afterwards. At most MAX_ENVIRON_BYTES are read: a variable past them,
+    or cut by them, is not seen, and the environment is reported cut; {} without permission.
     """
     try:
-        raw = read_head(f"{proc_root}/{pid}/environ", MAX_ENVIRON_BYTES)
+        raw = read_head(f"{proc_root}/{pid}/environ", MAX_ENVIRON_BYTES + 1)
     except OSError:
-        return {}
+        return {}, False
+    cut = len(raw) > MAX_ENVIRON_BYTES
+    items = raw[:MAX_ENVIRON_BYTES].split(b"\0")
+    if cut:  # the last variable read may be cut short: not kept (a value cut is a wrong value)
+        items.pop()
     env: dict[str, str] = {}
-    for item in raw.split(b"\0"):
+    for item in items:
         key, sep, value = item.partition(b"=")
         if sep:
             env[key.decode(errors="replace")] = value.decode(errors="replace")
-    return env
+    return env, cut
 
 
 def pids(proc_root: str) -> list[int]:
@@ -143,7 +166,8 @@ def proc_info(proc_root: str, pid: int) -> ProcInfo | None:
     stat = read_stat(proc_root, pid)
     if stat is None:
         return None
-    return ProcInfo(pid, stat.ppid, stat.comm, read_cmdline(proc_root, pid), stat.start_ticks)
+    words, cut = cmdline_of(proc_root, pid)
+    return ProcInfo(pid, stat.ppid, stat.comm, words, stat.start_ticks, cut)
 
 
 def processes(proc_root: str) -> Iterator[ProcInfo]:

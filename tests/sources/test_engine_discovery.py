@@ -73,3 +73,30 @@ def test_command_lines_int_refuses_are_no_engine_flags_and_stop_no_discovery(tmp
     assert served.api_server_count_cmdline is None and 21 not in served.api_server_pids
     assert served.api_server_pids == tuple(100 + i for i in range(MAX_API_SERVERS))
     assert served.over_bound == 6 and by_name["vllm:8000"].over_bound == 0
+
+
+def test_an_engine_command_line_or_environment_cut_at_its_bound_counts_as_over_bound(tmp_path):
+    from exporter.sources import procs
+    from exporter.sources.engine_discovery import find_engines
+    from exporter.sources.procs import ProcInfo
+
+    hold = ("python3", "-c", "pass")
+    flags = (*hold, "vllm", "serve", "m", "--port")
+    table = [
+        ProcInfo(10, 1, "python3", (*flags, "8001"), 1, cmdline_cut=True),  # flags past 64 KiB unread
+        ProcInfo(20, 1, "python3", (*flags, "8002"), 2),
+        ProcInfo(21, 20, "python3", ("VLLM::APIServer_0",), 3),
+        ProcInfo(22, 20, "python3", ("VLLM::EngineCore_0",), 3),
+    ]
+    for pid, env in (
+        (21, b"PROMETHEUS_MULTIPROC_DIR=/tmp/mp\0"),
+        (22, b"A=" + b"x" * procs.MAX_ENVIRON_BYTES),
+    ):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "environ").write_bytes(env)
+    by_name = {t.name: t for t in find_engines(str(tmp_path), table)[0]}
+    assert by_name["vllm:8001"].over_bound == 1
+    assert (
+        by_name["vllm:8002"].over_bound == 1
+    )  # the engine core's environment, read once though listed twice
+    assert by_name["vllm:8002"].multiproc_dir == "/tmp/mp"

@@ -133,6 +133,7 @@ def test_a_command_line_of_many_words_keeps_the_first_1024():
             lambda: procs.read_cmdline("/proc", child.pid)[3:] and procs.read_cmdline("/proc", child.pid)
         )
         assert len(words) == procs.MAX_CMDLINE_WORDS and words[-1] == "x"
+        assert procs.cmdline_of("/proc", child.pid)[1]  # and it says it was cut
     finally:
         child.kill()
         child.wait()

@@ -377,11 +377,51 @@ def test_a_command_line_and_an_environment_are_read_up_to_their_bounds():
     )
     try:
         wait_until(lambda: procs.read_cmdline("/proc", child.pid)[3:5] == ("vllm", "serve"), timeout=10)
-        words = procs.read_cmdline("/proc", child.pid)
-        assert sum(len(w) + 1 for w in words) - 1 == procs.MAX_CMDLINE_BYTES
-        env = procs.read_environ("/proc", child.pid)
-        assert env["CUDA_VISIBLE_DEVICES"] == "3"  # before the big variable, as exec laid it out
+        words, cut = procs.cmdline_of("/proc", child.pid)
+        assert cut and words[3:] == (
+            "vllm",
+            "serve",
+        )  # the first 100 KB word is past 64 KiB: not kept cut short
+        env, cut = procs.environ_of("/proc", child.pid)
+        assert cut and env["CUDA_VISIBLE_DEVICES"] == "3"  # before the big variables, as exec laid them out
         assert sum(len(k) + len(v) + 2 for k, v in env.items()) <= procs.MAX_ENVIRON_BYTES + 1
+        assert all(v == big[0] for k, v in env.items() if k.startswith("BIG"))  # none kept cut short
+        assert procs.proc_info("/proc", child.pid).cmdline_cut
+        assert not procs.proc_info("/proc", os.getpid()).cmdline_cut
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_command_line_or_environment_that_fills_its_bound_is_whole_and_one_byte_more_is_cut(tmp_path):
+    bound = procs.MAX_CMDLINE_BYTES
+    (tmp_path / "1").mkdir()
+    (tmp_path / "2").mkdir()
+    flags = b"vllm\0serve\0--max-num-seqs\0"
+    exact = flags + b"256\0" + b"x" * (bound - len(flags) - 4)  # the last word ends at the bound
+    (tmp_path / "1" / "cmdline").write_bytes(exact)
+    (tmp_path / "2" / "cmdline").write_bytes(flags + b"x" * (bound - len(flags)) + b"y")
+    words, cut = procs.cmdline_of(str(tmp_path), 1)
+    assert not cut and words[:4] == ("vllm", "serve", "--max-num-seqs", "256") and len(words) == 5
+    assert procs.cmdline_of(str(tmp_path), 2) == (("vllm", "serve", "--max-num-seqs"), True)
+    (tmp_path / "1" / "cmdline").write_bytes(flags + b"256")  # a word cut by the bytes, not by the bound
+    assert procs.cmdline_of(str(tmp_path), 1) == (("vllm", "serve", "--max-num-seqs", "256"), False)
+    # words past MAX_CMDLINE_WORDS are cut; the padding setproctitle leaves is not
+    (tmp_path / "1" / "cmdline").write_bytes(b"a\0" * procs.MAX_CMDLINE_WORDS + b"\0" * 40)
+    words, cut = procs.cmdline_of(str(tmp_path), 1)
+    assert len(words) == procs.MAX_CMDLINE_WORDS and not cut
+    (tmp_path / "1" / "cmdline").write_bytes(b"a\0" * procs.MAX_CMDLINE_WORDS + b"b\0")
+    words, cut = procs.cmdline_of(str(tmp_path), 1)
+    assert len(words) == procs.MAX_CMDLINE_WORDS and cut and "b" not in words
+
+    env_bound = procs.MAX_ENVIRON_BYTES
+    head = b"CUDA_VISIBLE_DEVICES=0,1\0"
+    (tmp_path / "1" / "environ").write_bytes(head + b"A=" + b"x" * (env_bound - len(head) - 3) + b"\0")
+    env, cut = procs.environ_of(str(tmp_path), 1)
+    assert not cut and env["CUDA_VISIBLE_DEVICES"] == "0,1" and len(env["A"]) == env_bound - len(head) - 3
+    (tmp_path / "2" / "environ").write_bytes(
+        b"A=" + b"x" * (env_bound - 25) + b"\0" + head
+    )  # "...=0" at the bound
+    env, cut = procs.environ_of(str(tmp_path), 2)
+    assert cut and "CUDA_VISIBLE_DEVICES" not in env  # cut to "CUDA_VISIB...=0": not kept wrong
+    assert procs.environ_of(str(tmp_path), 3) == ({}, False)  # no such process

@@ -70,7 +70,8 @@ SOURCE_OVER_BOUND = _m(
     "gauge",
     "What a source found at its last read beyond its bounds and left unread: for engine, processes that look "
     "like engines past the 32 read at once (those started last), and an engine's API servers past 64, "
-    "processes past 512 and cgroups past 16; 0 normally.",
+    "processes past 512 and cgroups past 16, its command line cut at 64 KiB or 1,024 words and its "
+    "processes' environments cut at 256 KiB (what was cut is not read); 0 normally.",
     ["source"],
 )
 SOURCE_DURATION_SECONDS = _m(
@@ -288,7 +289,12 @@ AGENT_REFUSED_TOTAL = _m(
 )
 # --- engine (vLLM / SGLang) ------------------------------------------------------------
 ENGINE_INFO = _m(
-    "boundwatch_engine_info", "gauge", "Engine identity; always 1.", ["engine", "kind", "model"], "engine"
+    "boundwatch_engine_info",
+    "gauge",
+    "Engine identity; always 1. The model is the one its page names, held while the same processes "
+    "serve until a new name has read the same for 30 s.",
+    ["engine", "kind", "model"],
+    "engine",
 )
 ENGINE_UP = _m(
     "boundwatch_engine_up",

@@ -18,7 +18,12 @@ scheduler counts (the newest Snapshot says `counts_source == "agent"`, see `foll
 is read over HTTP only every `engine.slow_read_seconds`, for the token counters and the model
 name; between reads the last page reading is carried, marked `page_read=False` with its age.
 Without agent counts, after a failed read, and for page files and multiprocess files (which
-cost the engine nothing) every tick reads.
+cost the engine nothing) every tick reads. A page whose connection is refused (nothing listens
+on its port: an engine loading or gone, or a process that only looks like one) is read again at
+the next tick, then after 1, 2 and 4 s, then every `REFUSED_BACKOFF_MAX_SECONDS`, until it answers: 32 such processes
+cost the daemon 0.7% of a core in refused reads at every tick (bench/down_engines.py). A read that
+times out or answers badly is read again at the next tick, as before: an API server too busy to
+answer is the seed's signature, not an engine that is gone.
 
 One engine's bad page never hides the others: what its read lost is counted in its reading
 (`page_refused`), and a read that fails is that engine's error reading. Each engine's change
@@ -75,6 +80,7 @@ MAX_CGROUPS = 16  # cgroups read an engine each tick (each is read, and labels s
 # All the HTTP pages of one tick are read in at most this many engine timeouts: the engine
 # source's thread gives up after 4 (BlockingReader), so hung engines cannot fail the others' build.
 READ_BUDGET_TIMEOUTS = 3
+REFUSED_BACKOFF_MAX_SECONDS = 4.0  # the longest wait between reads of a page whose connection is refused
 
 
 def _is_file(url: str) -> bool:
@@ -138,6 +144,9 @@ class EngineSource:
         self._agent_counted: frozenset[str] = frozenset()  # engines the newest Snapshot counted by agent
         # engine name -> (when, the last good page reading): carried between slow reads
         self._pages: dict[str, tuple[float, EngineReading]] = {}
+        # url -> (refusals in a row, when it is read again, the refusal in words, the read's seconds):
+        # the pages nothing serves, read again after a back-off
+        self._refused: dict[str, tuple[int, float, str, float]] = {}
         self.page_reads = 0  # HTTP reads of engine pages started (for tests and benches)
         self._unread_engines = 0  # engines the last discovery found beyond its bound
         self._unread_cgroups = 0  # the engines' cgroups past MAX_CGROUPS at the last build
@@ -286,13 +295,19 @@ class EngineSource:
                 log.warning("engine_down", engine=r.name, url=r.url or None, error=r.error)
         self._states = states  # an engine no longer read is forgotten (discovery logs it lost)
 
-    def _fetch(self, target: EngineTarget, due: bool, budget_end: float) -> tuple[bytes | None, str, float]:
+    def _fetch(
+        self, target: EngineTarget, due: bool, budget_end: float, now: float
+    ) -> tuple[bytes | None, str, float]:
         """Return (page bytes or None, error, seconds) for a target read over HTTP; files are read later.
 
-        Runs in the engine source's thread, over the target's kept-alive connection.
+        Runs in the engine source's thread, over the target's kept-alive connection. A page whose
+        connection was refused is not read again before its back-off ends: its last refusal stands.
         """
         if not due or self._use_files(target) or _is_file(target.url) or not target.url:
             return None, "", 0.0
+        refused = self._refused.get(target.url)
+        if refused is not None and now < refused[1]:
+            return None, refused[2], refused[3]  # the last read's refusal and time stand
         self.page_reads += 1
         start = time.perf_counter()
         timeout = self.cfg.engine.timeout_seconds
@@ -308,10 +323,19 @@ class EngineSource:
                 raise TimeoutError("the other engines' reads took this tick's time")
             data = client.get()
         except READ_ERRORS as exc:
-            return None, describe_error(exc, timeout), time.perf_counter() - start
+            error, seconds = describe_error(exc, timeout), time.perf_counter() - start
+            if _refused(exc):
+                n = refused[0] + 1 if refused is not None else 1
+                # the next tick reads it again once; then 1, 2, 4 s later (half a tick early: a tick's jitter)
+                wait = min(REFUSED_BACKOFF_MAX_SECONDS, 2.0 ** (n - 2)) if n > 1 else 0.0
+                self._refused[target.url] = (n, now + wait - self.cfg.tick_seconds / 2, error, seconds)
+            else:
+                self._refused.pop(target.url, None)
+            return None, error, seconds
         finally:
             if client.filter_off != off:
                 log.info("engine_page_read_whole", url=target.url, reason=client.filter_off)
+        self._refused.pop(target.url, None)
         return data, "", time.perf_counter() - start
 
     def _use_files(self, target: EngineTarget) -> bool:
@@ -323,10 +347,14 @@ class EngineSource:
         Runs off the event loop, in the engine source's thread.
         """
         budget_end = time.monotonic() + READ_BUDGET_TIMEOUTS * self.cfg.engine.timeout_seconds
-        pages = [self._fetch(t, c is None, budget_end) for t, c in zip(self._targets, carry, strict=True)]
+        pages = [
+            self._fetch(t, c is None, budget_end, now) for t, c in zip(self._targets, carry, strict=True)
+        ]
         read_now = {t.url for t in self._targets}
         for url in [u for u in self._clients if u not in read_now]:
             self._clients.pop(url).close()  # an engine no longer read: its connection goes
+        for url in [u for u in self._refused if u not in read_now]:
+            del self._refused[url]
         rows = self._table.rows
         cpu = self._cpu.sample(
             info
@@ -538,3 +566,8 @@ async def read_once(
         client.close()
     reading = raw_from_bytes(data, url=url_or_path, limits=limits)
     return replace(reading, name=name_for(target, reading.kind), scrape_seconds=time.perf_counter() - start)
+
+
+def _refused(exc: BaseException) -> bool:
+    """Say whether a failed page read was a refused connection (nothing listens), not a slow or bad answer."""
+    return isinstance(exc, ConnectionRefusedError) or isinstance(exc.__cause__, ConnectionRefusedError)

@@ -432,3 +432,67 @@ async def test_an_engine_in_more_cgroups_than_are_read_has_the_first_read_and_th
         assert source.over_bound == 3
     finally:
         await source.aclose()
+
+
+async def test_a_page_nothing_serves_is_read_again_after_a_back_off_and_every_tick_once_it_answers():
+    port = free_port()
+    clock = Clock(0.0)
+    source = EngineSource(config(urls=(f"http://127.0.0.1:{port}/metrics",), discover=False), clock=clock)
+    reads_at: list[float] = []
+    errors: list[str] = []
+    runner = None
+    try:
+        for _ in range(16):  # 0 .. 7.5 s at 0.5 s ticks: refused
+            before = source.page_reads
+            (reading,) = await source.read()
+            errors.append(reading.error)
+            if source.page_reads > before:
+                reads_at.append(clock.t)
+            clock.t += 0.5
+        # read at once again, then 1, 2 and 4 s after, then every 4 s
+        assert reads_at == [0.0, 0.5, 1.5, 3.5, 7.5]
+        assert len(set(errors)) == 1 and "refused" in errors[0]  # a skipped tick keeps the refusal
+        app = web.Application()
+
+        async def page(_request: web.Request) -> web.Response:
+            return web.Response(
+                text='# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name="m"} 2\n'
+            )
+
+        app.router.add_get("/metrics", page)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        got = []
+        for _ in range(10):  # 8 .. 12.5 s: the engine listens; it is read at 11.5 s and every tick after
+            before = source.page_reads
+            (reading,) = await source.read()
+            got.append((clock.t, source.page_reads - before, reading.error == ""))
+            clock.t += 0.5
+        assert [t for t, n, _ in got if n] == [11.5, 12.0, 12.5]
+        assert all(ok for t, _, ok in got if t >= 11.5) and not any(ok for t, _, ok in got if t < 11.5)
+    finally:
+        await source.aclose()
+        if runner is not None:
+            await runner.cleanup()
+
+
+async def test_a_page_that_answers_badly_is_read_every_tick():
+    app = web.Application()
+
+    async def broken(_request: web.Request) -> web.Response:
+        return web.Response(status=500, text="busy")
+
+    app.router.add_get("/metrics", broken)
+    async with TestServer(app, host="127.0.0.1") as server:
+        clock = Clock(0.0)
+        url = f"http://127.0.0.1:{server.port}/metrics"
+        source = EngineSource(config(urls=(url,), discover=False), clock=clock)
+        try:
+            for _ in range(8):
+                (reading,) = await source.read()
+                assert "HTTP 500" in reading.error
+                clock.t += 0.5
+        finally:
+            await source.aclose()
+        assert source.page_reads == 8  # an answer, however bad, is no sign that nothing serves

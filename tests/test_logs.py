@@ -42,7 +42,7 @@ from exporter.serve import web
 )
 def test_scrub_removes_a_urls_credentials_and_keeps_where_it_points(text: str, shown: str) -> None:
     assert scrub(text) == shown
-    assert web.redact(text) == shown  # /api/snapshot and the status page scrub the same way
+    assert web.served(text) == shown  # /api/snapshot scrubs the same way (and the status page, given `scrub`)
 
 
 def test_served_snapshot_data_holds_no_credentials() -> None:

@@ -178,7 +178,6 @@ async def healthz(request: web.Request) -> web.Response:
 
 HIDDEN_FIELDS = frozenset({"environ", "env", "environment", "argv", "args"})
 TITLE_ONLY_FIELDS = frozenset({"cmdline"})  # served as the process title (first word), never the arguments
-redact = scrub  # every URL's user:password and query values removed (exporter.logs.scrub)
 
 
 def _title_only(name: str, value: Any) -> Any:
@@ -208,10 +207,10 @@ def served(value: Any) -> Any:
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, str):
-        return redact(value)
+        return scrub(value)  # every URL's user:password and query values removed
     if value is None or isinstance(value, bool | int):
         return value
-    return redact(str(value))
+    return scrub(str(value))
 
 
 def snapshot_page(snap: Snapshot) -> dict[str, Any]:
@@ -257,7 +256,7 @@ def status_page(app: web.Application) -> bytes:
         stale_after=max(5.0, 10 * cfg.tick_seconds),
         banner=app.get(BANNER, ""),
         refresh_seconds=max(2, math.ceil(4 * cfg.tick_seconds)),
-        scrub=redact,
+        scrub=scrub,
     ).encode()
 
 

@@ -9,6 +9,7 @@ import re
 
 from exporter.commands.demo import World, demo_sources, make_demo_app
 from exporter.config import Config
+from exporter.logs import scrub
 from exporter.sampling import Sampler
 from exporter.serve import statuspage, web
 from exporter.serve.statuspage import BUSY_H, BUSY_TOP, MAX_COLUMNS, WIDTH
@@ -164,7 +165,7 @@ def test_text_from_outside_is_escaped_and_command_lines_never_shown() -> None:
     from exporter.snapshot.gpu import GpuReading
 
     history = [dataclasses.replace(s, gpus=(GpuReading(0, "GPU-x", hostile, "1"),)) for s in history]
-    page = statuspage.render(history, version="<v>", window=120, now=2.0, stale_after=5, scrub=web.redact)
+    page = statuspage.render(history, version="<v>", window=120, now=2.0, stale_after=5, scrub=scrub)
     assert "<script" not in page and "<img" not in page and "<b>model" not in page and "<i>" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "&lt;/svg&gt;&lt;b&gt;model" in page
     assert "sk-secret-1" not in page and "--api-key" not in page and "vllm serve" not in page

@@ -20,10 +20,11 @@ name; between reads the last page reading is carried, marked `page_read=False` w
 Without agent counts, after a failed read, and for page files and multiprocess files (which
 cost the engine nothing) every tick reads. A page whose connection is refused (nothing listens
 on its port: an engine loading or gone, or a process that only looks like one) is read again at
-the next tick, then after 1, 2 and 4 s, then every `REFUSED_BACKOFF_MAX_SECONDS`, until it answers: 32 such processes
-cost the daemon 0.7% of a core in refused reads at every tick (bench/down_engines.py). A read that
-times out or answers badly is read again at the next tick, as before: an API server too busy to
-answer is the seed's signature, not an engine that is gone.
+the next tick, then after 1, 2 and 4 s, then every `REFUSED_BACKOFF_MAX_SECONDS`, until it
+answers (32 look-alike processes: the daemon 1.80% of a core read at every tick, 1.25% with the
+back-off; bench/down_engines.py). A read that times out or answers badly is read again at the
+next tick, as before: an API server too busy to answer is the seed's signature, not an engine
+that is gone.
 
 One engine's bad page never hides the others: what its read lost is counted in its reading
 (`page_refused`), and a read that fails is that engine's error reading. Each engine's change

@@ -100,7 +100,9 @@ def _page_url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}/metrics" if ":" in host else f"http://{host}:{port}/metrics"
 
 
-def _host_of(proc_root: str, cmdline: Sequence[str], port: int, holders: Iterable[int]) -> str:
+def _host_of(
+    proc_root: str, cmdline: Sequence[str], port: int, holders: Iterable[int], tables: procs.TcpTables
+) -> str:
     """Return the address to read an engine's page at: loopback, or an address its own processes listen on.
 
     `--host` names the address an engine binds, but a command line can name any host at all (a
@@ -120,7 +122,12 @@ def _host_of(proc_root: str, cmdline: Sequence[str], port: int, holders: Iterabl
     if named is not None and named.is_loopback:
         return str(named)
     bound = sorted(
-        {addr for pid in holders for addr, p in procs.listening_sockets(proc_root, pid).values() if p == port}
+        {
+            addr
+            for pid in holders
+            for addr, p in procs.listening_sockets(proc_root, pid, tables).values()
+            if p == port
+        }
     )
     if named is not None and str(named) in bound:
         return str(named)
@@ -172,11 +179,11 @@ def batch_limit(proc_root: str, pid: int | None, kind: str, cmdline: Sequence[st
     return limit if limit is not None and 0 < limit <= 10_000_000 else None
 
 
-def _listening_port(proc_root: str, kind: str, pids: Iterable[int]) -> int | None:
+def _listening_port(proc_root: str, kind: str, pids: Iterable[int], tables: procs.TcpTables) -> int | None:
     """Return the port the engine's processes listen on (the kind's default first), None if none is seen."""
     ports: set[int] = set()
     for pid in pids:
-        ports |= procs.listening_ports(proc_root, pid)
+        ports |= procs.listening_ports(proc_root, pid, tables)
     if not ports:
         return None
     return DEFAULT_PORTS[kind] if DEFAULT_PORTS[kind] in ports else min(ports)
@@ -225,7 +232,8 @@ def find_engines(
         if kind and not (p.ppid in by_pid and engine_kind_of(by_pid[p.ppid]) == kind):
             roots[p.pid] = kind
     found = [_Engine(root, kind) for root, kind in sorted(roots.items())]
-    found += _unrecognised(proc_root, table, by_pid, roots)
+    tables = procs.TcpTables(proc_root)  # each network namespace's sockets read once this pass
+    found += _unrecognised(proc_root, table, by_pid, roots, tables)
     unread = max(0, len(found) - limit)
     if unread:
         started = {p.pid: p.start_ticks for p in table}
@@ -233,11 +241,16 @@ def find_engines(
             sorted(range(len(found)), key=lambda i: (started.get(found[i].root, 0), found[i].root))[:limit]
         )
         found = [e for i, e in enumerate(found) if i in kept]
-    return _distinct(proc_root, [_target(proc_root, table, by_pid, e) for e in found]), unread
+    targets = [_target(proc_root, table, by_pid, e, tables) for e in found]
+    return _distinct(proc_root, targets, tables), unread
 
 
 def _unrecognised(
-    proc_root: str, table: Sequence[procs.ProcInfo], by_pid: dict[int, procs.ProcInfo], roots: dict[int, str]
+    proc_root: str,
+    table: Sequence[procs.ProcInfo],
+    by_pid: dict[int, procs.ProcInfo],
+    roots: dict[int, str],
+    tables: procs.TcpTables,
 ) -> list[_Engine]:
     """Return the engines of API servers whose parent was not recognised (a wrapper script launched vLLM).
 
@@ -260,7 +273,7 @@ def _unrecognised(
         groups: dict[tuple[str, frozenset[int]], list[procs.ProcInfo]] = defaultdict(list)
         for s in servers:
             env = procs.read_environ(proc_root, s.pid).get(MULTIPROC_ENV, "")
-            groups[(env, frozenset(procs.listening_sockets(proc_root, s.pid)))].append(s)
+            groups[(env, frozenset(procs.listening_sockets(proc_root, s.pid, tables)))].append(s)
         engines: list[list[procs.ProcInfo]] = []
         for group in groups.values():
             indices = [_server_index(s) for s in group]
@@ -280,7 +293,11 @@ def _server_index(info: procs.ProcInfo) -> int:
 
 
 def _target(
-    proc_root: str, table: Sequence[procs.ProcInfo], by_pid: dict[int, procs.ProcInfo], e: _Engine
+    proc_root: str,
+    table: Sequence[procs.ProcInfo],
+    by_pid: dict[int, procs.ProcInfo],
+    e: _Engine,
+    tables: procs.TcpTables,
 ) -> EngineTarget:
     """Return the target of one engine found in the table."""
     info = by_pid.get(e.root)
@@ -302,11 +319,11 @@ def _target(
     port: int | None = None
     port_known = _flag(cmdline, "--port") is not None
     if not port_known:
-        port = _listening_port(proc_root, e.kind, server_set or {e.root})
+        port = _listening_port(proc_root, e.kind, server_set or {e.root}, tables)
         port_known = port is not None
     if port is None:
         port = _flag_port(e.kind, cmdline)
-    url = _page_url(_host_of(proc_root, cmdline, port, server_set or {e.root}), port)
+    url = _page_url(_host_of(proc_root, cmdline, port, server_set or {e.root}, tables), port)
     asc = _flag(cmdline, "--api-server-count", "-asc")
     mp_dir = cuda = None
     if info is not None and e.rooted and info.cmdline_cut:
@@ -323,7 +340,7 @@ def _target(
     elif e.kind == "sglang" or asc in (None, "1"):
         server_pids = (e.root,)  # the main process serves HTTP itself
     else:  # several API servers without titles (vLLM 0.10): the children holding the listening socket
-        server_pids = _socket_holders(proc_root, e.root, list(pids[1:]), port)[:MAX_API_SERVERS]
+        server_pids = _socket_holders(proc_root, e.root, list(pids[1:]), port, tables)[:MAX_API_SERVERS]
     return EngineTarget(
         url=url,
         kind=e.kind,
@@ -342,7 +359,7 @@ def _target(
     )
 
 
-def _distinct(proc_root: str, targets: list[EngineTarget]) -> list[EngineTarget]:
+def _distinct(proc_root: str, targets: list[EngineTarget], tables: procs.TcpTables) -> list[EngineTarget]:
     """Give engines that would share a name distinct names, and never let two read the same page.
 
     Of the engines named alike, the one whose processes listen on the port keeps the name and the
@@ -362,7 +379,7 @@ def _distinct(proc_root: str, targets: list[EngineTarget]) -> list[EngineTarget]
         ranked = sorted(
             indices,
             key=lambda i: (
-                not _listens(proc_root, targets[i]),
+                not _listens(proc_root, targets[i], tables),
                 not targets[i].port_known,
                 procs.net_namespace(proc_root, targets[i].root_pid or 0) != here,
                 targets[i].root_pid or 0,
@@ -378,18 +395,20 @@ def _distinct(proc_root: str, targets: list[EngineTarget]) -> list[EngineTarget]
     return out
 
 
-def _listens(proc_root: str, t: EngineTarget) -> bool:
+def _listens(proc_root: str, t: EngineTarget, tables: procs.TcpTables) -> bool:
     """Say whether an engine's main process or an API server holds a listening socket on its name's port."""
     port = ascii_int(t.name.rpartition(":")[2], 5)
     if port is None:
         return False
     pids = dict.fromkeys(p for p in (t.root_pid, *t.api_server_pids) if p)
-    return any(port in procs.listening_ports(proc_root, pid) for pid in pids)
+    return any(port in procs.listening_ports(proc_root, pid, tables) for pid in pids)
 
 
-def _socket_holders(proc_root: str, root: int, children: Sequence[int], port: int) -> tuple[int, ...]:
+def _socket_holders(
+    proc_root: str, root: int, children: Sequence[int], port: int, tables: procs.TcpTables
+) -> tuple[int, ...]:
     """Return the children that hold the engine's listening socket (its API servers)."""
-    listening = procs.listening_inodes(proc_root, root, port)
+    listening = procs.listening_inodes(proc_root, root, port, tables)
     if not listening:
         return ()
     return tuple(pid for pid in sorted(children) if procs.socket_inodes(proc_root, pid) & listening)

@@ -100,3 +100,35 @@ def test_an_engine_command_line_or_environment_cut_at_its_bound_counts_as_over_b
         by_name["vllm:8002"].over_bound == 1
     )  # the engine core's environment, read once though listed twice
     assert by_name["vllm:8002"].multiproc_dir == "/tmp/mp"
+
+
+def test_each_network_namespace_s_tcp_table_is_read_once_a_discovery(tmp_path, monkeypatch):
+    import os
+    import shutil
+
+    from exporter.sources import procs
+
+    proc_root = tmp_path / "proc"
+    shutil.copytree(PROC, proc_root, symlinks=True)
+    pids = [p for p in os.listdir(proc_root) if p.isdigit()]
+    for pid in pids:  # every process in one network namespace, sharing the table of 4700's
+        (proc_root / pid / "ns").mkdir(exist_ok=True)
+        os.symlink("net:[4026531840]", proc_root / pid / "ns" / "net")
+        if pid != "4700" and not (proc_root / pid / "net").exists():
+            shutil.copytree(proc_root / "4700" / "net", proc_root / pid / "net")
+    read: list[int] = []
+    real = procs._listening
+
+    def counted(root: str, pid: int) -> dict[int, tuple[str, int]]:
+        read.append(pid)
+        return real(root, pid)
+
+    monkeypatch.setattr(procs, "_listening", counted)
+    once = {t.name: t for t in discover(str(proc_root))}
+    assert len(read) == 1  # 3 reads before, one a process that asked
+    for pid in pids:  # the same table, each process's own namespace: read per process, as without one
+        os.remove(proc_root / pid / "ns" / "net")
+        os.symlink(f"net:[{pid}]", proc_root / pid / "ns" / "net")
+    read.clear()
+    each = {t.name: t for t in discover(str(proc_root))}
+    assert len(read) == 3 and once == each

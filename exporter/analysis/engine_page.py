@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from exporter.analysis.dedup import collapse_pid_series, step_count
 from exporter.analysis.memo import ByIdentity
 from exporter.snapshot import Snapshot
-from exporter.snapshot.engine import PAGE_REFUSED_REASONS, EngineReading, RawPage, StepCount, cut
+from exporter.snapshot.engine import EngineReading, RawPage, StepCount, cut, refused_plus
 from exporter.snapshot.engine_names import (
     SGLANG_DP_ATTENTION_STEPS,
     SGLANG_GENERATION,
@@ -350,8 +350,6 @@ def normalise_once(reading: EngineReading, max_label_chars: int = 128) -> Engine
 
 def _failed(reading: EngineReading, exc: Exception) -> EngineReading:
     """Return the error reading of an engine whose page could not be normalised (counted as unparsable)."""
-    lost = dict(reading.page_refused)
-    lost["unparsable"] = lost.get("unparsable", 0) + 1
     raw = reading.raw
     count: tuple[int | None, str] = (reading.api_server_count, reading.api_server_count_source)
     if raw is not None and raw.servers is not None:
@@ -363,7 +361,7 @@ def _failed(reading: EngineReading, exc: Exception) -> EngineReading:
         raw=None,
         api_server_count=count[0],
         api_server_count_source=count[1],
-        page_refused=tuple((r, lost[r]) for r in PAGE_REFUSED_REASONS if lost.get(r, 0) > 0),
+        page_refused=refused_plus(reading.page_refused, "unparsable"),
         error=cut(f"page not normalised: {type(exc).__name__}: {exc}"),
     )
 
@@ -406,10 +404,9 @@ def _held_model(e: EngineReading, p: EngineReading | None, now: float, hold_seco
         pending = (e.model, now)
     if now - pending[1] >= hold_seconds:
         return replace(e, model_pending=None)
-    lost = dict(e.page_refused)
-    lost["model"] = lost.get("model", 0) + 1
-    refused = tuple((r, lost[r]) for r in PAGE_REFUSED_REASONS if lost.get(r, 0) > 0)
-    return replace(e, model=p.model, model_pending=pending, page_refused=refused)
+    return replace(
+        e, model=p.model, model_pending=pending, page_refused=refused_plus(e.page_refused, "model")
+    )
 
 
 def normalise_engines(snap: Snapshot, max_label_chars: int = 128) -> Snapshot:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -45,6 +46,18 @@ PAGE_REFUSED_REASONS: tuple[str, ...] = (
     "unparsable",
     "model",
 )
+
+
+def refused_tuple(refused: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
+    """Return the nonzero counts of a read's losses in PAGE_REFUSED_REASONS order."""
+    return tuple((r, int(refused[r])) for r in PAGE_REFUSED_REASONS if refused.get(r, 0) > 0)
+
+
+def refused_plus(page_refused: tuple[tuple[str, int], ...], reason: str) -> tuple[tuple[str, int], ...]:
+    """Return a reading's `page_refused` with one more loss for `reason`."""
+    lost = dict(page_refused)
+    lost[reason] = lost.get(reason, 0) + 1
+    return refused_tuple(lost)
 
 
 def ascii_int(text: str | None, most: int) -> int | None:

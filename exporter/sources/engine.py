@@ -43,7 +43,7 @@ import structlog
 
 from exporter.config import Config
 from exporter.snapshot import Snapshot
-from exporter.snapshot.engine import EngineReading, Placement
+from exporter.snapshot.engine import EngineReading, Placement, refused_tuple
 from exporter.snapshot.frozen import replace
 from exporter.snapshot.host import CgroupCpu, ProcessCpu
 from exporter.sources import placement, procs
@@ -69,7 +69,6 @@ from exporter.sources.engine_scrape import (
     raw_from_bytes,
     raw_from_multiproc,
     read_page_file,
-    refused_tuple,
 )
 from exporter.sources.pseudofiles import KeptFiles
 

@@ -33,7 +33,14 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.config import EngineConfig
-from exporter.snapshot.engine import PAGE_REFUSED_REASONS, EngineReading, PageSample, RawPage, ascii_int, cut
+from exporter.snapshot.engine import (
+    EngineReading,
+    PageSample,
+    RawPage,
+    ascii_int,
+    cut,
+    refused_tuple,
+)
 from exporter.snapshot.engine_names import (
     KIND_PREFIXES,
     PREFIXES,
@@ -239,11 +246,6 @@ def sanitise(
             refused["label"] += 1
         out.append(s)
     return out, refused
-
-
-def refused_tuple(refused: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
-    """Return the nonzero counts of a read's losses in PAGE_REFUSED_REASONS order."""
-    return tuple((r, int(refused[r])) for r in PAGE_REFUSED_REASONS if refused.get(r, 0) > 0)
 
 
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")

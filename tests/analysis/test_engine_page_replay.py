@@ -23,7 +23,7 @@ from exporter.analysis import dedup, engine_page, pipeline
 from exporter.config import Config
 from exporter.snapshot import Snapshot
 from exporter.snapshot.codec import from_json, to_json
-from exporter.snapshot.engine import EngineReading, PageSample
+from exporter.snapshot.engine import EngineReading, PageSample, refused_tuple
 from exporter.snapshot.engine import cut as bounded  # the old path's bounded, one helper now
 from exporter.snapshot.engine_names import WANTED, detect_kind
 from exporter.sources.engine_scrape import (
@@ -37,7 +37,6 @@ from exporter.sources.engine_scrape import (
     prefilter_page,
     raw_from_multiproc,
     raw_from_page,
-    refused_tuple,
     sanitise,
 )
 
